@@ -1,0 +1,338 @@
+"""Structured-config schemas for every config group, registered in Hydra's ConfigStore.
+
+Each dataclass is the schema of one group (conf/<group>/*.yaml fill it in). Because the primary config
+extends `grpo_config_schema`, a typo'd key (`optim.lrr=1`) or a wrong type (`train.steps=ten`) fails when
+Hydra composes the config, before anything is loaded. Cross-field rules that a type cannot express live in
+`validate_config`, which the CLI calls before any model loads.
+
+Every option is documented where it is defined (as in TRL's GRPOConfig).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from grpo_cli.errors import UserFacingError
+
+
+@dataclass
+class ModelConfig:
+    # Short name of the model choice, used in run names and reports.
+    name: str = MISSING
+    # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
+    # a local HF directory, or a .gguf file.
+    name_or_path: str = MISSING
+    # auto | float32 | bfloat16 | float16. auto: bfloat16 on CUDA, float32 on CPU.
+    dtype: str = "auto"
+    # auto | cpu | cuda. auto: CUDA when available.
+    device: str = "auto"
+    # Recompute activations in the backward pass: less memory, ~30% more compute.
+    gradient_checkpointing: bool = False
+    # Seed for the weights of randomly initialised models (model=tiny_random).
+    init_seed: int = 0
+
+
+@dataclass
+class TaskConfig:
+    # Task registry name: keyword, ...
+    name: str = MISSING
+    # Prompt style: chat (the tokenizer's chat template) | r1_zero | question_only.
+    prompt: str = "chat"
+    # Local JSONL files overriding the task's own data (null: the task's default source).
+    train_path: str | None = None
+    eval_path: str | None = None
+    # How many examples to build or read for each split (null: all the source has).
+    n_train: int | None = 2000
+    n_eval: int | None = 64
+    # Seed of the synthetic data generator (independent of the training seed, so the eval set is stable).
+    data_seed: int = 1234
+    # keyword task: how many keywords each prompt asks for.
+    keywords_per_prompt: int = 2
+
+
+@dataclass
+class LossConfig:
+    # no_baseline | reinforce_with_baseline | grpo_clip
+    type: str = "reinforce_with_baseline"
+    # PPO clip range epsilon for grpo_clip: ratios are clipped to [1 - cliprange, 1 + cliprange].
+    cliprange: float = 0.2
+
+
+@dataclass
+class NormalizationConfig:
+    # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO)
+    advantage: str = "std"
+    advantage_eps: float = 1e-6
+    # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO)
+    length: str = "sequence_mean"
+    # The constant of length=constant; null means rollout.max_tokens.
+    length_constant: float | None = None
+
+
+@dataclass
+class KLConfig:
+    # Weight of the KL penalty to the frozen initial policy; 0 disables the penalty.
+    beta: float = 0.0
+    # k1: log p - log p_ref | k3: Schulman's non-negative estimator.
+    estimator: str = "k3"
+    # Measure KL every step even when beta == 0 (costs one reference forward per step).
+    monitor: bool = False
+
+
+@dataclass
+class SyncConfig:
+    # on_policy: one optimizer step per rollout batch | multi_epoch: several epochs over each rollout batch.
+    strategy: str = "on_policy"
+    epochs_per_rollout_batch: int = 1
+
+
+@dataclass
+class RolloutConfig:
+    # hf: transformers generate.
+    engine: str = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_tokens: int = 4
+    max_tokens: int = 48
+    # Stop strings; the stop string is kept in the output. EOS always stops.
+    stop: list[str] = field(default_factory=list)
+    # Evaluation decoding temperature: 0 is greedy.
+    eval_temperature: float = 0.0
+    # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
+    max_batch_prompts: int | None = None
+    # Fraction of GPU memory for an inference engine's KV cache (vLLM).
+    gpu_memory_utilization: float = 0.85
+
+
+@dataclass
+class TrainConfig:
+    # Number of GRPO steps (rollout batches).
+    steps: int = 40
+    # Completions per rollout batch (= prompts per batch * group_size).
+    rollout_batch_size: int = 16
+    # Completions sampled per prompt (G).
+    group_size: int = 4
+    # Completions per optimizer step.
+    train_batch_size: int = 16
+    # Microbatches per optimizer step (train_batch_size / this = microbatch size).
+    gradient_accumulation_steps: int = 2
+    max_grad_norm: float = 1.0
+    # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
+    eval_every: int = 10
+    # Held-out examples per evaluation (null: all of task.n_eval).
+    eval_examples: int | None = None
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+
+
+@dataclass
+class LoggerConfig:
+    # none: metrics.jsonl only.
+    backend: str = "none"
+    project: str = "grpo-cli"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    # online | offline | disabled
+    mode: str = "offline"
+
+
+@dataclass
+class JobConfig:
+    # train | baseline_eval
+    name: str = "train"
+    # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
+    n_examples: int | None = None
+
+
+@dataclass
+class GRPOConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    normalization: NormalizationConfig = field(default_factory=NormalizationConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    job: JobConfig = field(default_factory=JobConfig)
+    seed: int = 0
+    # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
+    output_dir: str = MISSING
+    # Print a per-step metrics line on the console.
+    verbose: bool = True
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The batch arithmetic of a run, derived once from the config (printed before any model loads)."""
+
+    prompts_per_rollout_batch: int
+    completions_per_rollout_batch: int
+    group_size: int
+    train_batch_size: int
+    microbatch_size: int
+    gradient_accumulation_steps: int
+    epochs_per_rollout_batch: int
+    optimizer_steps_per_rollout_batch: int
+    max_new_tokens: int
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> BatchShape:
+        t = cfg.train
+        epochs = cfg.sync.epochs_per_rollout_batch
+        return cls(
+            prompts_per_rollout_batch=t.rollout_batch_size // t.group_size,
+            completions_per_rollout_batch=t.rollout_batch_size,
+            group_size=t.group_size,
+            train_batch_size=t.train_batch_size,
+            microbatch_size=t.train_batch_size // t.gradient_accumulation_steps,
+            gradient_accumulation_steps=t.gradient_accumulation_steps,
+            epochs_per_rollout_batch=epochs,
+            optimizer_steps_per_rollout_batch=epochs * t.rollout_batch_size // t.train_batch_size,
+            max_new_tokens=cfg.rollout.max_tokens,
+        )
+
+    def rows(self) -> list[tuple[str, Any]]:
+        return [
+            ("prompts per rollout batch", self.prompts_per_rollout_batch),
+            ("completions per prompt (group size)", self.group_size),
+            ("completions per rollout batch", self.completions_per_rollout_batch),
+            ("completions per optimizer step", self.train_batch_size),
+            (
+                "microbatch size (x gradient accumulation)",
+                f"{self.microbatch_size} (x{self.gradient_accumulation_steps})",
+            ),
+            ("epochs per rollout batch", self.epochs_per_rollout_batch),
+            ("optimizer steps per rollout batch", self.optimizer_steps_per_rollout_batch),
+            ("max new tokens per completion", self.max_new_tokens),
+            ("max generated tokens per step", self.completions_per_rollout_batch * self.max_new_tokens),
+        ]
+
+
+def register_configs() -> None:
+    """Register the schemas so conf/config.yaml can extend `grpo_config_schema`."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="grpo_config_schema", node=GRPOConfig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cross-field validation: every rule names the fields involved and what to write instead.
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "loss.type": ("no_baseline", "reinforce_with_baseline", "grpo_clip"),
+    "normalization.advantage": ("std", "mean"),
+    "normalization.length": ("sequence_mean", "constant"),
+    "kl.estimator": ("k1", "k3"),
+    "sync.strategy": ("on_policy", "multi_epoch"),
+    "rollout.engine": ("hf",),
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.device": ("auto", "cpu", "cuda"),
+    "task.prompt": ("chat", "r1_zero", "question_only"),
+    "logger.backend": ("none",),
+    "job.name": ("train", "baseline_eval"),
+}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validate_config(cfg: Any) -> None:
+    """Check the rules a schema cannot express. Raises UserFacingError with a one-line message."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise UserFacingError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+    t = cfg.train
+    positive = {
+        "train.steps": t.steps,
+        "train.rollout_batch_size": t.rollout_batch_size,
+        "train.group_size": t.group_size,
+        "train.train_batch_size": t.train_batch_size,
+        "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "sync.epochs_per_rollout_batch": cfg.sync.epochs_per_rollout_batch,
+        "rollout.max_tokens": cfg.rollout.max_tokens,
+        "optim.lr": cfg.optim.lr,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise UserFacingError(f"{key}={value} must be positive")
+    if t.eval_every < 0:
+        raise UserFacingError(f"train.eval_every={t.eval_every} must be >= 0 (0: evaluate only at start and end)")
+    if t.rollout_batch_size % t.group_size:
+        raise UserFacingError(
+            f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by train.group_size={t.group_size}: "
+            f"use a multiple of {t.group_size}"
+        )
+    if t.train_batch_size % t.gradient_accumulation_steps:
+        raise UserFacingError(
+            f"train.train_batch_size={t.train_batch_size} is not divisible by "
+            f"train.gradient_accumulation_steps={t.gradient_accumulation_steps}: pick a divisor of {t.train_batch_size}"
+        )
+    if t.train_batch_size < t.group_size:
+        raise UserFacingError(
+            f"train.train_batch_size={t.train_batch_size} is smaller than train.group_size={t.group_size}: "
+            "a train batch must hold at least one whole group"
+        )
+    if t.rollout_batch_size % t.train_batch_size:
+        raise UserFacingError(
+            f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by "
+            f"train.train_batch_size={t.train_batch_size}: each rollout batch must split into whole train batches"
+        )
+    if t.group_size < 2 and cfg.normalization.advantage == "std":
+        raise UserFacingError(
+            f"train.group_size={t.group_size} with normalization.advantage=std: the std of one sample is "
+            "undefined; use train.group_size>=2"
+        )
+    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
+        raise UserFacingError(
+            f"rollout.min_tokens={cfg.rollout.min_tokens} exceeds rollout.max_tokens={cfg.rollout.max_tokens}"
+        )
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise UserFacingError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
+    if cfg.rollout.temperature < 0 or cfg.rollout.eval_temperature < 0:
+        raise UserFacingError("rollout.temperature and rollout.eval_temperature must be >= 0 (0 is greedy)")
+    if cfg.rollout.temperature == 0:
+        raise UserFacingError(
+            "rollout.temperature=0 makes every completion of a group identical (zero advantage): use a "
+            "temperature > 0 for training rollouts (rollout.eval_temperature controls evaluation)"
+        )
+    if not 0.0 < cfg.loss.cliprange < 1.0:
+        raise UserFacingError(f"loss.cliprange={cfg.loss.cliprange} must be in (0, 1)")
+    if cfg.kl.beta < 0:
+        raise UserFacingError(f"kl.beta={cfg.kl.beta} must be >= 0")
+
+    epochs = cfg.sync.epochs_per_rollout_batch
+    optimizer_steps_per_batch = epochs * t.rollout_batch_size // t.train_batch_size
+    if cfg.sync.strategy == "on_policy" and optimizer_steps_per_batch != 1:
+        raise UserFacingError(
+            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch={epochs} "
+            f"and train.rollout_batch_size/train.train_batch_size={t.rollout_batch_size // t.train_batch_size} "
+            "give more: use sync=multi_epoch, or set train.train_batch_size=train.rollout_batch_size and one epoch"
+        )
+    if optimizer_steps_per_batch > 1 and cfg.loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"{optimizer_steps_per_batch} optimizer steps per rollout batch make later steps off-policy, which "
+            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+        )
+    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
+        raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
+    if cfg.normalization.length_constant is not None and cfg.normalization.length_constant <= 0:
+        raise UserFacingError(f"normalization.length_constant={cfg.normalization.length_constant} must be positive")

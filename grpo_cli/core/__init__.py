@@ -1,0 +1,46 @@
+"""The pure math of GRPO (design.md section 2): tokenization, log-probs, advantages, losses, the train step.
+
+Imports torch only: no transformers at import time, no I/O, no Hydra.
+"""
+
+from grpo_cli.core.advantages import (
+    compute_group_normalized_rewards,
+    fraction_of_zero_std_groups,
+    normalize_group_rewards,
+)
+from grpo_cli.core.kl import KL_ESTIMATORS, compute_kl
+from grpo_cli.core.logprobs import (
+    compute_entropy,
+    get_response_log_probs,
+    get_response_log_probs_from_logits,
+)
+from grpo_cli.core.losses import (
+    POLICY_GRADIENT_LOSS_TYPES,
+    compute_grpo_clip_loss,
+    compute_naive_policy_gradient_loss,
+    compute_policy_gradient_loss,
+)
+from grpo_cli.core.masking import masked_mean, masked_normalize
+from grpo_cli.core.tokenization import tokenize_prompt_and_output, tokenize_prompt_and_output_ids
+from grpo_cli.core.train_step import LENGTH_NORMALIZATIONS, grpo_microbatch_train_step
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LENGTH_NORMALIZATIONS",
+    "POLICY_GRADIENT_LOSS_TYPES",
+    "compute_entropy",
+    "compute_group_normalized_rewards",
+    "compute_grpo_clip_loss",
+    "compute_kl",
+    "compute_naive_policy_gradient_loss",
+    "compute_policy_gradient_loss",
+    "fraction_of_zero_std_groups",
+    "get_response_log_probs",
+    "get_response_log_probs_from_logits",
+    "grpo_microbatch_train_step",
+    "masked_mean",
+    "masked_normalize",
+    "normalize_group_rewards",
+    "tokenize_prompt_and_output",
+    "tokenize_prompt_and_output_ids",
+]

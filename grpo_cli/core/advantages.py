@@ -1,0 +1,150 @@
+"""Group-relative advantages: each response's reward compared with the other responses to the same prompt.
+
+The rollout batch is laid out group by group: responses ``[k * G, (k + 1) * G)`` answer the k-th prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+RewardFn = Callable[[str, str], dict[str, float]]
+
+_REWARD_KEYS = ("reward", "format_reward", "answer_reward")
+
+
+def _check_group_size(batch_size: int, group_size: int, normalize_by_std: bool) -> None:
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    if batch_size == 0:
+        raise ValueError("got an empty rollout batch; pass at least one group of rewards")
+    if batch_size % group_size != 0:
+        raise ValueError(
+            f"the rollout batch has {batch_size} rewards, not a multiple of group_size={group_size}; "
+            "make rollout_batch_size a multiple of group_size"
+        )
+    if normalize_by_std and group_size < 2:
+        raise ValueError(
+            "normalize_by_std needs group_size >= 2 (the std of a single reward is undefined); "
+            "raise group_size or set normalize_by_std=false"
+        )
+
+
+def normalize_group_rewards(
+    raw_rewards: torch.Tensor,
+    group_size: int,
+    advantage_eps: float,
+    normalize_by_std: bool,
+) -> torch.Tensor:
+    """Turn raw rewards into group-normalized advantages.
+
+    Per group of G rewards r: ``A_i = (r_i - mean(r)) / (std(r) + advantage_eps)`` when ``normalize_by_std``
+    (GRPO; std is Bessel-corrected ``torch.std``), else ``A_i = r_i - mean(r)`` (Dr. GRPO).
+
+    Args:
+        raw_rewards (torch.Tensor): shape (rollout_batch_size,), grouped contiguously by prompt.
+        group_size (int): G, responses per prompt.
+        advantage_eps (float): added to the std to avoid dividing by zero when a group's rewards are equal.
+        normalize_by_std (bool): divide by the group std (True) or only subtract the group mean (False).
+
+    Returns:
+        torch.Tensor: advantages, shape (rollout_batch_size,), float (float32 for integer or bool rewards).
+
+    Raises:
+        ValueError: if ``raw_rewards`` is not 1-D or empty, its length is not a multiple of ``group_size``, or
+            ``normalize_by_std`` is set with ``group_size < 2``.
+    """
+    if raw_rewards.dim() != 1:
+        raise ValueError(f"raw_rewards must be (rollout_batch_size,), got shape {tuple(raw_rewards.shape)}")
+    _check_group_size(raw_rewards.numel(), group_size, normalize_by_std)
+    if not raw_rewards.is_floating_point():
+        raw_rewards = raw_rewards.float()
+
+    grouped = raw_rewards.reshape(-1, group_size)  # (n_prompts, G)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)  # (n_prompts, G)
+    if normalize_by_std:
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
+    return advantages.reshape(-1)  # (rollout_batch_size,)
+
+
+def fraction_of_zero_std_groups(raw_rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of groups whose rewards are all equal (their advantages are all 0: no learning signal).
+
+    Args:
+        raw_rewards (torch.Tensor): shape (rollout_batch_size,), grouped contiguously by prompt.
+        group_size (int): G, responses per prompt; must divide the batch size.
+
+    Returns:
+        float: in [0, 1].
+    """
+    _check_group_size(raw_rewards.numel(), group_size, normalize_by_std=False)
+    grouped = raw_rewards.reshape(-1, group_size)  # (n_prompts, G)
+    all_equal = grouped.amax(dim=1) == grouped.amin(dim=1)  # (n_prompts,)
+    return all_equal.float().mean().item()
+
+
+def compute_group_normalized_rewards(
+    reward_fn: RewardFn,
+    rollout_responses: Sequence[str],
+    repeated_ground_truths: Sequence[str],
+    group_size: int,
+    advantage_eps: float,
+    normalize_by_std: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Score every response and normalize its reward within its group.
+
+    Args:
+        reward_fn (Callable[[str, str], dict[str, float]]): ``reward_fn(response, ground_truth)`` returning a
+            dict with "reward", "format_reward" and "answer_reward".
+        rollout_responses (Sequence[str]): the policy's responses, length rollout_batch_size, grouped
+            contiguously by prompt (G responses per prompt).
+        repeated_ground_truths (Sequence[str]): the ground truth of each response's prompt, each repeated G
+            times, same length as ``rollout_responses``.
+        group_size (int): G, responses per prompt.
+        advantage_eps (float): added to the group std to avoid dividing by zero.
+        normalize_by_std (bool): divide by the group std (GRPO) or only subtract the group mean (Dr. GRPO).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+
+        - advantages: (rollout_batch_size,) float32, see :func:`normalize_group_rewards`.
+        - raw_rewards: (rollout_batch_size,) float32, the "reward" of each response.
+        - metadata: "reward_mean", "reward_std" (Bessel-corrected over the batch, 0 for a single response),
+          "reward_max", "reward_min", "format_reward_mean", "answer_reward_mean", "frac_zero_std_groups".
+
+    Raises:
+        ValueError: if the two sequences differ in length, the length is not a multiple of ``group_size``,
+            ``normalize_by_std`` is set with ``group_size < 2``, or ``reward_fn`` omits one of its keys.
+    """
+    if len(rollout_responses) != len(repeated_ground_truths):
+        raise ValueError(
+            f"got {len(rollout_responses)} responses but {len(repeated_ground_truths)} ground truths; "
+            "repeat each prompt's ground truth group_size times"
+        )
+    _check_group_size(len(rollout_responses), group_size, normalize_by_std)
+
+    scores = []
+    for response, ground_truth in zip(rollout_responses, repeated_ground_truths, strict=True):
+        score = reward_fn(response, ground_truth)
+        missing = [key for key in _REWARD_KEYS if key not in score]
+        if missing:
+            raise ValueError(
+                f"reward_fn returned keys {sorted(score)}, missing {missing}; it must return a dict with "
+                f"{list(_REWARD_KEYS)}"
+            )
+        scores.append([float(score[key]) for key in _REWARD_KEYS])
+    # (N, 3) -> (3, N), made contiguous so each row below is a plain (N,) tensor
+    rewards, format_rewards, answer_rewards = torch.tensor(scores, dtype=torch.float32).T.contiguous()
+
+    advantages = normalize_group_rewards(rewards, group_size, advantage_eps, normalize_by_std)
+    metadata = {
+        "reward_mean": rewards.mean().item(),
+        "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "reward_max": rewards.max().item(),
+        "reward_min": rewards.min().item(),
+        "format_reward_mean": format_rewards.mean().item(),
+        "answer_reward_mean": answer_rewards.mean().item(),
+        "frac_zero_std_groups": fraction_of_zero_std_groups(rewards, group_size),
+    }
+    return advantages, rewards, metadata

@@ -1,0 +1,124 @@
+"""Per-token log-probabilities of the labels and the policy's per-token entropy.
+
+Both read a (batch, seq, vocab) logits tensor, the largest tensor in a training step, so each function keeps
+the number of full-vocab temporaries small: log-probs gather the label logit and subtract a logsumexp rather
+than building a whole log_softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def _in_float32(
+    fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor
+) -> torch.Tensor:
+    """Apply ``fn(logits, *per_row)`` at float32 precision or better.
+
+    Half-precision logits are upcast because log-probs and entropies are small differences of large numbers.
+    A (batch, seq, vocab) batch is upcast one sequence at a time so the float32 copy stays one sequence long.
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        return fn(logits, *per_row)
+    if logits.dim() < 3:
+        return fn(logits.float(), *per_row)
+    return torch.stack([fn(row.float(), *(t[i] for t in per_row)) for i, row in enumerate(logits)])
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    # Subtracting the max makes every shifted logit <= 0, so exp() cannot overflow (logits of 1e4 are fine);
+    # clamping -inf (a masked vocab entry) to the lowest finite value keeps 0 * -inf from turning into nan.
+    shifted = (logits - logits.amax(dim=-1, keepdim=True).detach()).clamp_min(torch.finfo(logits.dtype).min)
+    log_normalizer = torch.logsumexp(shifted, dim=-1, keepdim=True)  # (..., 1)
+    probs = torch.exp(shifted - log_normalizer)  # (..., V)
+    # H = -sum p log p = -sum p (shifted - log Z) = log Z - sum p * shifted
+    return log_normalizer.squeeze(-1) - (probs * shifted).sum(dim=-1)
+
+
+def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    label_logits = torch.gather(logits, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)  # (..., )
+    return label_logits - torch.logsumexp(logits, dim=-1)  # log softmax(logits)[label]
+
+
+def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution over the last (vocab) dimension.
+
+    Computed as ``logsumexp(z) - sum(softmax(z) * z)`` on max-shifted logits ``z``, which stays finite for
+    huge logits and for -inf entries. Half-precision logits are computed in float32. Differentiable.
+
+    Args:
+        logits (torch.Tensor): unnormalized scores, shape (..., vocab_size), e.g. (batch, seq, vocab_size).
+
+    Returns:
+        torch.Tensor: entropy in nats, shape (...), e.g. (batch, seq); float32 for half-precision input.
+    """
+    return _in_float32(_entropy, logits)
+
+
+def get_response_log_probs_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    return_token_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Log-probability of each label under already-computed next-token logits.
+
+    Args:
+        logits (torch.Tensor): next-token logits, shape (batch, seq, vocab_size); position t predicts
+            ``labels[:, t]``.
+        labels (torch.Tensor): token ids, shape (batch, seq), long, each in [0, vocab_size).
+        return_token_entropy (bool): also return the entropy of each position's distribution.
+
+    Returns:
+        dict[str, torch.Tensor]:
+
+        - "log_probs": (batch, seq), ``log softmax(logits)[label]``, differentiable; nothing is masked.
+          float32 for half-precision logits.
+        - "token_entropy": (batch, seq), only when ``return_token_entropy``; detached (it is for monitoring,
+          and keeping it in the graph would hold extra full-vocab tensors until backward).
+
+    Raises:
+        ValueError: if ``labels`` is not shaped like ``logits`` without its last dimension.
+    """
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels have shape {tuple(labels.shape)} but logits {tuple(logits.shape)}; "
+            "labels must be shaped like logits without the vocab dimension"
+        )
+    result = {"log_probs": _in_float32(_label_log_probs, logits, labels)}  # (B, T)
+    if return_token_entropy:
+        with torch.no_grad():
+            result["token_entropy"] = compute_entropy(logits)  # (B, T)
+    return result
+
+
+def get_response_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    return_token_entropy: bool = False,
+    attention_mask: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Run a causal language model and return the log-probability of each label.
+
+    Args:
+        model (nn.Module): a Hugging Face causal LM (or anything whose ``model(input_ids).logits`` is
+            (batch, seq, vocab_size)).
+        input_ids (torch.Tensor): shape (batch, seq), long.
+        labels (torch.Tensor): shape (batch, seq), long; ``labels[:, t]`` is the token that follows
+            ``input_ids[:, : t + 1]`` (see :func:`tokenize_prompt_and_output`).
+        return_token_entropy (bool): also return the per-position entropy of the next-token distribution.
+        attention_mask (torch.Tensor | None): shape (batch, seq), passed to the model when given. Right
+            padding does not need one: a causal model never attends from a real token to a later pad.
+
+    Returns:
+        dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq); see
+        :func:`get_response_log_probs_from_logits`. Nothing is masked.
+    """
+    if attention_mask is None:
+        logits = model(input_ids).logits  # (B, T, V)
+    else:
+        logits = model(input_ids, attention_mask=attention_mask).logits  # (B, T, V)
+    return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)

@@ -1,0 +1,149 @@
+"""Scoring and held-out evaluation: shared by the training loop and `job=baseline_eval`."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.rollout import RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.tasks import REWARD_KEYS, Example, RewardFn
+
+ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
+
+
+@dataclass
+class Scores:
+    rewards: list[dict[str, float]]  # one {"reward", "format_reward", "answer_reward"} per response
+    n_errors: int  # reward-function calls that raised and were scored 0
+
+    def mean(self, key: str) -> float:
+        return sum(r[key] for r in self.rewards) / max(len(self.rewards), 1)
+
+
+def score_responses(reward_fn: RewardFn, responses: list[str], ground_truths: list[Any]) -> Scores:
+    """Call the reward function on every response; a crash scores 0 and is counted, never kills the run."""
+    rewards, n_errors = [], 0
+    for response, truth in zip(responses, ground_truths, strict=True):
+        try:
+            result = reward_fn(response, truth)
+            rewards.append({key: float(result[key]) for key in REWARD_KEYS})
+        except Exception:  # noqa: BLE001 - a buggy reward must cost one sample, not the run
+            rewards.append(dict(ZERO_REWARD))
+            n_errors += 1
+    return Scores(rewards, n_errors)
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    reward_fn: RewardFn,
+    examples: list[Example],
+    settings: SamplingSettings,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Generate one completion per held-out example and score it.
+
+    Returns (metrics named eval/*, one record per example for the eval JSONL).
+    """
+    prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
+    rollout = engine.generate(prompt_ids, settings)
+    truths = [e.ground_truth for e in examples]
+    scores = score_responses(reward_fn, rollout.texts, truths)
+    metrics = {f"eval/{key}": scores.mean(key) for key in REWARD_KEYS}
+    lengths = [len(ids) for ids in rollout.completion_ids]
+    metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
+    metrics["eval/truncated_frac"] = sum(rollout.truncated) / len(lengths)
+    metrics["eval/reward_errors"] = scores.n_errors
+    records = [
+        {
+            "prompt": tokenizer.decode(p, skip_special_tokens=False),
+            "response": text,
+            "ground_truth": truth,
+            **reward,
+            "n_tokens": len(ids),
+            "truncated": truncated,
+        }
+        for p, text, truth, reward, ids, truncated in zip(
+            prompt_ids, rollout.texts, truths, scores.rewards, rollout.completion_ids, rollout.truncated, strict=True
+        )
+    ]
+    return metrics, records
+
+
+def summarize_records(records: list[dict[str, Any]], n_examples_per_category: int = 3) -> dict[str, Any]:
+    """Accuracy, format rate and the three outcome categories, with a few examples of each."""
+    categories = {
+        "format_1_answer_1": [r for r in records if r["format_reward"] == 1 and r["answer_reward"] == 1],
+        "format_1_answer_0": [r for r in records if r["format_reward"] == 1 and r["answer_reward"] != 1],
+        "format_0": [r for r in records if r["format_reward"] != 1],
+    }
+    n = max(len(records), 1)
+    return {
+        "n": len(records),
+        "accuracy": sum(r["reward"] for r in records) / n,
+        "format_rate": sum(r["format_reward"] for r in records) / n,
+        "answer_reward": sum(r["answer_reward"] for r in records) / n,
+        "counts": {name: len(rows) for name, rows in categories.items()},
+        "examples": {
+            name: [
+                {"response": r["response"], "ground_truth": r["ground_truth"]} for r in rows[:n_examples_per_category]
+            ]
+            for name, rows in categories.items()
+        },
+    }
+
+
+def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
+    """`job=baseline_eval`: the untrained model on the held-out set; generations + rewards as JSONL."""
+    import torch
+
+    from grpo_cli.models import load_policy, resolve_device, resolve_dtype
+    from grpo_cli.rollout import HFRolloutEngine
+    from grpo_cli.tasks import get_task, load_examples
+    from grpo_cli.tracking import write_jsonl
+
+    task = get_task(cfg.task.name)
+    examples = load_examples(cfg.task, "eval")[: cfg.job.n_examples or None]
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.model.device)
+    model, tokenizer = load_policy(
+        cfg.model.name_or_path, device, resolve_dtype(cfg.model.dtype, device), seed=cfg.model.init_seed
+    )
+    engine = HFRolloutEngine(model, tokenizer, cfg.rollout.max_batch_prompts)
+    r = cfg.rollout
+    settings = SamplingSettings(
+        n=1,
+        temperature=r.eval_temperature,
+        top_p=r.top_p,
+        min_tokens=r.min_tokens,
+        max_tokens=r.max_tokens,
+        stop=tuple(r.stop),
+        seed=cfg.seed,
+    )
+    t0 = time.perf_counter()
+    try:
+        metrics, records = evaluate(engine, tokenizer, task.reward_fn, examples, settings)
+    finally:
+        engine.close()
+    metrics["time/eval_s"] = time.perf_counter() - t0
+    write_jsonl(output_dir / "baseline_eval.jsonl", records)
+    summary = {**summarize_records(records), "metrics": metrics}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(
+        f"baseline eval of {cfg.model.name} on {cfg.task.name}: {summary['n']} examples "
+        f"in {metrics['time/eval_s']:.1f}s\n"
+        f"  accuracy {summary['accuracy']:.3f}  format rate {summary['format_rate']:.3f}  "
+        f"answer reward {summary['answer_reward']:.3f}\n"
+        f"  format 1 & answer 1: {summary['counts']['format_1_answer_1']}   "
+        f"format 1 & answer 0: {summary['counts']['format_1_answer_0']}   format 0: {summary['counts']['format_0']}",
+        highlight=False,
+    )
+    for name, rows in summary["examples"].items():
+        for row in rows:
+            console.print(
+                f"  [{name}] {row['response'][:160]!r}  (truth: {row['ground_truth']})", highlight=False, markup=False
+            )
+    console.print(f"wrote {output_dir / 'baseline_eval.jsonl'} and {output_dir / 'summary.json'}", highlight=False)
+    return summary

@@ -1,0 +1,62 @@
+"""The RolloutEngine interface: prompts in, sampled completions (text + token ids) out.
+
+Every engine returns the same contract, so the trainer cannot tell them apart: for each completion the
+prompt token ids it was sampled from and the sampled token ids themselves, cut after the first EOS token or
+stop string (both kept). The trainer scores exactly these ids, so the response mask lines up with what was
+sampled rather than with a re-tokenization of the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    n: int = 1  # completions per prompt
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    min_tokens: int = 0
+    max_tokens: int = 48
+    stop: tuple[str, ...] = ()  # stop strings, kept in the output
+    seed: int = 0
+
+
+@dataclass
+class RolloutBatch:
+    """Completions in prompt-major order: the n completions of prompt 0, then of prompt 1, ..."""
+
+    prompt_ids: list[list[int]]  # (n_prompts * n) prompt token ids, repeated per completion
+    completion_ids: list[list[int]]  # (n_prompts * n) sampled ids, incl. the final EOS / stop tokens
+    texts: list[str]  # decoded completions without special tokens
+    truncated: list[bool]  # True when max_tokens was reached before EOS or a stop string
+
+    @property
+    def n_generated_tokens(self) -> int:
+        return sum(len(ids) for ids in self.completion_ids)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        """Sample settings.n completions for every prompt."""
+        ...
+
+    def sync_weights(self) -> float:
+        """Make the engine sample from the policy's current weights; returns seconds spent."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def render_prompts(prompts: list, tokenizer) -> list[list[int]]:
+    """Token ids of each prompt: chat messages through the tokenizer's chat template, text as is."""
+    rendered = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            rendered.append(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        else:
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            # The template already holds the special tokens; adding BOS again would duplicate it.
+            rendered.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return rendered

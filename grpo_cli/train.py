@@ -1,0 +1,368 @@
+"""The GRPO loop (design.md section 1), read top to bottom like Algorithm 1:
+
+    for each step: sample prompts -> generate G completions each -> score -> group-relative advantages
+                   -> (old log-probs, reference log-probs) -> epochs x train batches x microbatches of updates
+
+What it leaves out on purpose: no value model (the group mean is the baseline), no per-token rewards (one
+scalar per completion, broadcast over its tokens), and no re-tokenization of sampled text (the trainer scores
+the exact token ids the rollout engine sampled, so the response mask cannot drift from what was generated).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from grpo_cli.config import BatchShape
+from grpo_cli.core import compute_entropy, grpo_microbatch_train_step, normalize_group_rewards
+from grpo_cli.core.advantages import fraction_of_zero_std_groups
+from grpo_cli.core.logprobs import get_response_log_probs_from_logits
+from grpo_cli.core.tokenization import tokenize_prompt_and_output_ids
+from grpo_cli.evaluate import evaluate, score_responses
+from grpo_cli.models import load_policy, resolve_device, resolve_dtype
+from grpo_cli.rollout import HFRolloutEngine, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.tasks import REWARD_KEYS, Example, get_task, load_examples
+from grpo_cli.tracking import JsonlMetricsSink, write_jsonl
+from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line
+
+
+class PromptSampler:
+    """Draws prompts without replacement in a seeded order, reshuffling after each pass over the data."""
+
+    def __init__(self, examples: list[Example], seed: int) -> None:
+        self.examples = examples
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.position = 0
+
+    def next_batch(self, n: int) -> list[Example]:
+        batch = []
+        while len(batch) < n:
+            if self.position >= len(self.order):
+                self.order = list(range(len(self.examples)))
+                self.rng.shuffle(self.order)
+                self.position = 0
+            batch.append(self.examples[self.order[self.position]])
+            self.position += 1
+        return batch
+
+
+def response_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    response_mask: torch.Tensor,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the labels at response positions only, as a (B, T) tensor that is 0 elsewhere.
+
+    The LM head and log-softmax run only on response tokens: over a 49k vocabulary they cost as much as the
+    rest of the model, and prompt positions are never scored. Right padding needs no attention mask: causal
+    attention never lets a real token see the padding after it.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids).last_hidden_state  # (B, T, H)
+    mask = response_mask.bool()
+    logits = model.get_output_embeddings()(hidden[mask])  # (N, V), N = response tokens in the batch
+    out = get_response_log_probs_from_logits(logits, labels[mask], return_token_entropy=False)
+    log_probs = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+    log_probs[mask] = out["log_probs"].float()
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = compute_entropy(logits.detach().float()).mean()
+    return log_probs, entropy
+
+
+@dataclass
+class RolloutData:
+    """One scored rollout batch, per completion, ready to be cut into microbatches."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    raw_rewards: torch.Tensor  # (n,)
+    advantages: torch.Tensor  # (n,)
+    old_log_probs: list[torch.Tensor] | None = None  # per completion, (len_i,)
+    ref_log_probs: list[torch.Tensor] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def make_microbatch(data: RolloutData, indices: list[int], pad_token_id: int, device: torch.device) -> dict:
+    batch = tokenize_prompt_and_output_ids(
+        [data.prompt_ids[i] for i in indices], [data.completion_ids[i] for i in indices], pad_token_id
+    )
+    batch = {k: v.to(device) for k, v in batch.items()}
+    mask = batch["response_mask"].bool()
+    for name in ("old_log_probs", "ref_log_probs"):
+        per_sample = getattr(data, name)
+        if per_sample is not None:
+            # Row-major order of mask positions == per-completion order of the stored token log-probs.
+            full = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+            full[mask] = torch.cat([per_sample[i] for i in indices]).to(device)
+            batch[name] = full
+    batch["raw_rewards"] = data.raw_rewards[indices].unsqueeze(1).to(device)  # (B, 1)
+    batch["advantages"] = data.advantages[indices].unsqueeze(1).to(device)  # (B, 1)
+    return batch
+
+
+@torch.inference_mode()
+def per_completion_log_probs(
+    model: torch.nn.Module, data: RolloutData, microbatch_size: int, pad_token_id: int, device: torch.device
+) -> list[torch.Tensor]:
+    """Response-token log-probs of every completion under `model` (old or reference policy), no grad."""
+    result: list[torch.Tensor] = []
+    for start in range(0, len(data.completion_ids), microbatch_size):
+        indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
+        batch = make_microbatch(data, indices, pad_token_id, device)
+        log_probs, _ = response_log_probs(model, batch["input_ids"], batch["labels"], batch["response_mask"])
+        mask = batch["response_mask"].bool()
+        result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
+    return result
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: Any, output_dir: Path, console: Console) -> None:
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.console = console
+        self.shape = BatchShape.from_config(cfg)
+        self.task = get_task(cfg.task.name)
+        self.train_examples = load_examples(cfg.task, "train")
+        eval_examples = load_examples(cfg.task, "eval")
+        self.eval_examples = eval_examples[: cfg.train.eval_examples or None]
+
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.model.device)
+        dtype = resolve_dtype(cfg.model.dtype, self.device)
+        load_start = time.perf_counter()
+        self.model, self.tokenizer = load_policy(
+            cfg.model.name_or_path,
+            self.device,
+            dtype,
+            seed=cfg.model.init_seed,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+        )
+        self.load_s = time.perf_counter() - load_start
+        self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor
+        self.reference = self._frozen_copy(self.model) if self.needs_reference else None
+        self.engine: RolloutEngine = HFRolloutEngine(self.model, self.tokenizer, cfg.rollout.max_batch_prompts)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            betas=tuple(cfg.optim.betas),
+        )
+        self.sampler = PromptSampler(self.train_examples, seed=cfg.seed)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
+        # grpo_clip needs old log-probs only when some update runs on a policy that moved since the rollout;
+        # with one optimizer step per batch the ratio is exactly 1 and the current log-probs serve (detached).
+        self.needs_old_log_probs = cfg.loss.type == "grpo_clip" and self.shape.optimizer_steps_per_rollout_batch > 1
+        self.metrics_sink = JsonlMetricsSink(output_dir / "metrics.jsonl")
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        reference = copy.deepcopy(model).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    def sampling(self, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
+        r = self.cfg.rollout
+        return SamplingSettings(
+            n=n,
+            temperature=r.eval_temperature if for_eval else r.temperature,
+            top_p=r.top_p,
+            min_tokens=r.min_tokens,
+            max_tokens=r.max_tokens,
+            stop=tuple(r.stop),
+            seed=seed,
+        )
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        self.console.print(
+            f"policy {cfg.model.name} loaded in {self.load_s:.1f}s on {self.device} "
+            f"({next(self.model.parameters()).dtype}); {len(self.train_examples)} train / "
+            f"{len(self.eval_examples)} eval examples; run dir {self.output_dir}",
+            highlight=False,
+        )
+        summary: dict[str, float] = {}
+        try:
+            summary.update(self.run_eval(step=0))
+            summary["baseline/eval_reward"] = summary["eval/reward"]
+            with StepProgress(cfg.train.steps, self.console, enabled=cfg.verbose) as progress:
+                for step in range(1, cfg.train.steps + 1):
+                    metrics = self.train_step(step)
+                    self.metrics_sink.log(metrics, step)
+                    progress.print(format_step_line(step, metrics))
+                    if cfg.train.eval_every and step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                        summary.update(self.run_eval(step, progress))
+                    progress.advance()
+                    summary.update(metrics)
+        finally:
+            self.metrics_sink.close()
+            self.engine.close()
+        return summary
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, shape = self.cfg, self.shape
+        step_start = time.perf_counter()
+        self.model.train()
+
+        # 1. Sample prompts and generate G completions each from the current (old) policy.
+        examples = self.sampler.next_batch(shape.prompts_per_rollout_batch)
+        prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer)
+        t0 = time.perf_counter()
+        rollout = self.engine.generate(prompt_ids, self.sampling(shape.group_size, seed=cfg.seed * 1_000_003 + step))
+        generation_s = time.perf_counter() - t0
+
+        # 2. Score, then group-relative advantages.
+        t0 = time.perf_counter()
+        truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
+        scores = score_responses(self.task.reward_fn, rollout.texts, truths)
+        raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
+        advantages = normalize_group_rewards(
+            raw_rewards,
+            shape.group_size,
+            cfg.normalization.advantage_eps,
+            normalize_by_std=cfg.normalization.advantage == "std",
+        )
+        scoring_s = time.perf_counter() - t0
+        data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
+
+        # 3. Old log-probs (once per rollout batch, reused by every epoch) and reference log-probs.
+        t0 = time.perf_counter()
+        if self.needs_old_log_probs:
+            data.old_log_probs = per_completion_log_probs(
+                self.model, data, shape.microbatch_size, self.pad_token_id, self.device
+            )
+        old_log_probs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.reference is not None:
+            data.ref_log_probs = per_completion_log_probs(
+                self.reference, data, shape.microbatch_size, self.pad_token_id, self.device
+            )
+        ref_log_probs_s = time.perf_counter() - t0
+
+        # 4. Updates: epochs x train batches x microbatches.
+        t0 = time.perf_counter()
+        update_metrics = self.update(data, step)
+        training_s = time.perf_counter() - t0
+        sync_s = self.engine.sync_weights()
+
+        lengths = [len(ids) for ids in rollout.completion_ids]
+        n_tokens = sum(lengths)
+        step_s = time.perf_counter() - step_start
+        metrics = {
+            **{f"train/{key}": scores.mean(key) for key in REWARD_KEYS},
+            "train/reward_std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
+            "train/frac_zero_std_groups": fraction_of_zero_std_groups(raw_rewards, shape.group_size),
+            "train/reward_errors": scores.n_errors,
+            "train/response_length_mean": n_tokens / len(lengths),
+            "train/response_length_max": max(lengths),
+            "train/truncated_frac": sum(rollout.truncated) / len(lengths),
+            **update_metrics,
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "time/step_s": step_s,
+            "time/generation_s": generation_s,
+            "time/scoring_s": scoring_s,
+            "time/old_log_probs_s": old_log_probs_s,
+            "time/ref_log_probs_s": ref_log_probs_s,
+            "time/training_s": training_s,
+            "time/sync_s": sync_s,
+            "throughput/generation_tokens_per_s": n_tokens / max(generation_s, 1e-9),
+            "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
+        }
+        return metrics
+
+    def update(self, data: RolloutData, step: int) -> dict[str, float]:
+        cfg, shape = self.cfg, self.shape
+        n = len(data.completion_ids)
+        rng = random.Random(cfg.seed * 7919 + step)
+        totals: dict[str, list[float]] = {}
+
+        def record(key: str, value: float) -> None:
+            totals.setdefault(key, []).append(float(value))
+
+        for _epoch in range(shape.epochs_per_rollout_batch):
+            order = list(range(n))
+            if shape.optimizer_steps_per_rollout_batch > 1:
+                rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
+            for batch_start in range(0, n, shape.train_batch_size):
+                batch_indices = order[batch_start : batch_start + shape.train_batch_size]
+                self.optimizer.zero_grad(set_to_none=True)
+                batch_loss = 0.0
+                for mb_start in range(0, len(batch_indices), shape.microbatch_size):
+                    indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
+                    mb = make_microbatch(data, indices, self.pad_token_id, self.device)
+                    policy_log_probs, entropy = response_log_probs(
+                        self.model, mb["input_ids"], mb["labels"], mb["response_mask"], with_entropy=True
+                    )
+                    old = mb.get("old_log_probs")
+                    if old is None and cfg.loss.type == "grpo_clip":
+                        old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
+                    loss, meta = grpo_microbatch_train_step(
+                        policy_log_probs=policy_log_probs,
+                        response_mask=mb["response_mask"],
+                        gradient_accumulation_steps=shape.gradient_accumulation_steps,
+                        loss_type=cfg.loss.type,
+                        raw_rewards=mb["raw_rewards"],
+                        advantages=mb["advantages"],
+                        old_log_probs=old,
+                        cliprange=cfg.loss.cliprange,
+                        length_normalization=cfg.normalization.length,
+                        normalize_constant=self.length_constant,
+                        ref_log_probs=mb.get("ref_log_probs"),
+                        kl_beta=cfg.kl.beta,
+                        kl_estimator=cfg.kl.estimator,
+                    )
+                    batch_loss += float(loss)
+                    record("train/entropy", entropy)
+                    for key in ("kl", "clip_fraction", "ratio_mean"):
+                        if key in meta:
+                            record(f"train/{key}", meta[key])
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
+                self.optimizer.step()
+                record("train/loss", batch_loss)
+                record("train/grad_norm", grad_norm)
+        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
+        metrics["train/optimizer_steps"] = len(totals["train/loss"])
+        return metrics
+
+    # --- evaluation ---------------------------------------------------------------------------------------
+    def run_eval(self, step: int, progress: StepProgress | None = None) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics, records = evaluate(
+            self.engine,
+            self.tokenizer,
+            self.task.reward_fn,
+            self.eval_examples,
+            self.sampling(1, seed=self.cfg.seed, for_eval=True),
+        )
+        metrics["time/eval_s"] = time.perf_counter() - t0
+        write_jsonl(self.output_dir / "eval" / f"step_{step:05d}.jsonl", records)
+        self.metrics_sink.log(metrics, step)
+        line = format_eval_line(step, metrics)
+        if progress is not None:
+            progress.print(line)
+        else:
+            self.console.print(line, highlight=False)
+        return metrics
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass

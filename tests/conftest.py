@@ -1,0 +1,37 @@
+"""Shared fixtures: compose the real config tree, run the real entrypoint, never touch the network."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from grpo_cli.config import GRPOConfig, register_configs
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def compose_config(overrides: list[str], output_dir: str = "/tmp/grpo-cli-test") -> GRPOConfig:
+    """The config `grpo-run <overrides>` would run with, as the schema dataclass."""
+    register_configs()
+    with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"output_dir={output_dir}"])
+    return OmegaConf.to_object(cfg)
+
+
+def run_grpo(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the installed `grpo-run` entrypoint as a user would (same interpreter, offline)."""
+    env = {**os.environ, **OFFLINE_ENV}
+    exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")
+    command = [exe] if os.path.exists(exe) else [sys.executable, "-m", "grpo_cli.cli"]
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

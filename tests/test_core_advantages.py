@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from grpo_cli.core import (
+    compute_group_normalized_rewards,
+    fraction_of_zero_std_groups,
+    normalize_group_rewards,
+)
+
+
+def exact_match_reward(response: str, ground_truth: str) -> dict[str, float]:
+    answer = float(response == ground_truth)
+    return {"reward": answer, "format_reward": float(response != ""), "answer_reward": answer}
+
+
+# two prompts, G = 4: group 1 rewards [1, 0, 0, 1], group 2 rewards [1, 1, 1, 1]
+RESPONSES = ["4", "5", "", "4", "7", "7", "7", "7"]
+GROUND_TRUTHS = ["4"] * 4 + ["7"] * 4
+
+
+def test_group_normalized_rewards_with_std() -> None:
+    advantages, raw_rewards, metadata = compute_group_normalized_rewards(
+        exact_match_reward, RESPONSES, GROUND_TRUTHS, group_size=4, advantage_eps=1e-6, normalize_by_std=True
+    )
+    torch.testing.assert_close(raw_rewards, torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1]))
+    # group 1: mean .5, Bessel std sqrt(4 * .25 / 3) = .57735 -> A = +-.5 / .57735 = +-.86603
+    # group 2: all equal -> (r - mean) = 0 -> A = 0 / (0 + eps) = 0
+    a = 0.5 / (0.57735027 + 1e-6)
+    torch.testing.assert_close(advantages, torch.tensor([a, -a, -a, a, 0, 0, 0, 0]))
+    assert advantages.shape == (8,) and advantages.dtype == torch.float32
+    # 6 of 8 rewards are 1; format: 7 of 8 responses non-empty
+    assert metadata["reward_mean"] == pytest.approx(0.75)
+    assert metadata["reward_std"] == pytest.approx((0.75 * 0.25 * 8 / 7) ** 0.5)  # Bessel over the batch
+    assert metadata["reward_max"] == 1.0 and metadata["reward_min"] == 0.0
+    assert metadata["format_reward_mean"] == pytest.approx(7 / 8)
+    assert metadata["answer_reward_mean"] == pytest.approx(0.75)
+    assert metadata["frac_zero_std_groups"] == pytest.approx(0.5)
+
+
+def test_group_normalized_rewards_mean_only() -> None:
+    advantages, _, _ = compute_group_normalized_rewards(
+        exact_match_reward, RESPONSES, GROUND_TRUTHS, group_size=4, advantage_eps=1e-6, normalize_by_std=False
+    )
+    # group 1: r - .5; group 2: r - 1
+    torch.testing.assert_close(advantages, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+
+
+def test_normalize_group_rewards_pure_function() -> None:
+    # groups of 2: [0, 2] -> mean 1, std sqrt(2) -> A = -+1/(sqrt 2 + .1); [3, 3] -> 0
+    rewards = torch.tensor([0.0, 2.0, 3.0, 3.0])
+    a = 1 / (2**0.5 + 0.1)
+    torch.testing.assert_close(normalize_group_rewards(rewards, 2, 0.1, True), torch.tensor([-a, a, 0, 0]))
+    torch.testing.assert_close(normalize_group_rewards(rewards, 2, 0.1, False), torch.tensor([-1.0, 1, 0, 0]))
+    # integer rewards become float advantages
+    assert normalize_group_rewards(torch.tensor([0, 1]), 2, 0.0, False).tolist() == [-0.5, 0.5]
+
+
+def test_fraction_of_zero_std_groups() -> None:
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # groups [1 1] [0 1] [0 0]
+    assert fraction_of_zero_std_groups(rewards, 2) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("responses", "truths", "group_size", "by_std", "message"),
+    [
+        (["a", "b"], ["a"], 2, True, "2 responses but 1 ground truths"),
+        (["a", "b", "c"], ["a", "b", "c"], 2, True, "not a multiple of group_size=2"),
+        (["a", "b"], ["a", "b"], 1, True, "group_size >= 2"),
+    ],
+)
+def test_group_normalized_rewards_validation(
+    responses: list[str], truths: list[str], group_size: int, by_std: bool, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        compute_group_normalized_rewards(exact_match_reward, responses, truths, group_size, 1e-6, by_std)
+
+
+def test_group_size_one_is_fine_without_std() -> None:
+    advantages, _, _ = compute_group_normalized_rewards(exact_match_reward, ["a"], ["a"], 1, 1e-6, False)
+    assert advantages.tolist() == [0.0]
+
+
+def test_reward_fn_missing_key_raises() -> None:
+    with pytest.raises(ValueError, match="missing \\['format_reward', 'answer_reward'\\]"):
+        compute_group_normalized_rewards(lambda r, g: {"reward": 1.0}, ["a", "b"], ["a", "b"], 2, 1e-6, True)

@@ -75,7 +75,7 @@ def run_job(cfg: GRPOConfig, console: Console) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(dict_cfg: DictConfig) -> None:
-    console = Console(stderr=False, highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         # to_object resolves interpolations and checks types against the schema dataclasses.
         cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
@@ -88,7 +88,8 @@ def _hydra_main(dict_cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    # Hub downloads stay possible for real users; progress bars of transformers would drown our own.
+    # transformers' per-load progress bars would drown our own output (set the variable to 0 to get them back).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_configs()
     _hydra_main()

@@ -69,14 +69,15 @@ _STALE_BUILD_AGE_S = 3600.0
 # The ChatML template SmolLM2-Instruct ships with; used only if the GGUF ever comes without one.
 SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-# Tokens that are conventionally unused padding, in order of preference. A pad token distinct from EOS matters
-# to us: code that masks `ids != pad_token_id` would otherwise also drop the EOS the policy must learn to emit,
-# and the embedding row of `config.pad_token_id` gets no gradient through the input embedding.
+# Tokens that are conventionally unused padding, in order of preference. A pad token distinct from EOS
+# matters to us: code that masks `ids != pad_token_id` would otherwise also drop the EOS the policy must learn
+# to emit, and the embedding row of `config.pad_token_id` gets no gradient through the input embedding.
 _PAD_CANDIDATES = ("<|endoftext|>", "<|finetune_right_pad_id|>", "<|pad|>", "<pad>", "[PAD]")
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -230,9 +231,11 @@ def _build_atomically(final: Path, build: Callable[[Path], None]) -> None:
             f"cannot write the model cache at {str(final.parent)!r} ({error.strerror}): "
             "set GRPO_CLI_CACHE to a writable directory"
         ) from None
-    os.chmod(workspace, 0o755)  # mkdtemp makes it private; the cache may be shared
     try:
         build(workspace)
+        # mkdtemp and safetensors create private files; the cache may be shared between users.
+        for path in [workspace, *workspace.iterdir()]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         _publish(workspace, final)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)  # a no-op once published
@@ -374,8 +377,8 @@ def _check_hub_id(name_or_path: str) -> None:
 
 def _hub_unavailable_message(name_or_path: str) -> str:
     return (
-        f"model.name_or_path={name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set "
-        "(or the hub is unreachable): download it first or point to a local directory"
+        f"model.name_or_path={name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+        "set (or the hub is unreachable): download it first or point to a local directory"
     )
 
 
@@ -383,9 +386,9 @@ def check_model_source(name_or_path: str) -> None:
     """Check cheaply, before any model is loaded, that `name_or_path` can be loaded at all.
 
     Raises:
-        ModelLoadError: the embedded package is missing; the path does not exist; a directory holds no weights
-            (or several .gguf files, or weights without config.json); a file is not a .gguf; or a hub id is not
-            in the local cache while HF_HUB_OFFLINE is set.
+        ModelLoadError: the embedded package is missing; the path does not exist; a directory holds no
+            weights (or several .gguf files, or weights without config.json); a file is not a .gguf; or a hub
+            id is not in the local cache while HF_HUB_OFFLINE is set.
     """
     if name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
         _check_embedded()
@@ -400,9 +403,7 @@ def check_model_source(name_or_path: str) -> None:
         _check_directory(name_or_path, path)
     elif path.is_file():
         if path.suffix != ".gguf":
-            raise ModelLoadError(
-                f"model.name_or_path={name_or_path!r} is a file but not a .gguf file: {_FIX}"
-            )
+            raise ModelLoadError(f"model.name_or_path={name_or_path!r} is a file but not a .gguf file: {_FIX}")
     elif _looks_like_path(name_or_path) or not _HUB_ID.match(name_or_path):
         raise ModelLoadError(f"model.name_or_path={name_or_path!r} does not exist: {_FIX}")
     else:
@@ -445,7 +446,12 @@ def _dtype_kwargs(dtype: torch.dtype) -> dict[str, torch.dtype]:
 
 
 def _load_error(name_or_path: str, source: _Source, error: Exception) -> ModelLoadError:
-    """Turn an exception from `from_pretrained` into a one-line user-facing error."""
+    """Turn an exception from `from_pretrained` into a one-line user-facing error.
+
+    Broken or foreign files surface from transformers as OSError, ValueError, KeyError, JSON or safetensors
+    errors and more, so callers catch every Exception here; the type and first 300 characters of the original
+    message are kept so that a genuine bug is still recognisable.
+    """
     if source.is_hub_id and isinstance(error, OSError):
         return ModelLoadError(_hub_unavailable_message(name_or_path))
     detail = " ".join(str(error).split())[:300]
@@ -480,7 +486,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     source = _resolve_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # see _load_error: any failure here means "cannot load this model"
         raise _load_error(name_or_path, source, error) from None
     _ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
@@ -541,14 +547,14 @@ def _load_pretrained(
         kwargs["attn_implementation"] = attn_implementation
     try:
         model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # see _load_error
         raise _load_error(name_or_path, source, error) from None
     _drop_quantization_config(model)
     return model
 
 
 def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
-    """Recompute activations in the backward pass; the KV cache is useless (and warned about) while training."""
+    """Recompute activations in the backward pass; the KV cache is useless (and warned about) in training."""
     kwargs = {"use_reentrant": False}  # the reentrant variant needs inputs that require grad
     if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)

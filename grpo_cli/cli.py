@@ -7,16 +7,19 @@ hands plain objects to the job functions.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from grpo_cli.config import BatchShape, GRPOConfig, register_configs, validate_config
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import RunStopped, UserFacingError
 
 EXIT_USER_ERROR = 2
 
@@ -39,20 +42,47 @@ def _check_output_dir(output_dir: Path) -> None:
         ) from None
 
 
-def run_job(cfg: GRPOConfig, console: Console) -> dict[str, Any]:
-    """Validate, print the batch shapes, then run the job. Raises UserFacingError on bad input."""
-    from grpo_cli.models import check_model_source
-    from grpo_cli.tasks import load_examples
-    from grpo_cli.tracking.console import shape_table
+def sweep_subdir(job_num: int, override_dirname: str) -> str:
+    """A multirun job's directory name: `3_optim.lr@1e-05+seed@1`, readable in `ls` and as a W&B run name.
 
+    It must stay a valid unquoted override value (`resume=<dir>`, `report.runs=<dir>`), so the separators
+    are @ and + (conf/config.yaml), not Hydra's usual = and , which its override parser rejects; any other
+    character outside that set (a '/' that would nest directories, brackets of a list) becomes '_'.
+    File names stop at 255 bytes.
+    """
+    name = f"{job_num}_{override_dirname}" if override_dirname else str(job_num)
+    return re.sub(r"[^\w.+@%-]", "_", name)[:200]
+
+
+def sweep_group_name(sweep_dir: str, preset: str | None) -> str:
+    """The W&B group shared by every run of one multirun: the preset's name (if any) and the sweep directory."""
+    return f"{preset or 'sweep'}-{Path(sweep_dir).name}"
+
+
+def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Validate, print the batch shapes, then run the job. Raises UserFacingError on bad input.
+
+    overrides: the command-line overrides of this run (for the rerun command in run_info.json).
+    """
     validate_config(cfg)
     output_dir = Path(cfg.output_dir)
     _check_output_dir(output_dir)
+    if cfg.job.name == "report":  # reads run directories only: no model, no torch import
+        from grpo_cli.tracking.report import write_report
+
+        return write_report(cfg.report.runs, Path(cfg.report.out or output_dir), console)
+
+    from grpo_cli.models import check_model_source
+    from grpo_cli.tasks import load_examples
+    from grpo_cli.tracking.console import shape_table
+    from grpo_cli.tracking.run_info import build_run_info, write_run_info
+
     # Everything that can be checked without loading a model is checked now: a bad data file or model path
     # must fail in a second, not after a minute of loading.
     check_model_source(cfg.model.name_or_path)
-    for split in ("train", "eval") if cfg.job.name == "train" else ("eval",):
-        load_examples(cfg.task, split)
+    splits = ("train", "eval") if cfg.job.name == "train" else ("eval",)
+    examples = {split: load_examples(cfg.task, split) for split in splits}
+    write_run_info(output_dir, build_run_info(cfg, examples, overrides or []), resumed=bool(cfg.resume))
 
     if cfg.job.name == "train":
         shape = BatchShape.from_config(cfg)
@@ -77,14 +107,88 @@ def run_job(cfg: GRPOConfig, console: Console) -> dict[str, Any]:
 def _hydra_main(dict_cfg: DictConfig) -> None:
     console = Console(highlight=False, soft_wrap=True)
     try:
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.group is None:
+            dict_cfg.logger.group = sweep_group_name(hydra_cfg.sweep.dir, hydra_cfg.runtime.choices.get("sweep"))
+        overrides = list(hydra_cfg.overrides.task)
+        if dict_cfg.resume:
+            dict_cfg = resumed_config(dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides)
         # to_object resolves interpolations and checks types against the schema dataclasses.
         cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
         output_dir = Path(cfg.output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(dict_cfg, resolve=True))
-        run_job(cfg, console)
+        _check_output_dir(output_dir)
+        if not cfg.resume:
+            (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(dict_cfg, resolve=True))
+        run_job(cfg, console, overrides=overrides)
     except UserFacingError as e:
         _fail(str(e))
+    except RunStopped as e:
+        print(f"grpo-run: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+def find_run_to_resume(resume: Any, new_run_dir: Path) -> Path:
+    """resume=true: the newest run beside this one that has checkpoints; resume=<dir>: that run."""
+    if resume is True:
+        root = new_run_dir.parent
+        runs = [p for p in root.glob("*/checkpoints") if p.parent != new_run_dir and any(p.glob("step_*"))]
+        if not runs:
+            raise UserFacingError(f"resume=true found no run with checkpoints under {root}: give resume=<run dir>")
+        return max(runs, key=lambda p: p.stat().st_mtime).parent
+    run_dir = Path(str(resume)).expanduser()
+    if not (run_dir / "config.yaml").is_file() or not any((run_dir / "checkpoints").glob("step_*")):
+        raise UserFacingError(
+            f"resume={resume}: no run with checkpoints there (expected config.yaml and checkpoints/step_*): "
+            "give a run directory of an earlier grpo-run, or resume=true for the newest one"
+        )
+    return run_dir
+
+
+def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str]) -> DictConfig:
+    """The saved config of the run being resumed (so it continues exactly as it started).
+
+    Only train.steps may change on the resuming command line, to extend a finished run.
+    """
+    run_dir = find_run_to_resume(resume, new_run_dir)
+    saved = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.load(run_dir / "config.yaml"))
+    saved.output_dir = str(run_dir)
+    saved.resume = True
+    for override in overrides:
+        if override.startswith("train.steps="):
+            saved.train.steps = int(override.split("=", 1)[1])
+    return saved
+
+
+# Parts of Hydra/OmegaConf messages that are noise on one line (or wrong advice: schema keys cannot be added).
+_HYDRA_NOISE = re.compile(r"\s*(full_key|reference_type|object_type)=?:?\s*\S+|\s*To append to your config use \S+|"
+                          r"\s*Config search path:.*$", re.DOTALL)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error)
+    if error.__cause__ is not None and str(error.__cause__) not in text:
+        text += f": {error.__cause__}"
+    return " ".join(_HYDRA_NOISE.sub("", text).split())
+
+
+def precheck_overrides(args: list[str]) -> None:
+    """Compose the config of a single run before Hydra does, so a typo'd key, a wrong type or an unknown
+    choice fails with one line and exit code 2 (Hydra itself prints several lines and exits 1).
+
+    Multirun, flags (--help, --cfg) and hydra.* overrides are left to Hydra, which handles them itself.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(arg.startswith("-") for arg in args):
+        return
+    overrides = [arg for arg in args if not arg.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
+            compose(config_name="config", overrides=[*overrides, "output_dir=."])
+    except (HydraException, OmegaConfBaseException) as e:
+        _fail(f"{_one_line(e)} (grpo-run --help lists every group and its choices)")
 
 
 def main() -> None:
@@ -92,6 +196,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_configs()
+    # conf/config.yaml names multirun job directories with ${sweep_subdir:...}.
+    OmegaConf.register_new_resolver("sweep_subdir", sweep_subdir, replace=True)
+    precheck_overrides(sys.argv[1:])
     _hydra_main()
 
 

@@ -124,6 +124,12 @@ class TrainConfig:
     eval_every: int = 10
     # Held-out examples per evaluation (null: all of task.n_eval).
     eval_examples: int | None = None
+    # Save a checkpoint every N steps and at the end (0: only at the end); keep the newest K (K >= 2 leaves a
+    # fallback if the newest is damaged).
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    # Skip an update whose loss or gradients are not finite; stop the run after this many in a row.
+    max_nonfinite_steps: int = 3
 
 
 @dataclass
@@ -136,22 +142,41 @@ class OptimConfig:
 
 @dataclass
 class LoggerConfig:
-    # none: metrics.jsonl only.
+    # none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases.
     backend: str = "none"
+    # W&B project, entity (user or team; null: your default) and group. A multirun fills a null group with
+    # the sweep's name, so the runs of one sweep sit together.
     project: str = "grpo-cli"
     entity: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
-    # online | offline | disabled
+    # W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun).
+    name: str | None = None
+    # online | offline | disabled. online without an API key, or without a server answering within
+    # init_timeout_s, logs offline instead (upload later with `wandb sync`).
     mode: str = "offline"
+    init_timeout_s: float = 15.0
+    # Log a W&B table of eval completions at evaluations whose step is a multiple of this (0: no tables),
+    # with at most samples_rows rows each.
+    samples_every: int = 1
+    samples_rows: int = 32
 
 
 @dataclass
 class JobConfig:
-    # train | baseline_eval
+    # train | baseline_eval | report
     name: str = "train"
     # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
     n_examples: int | None = None
+
+
+@dataclass
+class ReportConfig:
+    # job=report: run directories to compare, or one multirun directory (every run below it). A single path
+    # may be given without brackets: report.runs=outputs/multirun/2026-11-22_07-00-00
+    runs: Any = field(default_factory=list)
+    # Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).
+    out: str | None = None
 
 
 @dataclass
@@ -167,7 +192,10 @@ class GRPOConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     job: JobConfig = field(default_factory=JobConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     seed: int = 0
+    # null: a new run | true: continue the newest run under the same output root | a run directory.
+    resume: Any = None
     # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
     output_dir: str = MISSING
     # Print a per-step metrics line on the console.
@@ -242,8 +270,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.device": ("auto", "cpu", "cuda"),
     "task.prompt": ("chat", "r1_zero", "question_only"),
-    "logger.backend": ("none",),
-    "job.name": ("train", "baseline_eval"),
+    "logger.backend": ("none", "wandb"),
+    "logger.mode": ("online", "offline", "disabled"),
+    "job.name": ("train", "baseline_eval", "report"),
 }
 
 
@@ -271,12 +300,21 @@ def validate_config(cfg: Any) -> None:
         "sync.epochs_per_rollout_batch": cfg.sync.epochs_per_rollout_batch,
         "rollout.max_tokens": cfg.rollout.max_tokens,
         "optim.lr": cfg.optim.lr,
+        "logger.init_timeout_s": cfg.logger.init_timeout_s,
+        "logger.samples_rows": cfg.logger.samples_rows,
     }
     for key, value in positive.items():
         if value <= 0:
             raise UserFacingError(f"{key}={value} must be positive")
+    if t.checkpoint_every < 0 or t.keep_checkpoints < 1 or t.max_nonfinite_steps < 1:
+        raise UserFacingError(
+            f"train.checkpoint_every={t.checkpoint_every} must be >= 0, train.keep_checkpoints={t.keep_checkpoints} "
+            f"and train.max_nonfinite_steps={t.max_nonfinite_steps} >= 1"
+        )
     if t.eval_every < 0:
         raise UserFacingError(f"train.eval_every={t.eval_every} must be >= 0 (0: evaluate only at start and end)")
+    if cfg.logger.samples_every < 0:
+        raise UserFacingError(f"logger.samples_every={cfg.logger.samples_every} must be >= 0 (0: no sample tables)")
     if t.rollout_batch_size % t.group_size:
         raise UserFacingError(
             f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by train.group_size={t.group_size}: "

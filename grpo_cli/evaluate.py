@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.rollout import RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.tasks import REWARD_KEYS, Example, RewardFn
 
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
+# Held-out prompts per generate() call: a progress bar can move between calls on large eval sets (MATH-500),
+# while the default 64-example set is still one call.
+EVAL_CHUNK_PROMPTS = 64
 
 
 @dataclass
@@ -42,13 +46,15 @@ def evaluate(
     reward_fn: RewardFn,
     examples: list[Example],
     settings: SamplingSettings,
+    on_generated: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Generate one completion per held-out example and score it.
 
+    on_generated(n) is called after each chunk of n completions (a progress bar).
     Returns (metrics named eval/*, one record per example for the eval JSONL).
     """
     prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
-    rollout = engine.generate(prompt_ids, settings)
+    rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
     truths = [e.ground_truth for e in examples]
     scores = score_responses(reward_fn, rollout.texts, truths)
     metrics = {f"eval/{key}": scores.mean(key) for key in REWARD_KEYS}
@@ -70,6 +76,23 @@ def evaluate(
         )
     ]
     return metrics, records
+
+
+def generate_in_chunks(
+    engine: RolloutEngine,
+    prompt_ids: list[list[int]],
+    settings: SamplingSettings,
+    on_generated: Callable[[int], None] | None = None,
+) -> RolloutBatch:
+    """engine.generate over EVAL_CHUNK_PROMPTS prompts at a time, concatenated in prompt order."""
+    out = RolloutBatch([], [], [], [])
+    for start in range(0, len(prompt_ids), EVAL_CHUNK_PROMPTS):
+        part = engine.generate(prompt_ids[start : start + EVAL_CHUNK_PROMPTS], settings)
+        for name in ("prompt_ids", "completion_ids", "texts", "truncated"):
+            getattr(out, name).extend(getattr(part, name))
+        if on_generated is not None:
+            on_generated(len(part.texts))
+    return out
 
 
 def summarize_records(records: list[dict[str, Any]], n_examples_per_category: int = 3) -> dict[str, Any]:
@@ -103,6 +126,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
     from grpo_cli.rollout import HFRolloutEngine
     from grpo_cli.tasks import get_task, load_examples
     from grpo_cli.tracking import write_jsonl
+    from grpo_cli.tracking.console import generation_progress
 
     task = get_task(cfg.task.name)
     examples = load_examples(cfg.task, "eval")[: cfg.job.n_examples or None]
@@ -124,7 +148,8 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
     )
     t0 = time.perf_counter()
     try:
-        metrics, records = evaluate(engine, tokenizer, task.reward_fn, examples, settings)
+        with generation_progress(console, len(examples), "baseline eval") as advance:
+            metrics, records = evaluate(engine, tokenizer, task.reward_fn, examples, settings, on_generated=advance)
     finally:
         engine.close()
     metrics["time/eval_s"] = time.perf_counter() - t0

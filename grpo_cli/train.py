@@ -11,7 +11,11 @@ the exact token ids the rollout engine sampled, so the response mask cannot drif
 from __future__ import annotations
 
 import copy
+import json
+import math
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,17 +24,19 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
 from grpo_cli.config import BatchShape
 from grpo_cli.core import compute_entropy, grpo_microbatch_train_step, normalize_group_rewards
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
 from grpo_cli.core.logprobs import get_response_log_probs_from_logits
 from grpo_cli.core.tokenization import tokenize_prompt_and_output_ids
+from grpo_cli.errors import RunStopped
 from grpo_cli.evaluate import evaluate, score_responses
 from grpo_cli.models import load_policy, resolve_device, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.tasks import REWARD_KEYS, Example, get_task, load_examples
-from grpo_cli.tracking import JsonlMetricsSink, write_jsonl
-from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line
+from grpo_cli.tracking import build_metrics_sink
+from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line, generation_progress
 
 
 class PromptSampler:
@@ -52,6 +58,16 @@ class PromptSampler:
             batch.append(self.examples[self.order[self.position]])
             self.position += 1
         return batch
+
+    def state(self) -> dict[str, Any]:
+        """JSON-serializable position in the data, so a resumed run draws the same prompts."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": self.order, "position": self.position}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.order, self.position = list(state["order"]), int(state["position"])
 
 
 def response_log_probs(
@@ -164,7 +180,47 @@ class GRPOTrainer:
         # grpo_clip needs old log-probs only when some update runs on a policy that moved since the rollout;
         # with one optimizer step per batch the ratio is exactly 1 and the current log-probs serve (detached).
         self.needs_old_log_probs = cfg.loss.type == "grpo_clip" and self.shape.optimizer_steps_per_rollout_batch > 1
-        self.metrics_sink = JsonlMetricsSink(output_dir / "metrics.jsonl")
+        self.nonfinite_streak = 0
+        self.stop_signal: str | None = None
+        # A resumed run restores weights, optimizer, RNG and data position, and forgets the metrics logged
+        # after its checkpoint (they are logged again, identically) before the metrics sink opens the file.
+        self.start_step = self._resume() if cfg.resume else 0
+        # metrics.jsonl always, plus W&B with logger=wandb; closed (W&B finished) in train()'s `finally`.
+        self.metrics_sink = build_metrics_sink(cfg, output_dir, console)
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+    def _resume(self) -> int:
+        """Load the newest usable checkpoint of this run directory; returns its step."""
+        for path in reversed(list_checkpoints(self.output_dir)):
+            problem = verify_checkpoint(path)
+            if problem is None:
+                try:
+                    checkpoint = load_checkpoint(path, self.model, self.optimizer)
+                except CheckpointError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a damaged file: fall back to the previous one
+                    problem = f"it cannot be read ({type(error).__name__}: {str(error)[:120]})"
+            if problem is not None:
+                self.console.print(f"skipping checkpoint {path}: {problem}; trying the previous one", highlight=False)
+                continue
+            self.sampler.load_state(checkpoint.state["sampler"])
+            self.nonfinite_streak = int(checkpoint.state.get("nonfinite_streak", 0))
+            truncate_metrics(self.output_dir / "metrics.jsonl", checkpoint.step)
+            self.console.print(f"resumed {self.output_dir} from {path.name} (step {checkpoint.step})", highlight=False)
+            return checkpoint.step
+        raise CheckpointError(
+            f"no usable checkpoint in {self.output_dir / 'checkpoints'}: start a new run without resume=..."
+        )
+
+    def save_checkpoint(self, step: int) -> Path:
+        state = {"sampler": self.sampler.state(), "nonfinite_streak": self.nonfinite_streak}
+        return save_checkpoint(
+            self.output_dir, step, self.model, self.optimizer, state, keep=self.cfg.train.keep_checkpoints
+        )
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.train.checkpoint_every
+        return step == self.cfg.train.steps or (every > 0 and step % every == 0)
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -194,11 +250,14 @@ class GRPOTrainer:
             highlight=False,
         )
         summary: dict[str, float] = {}
+        previous_handlers = self._install_signal_handlers()
         try:
-            summary.update(self.run_eval(step=0))
-            summary["baseline/eval_reward"] = summary["eval/reward"]
+            if self.start_step == 0:
+                summary.update(self.run_eval(step=0))
+            summary["baseline/eval_reward"] = baseline_eval_reward(self.output_dir / "metrics.jsonl")
             with StepProgress(cfg.train.steps, self.console, enabled=cfg.verbose) as progress:
-                for step in range(1, cfg.train.steps + 1):
+                progress.advance(self.start_step)
+                for step in range(self.start_step + 1, cfg.train.steps + 1):
                     metrics = self.train_step(step)
                     self.metrics_sink.log(metrics, step)
                     progress.print(format_step_line(step, metrics))
@@ -206,10 +265,51 @@ class GRPOTrainer:
                         summary.update(self.run_eval(step, progress))
                     progress.advance()
                     summary.update(metrics)
+                    self._stop_if_asked(step)
         finally:
+            _restore_signal_handlers(previous_handlers)
             self.metrics_sink.close()
             self.engine.close()
         return summary
+
+    # --- safe points: checkpoints, signals, non-finite numbers ---------------------------------------------
+    def _stop_if_asked(self, step: int) -> None:
+        """After a whole step (the safe point): checkpoint when due, and stop on a signal or on divergence."""
+        limit = self.cfg.train.max_nonfinite_steps
+        stopping = self.stop_signal is not None or self.nonfinite_streak >= limit
+        if stopping or self._checkpoint_due(step):
+            path = self.save_checkpoint(step)
+        if self.stop_signal is not None:
+            code = 130 if self.stop_signal == "SIGINT" else 143
+            raise RunStopped(
+                f"stopped by {self.stop_signal} after step {step}; checkpoint {path}; "
+                f"continue with: grpo-run resume={self.output_dir}",
+                exit_code=code,
+            )
+        if self.nonfinite_streak >= limit:
+            raise RunStopped(
+                f"loss or gradients were not finite in {limit} consecutive steps (last: step {step}); those "
+                f"updates were skipped and the weights in {path} are the last good ones: lower optim.lr or check "
+                "the reward function, then continue with: grpo-run resume=" + str(self.output_dir),
+                exit_code=3,
+            )
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM finish the current step, checkpoint and exit; a second SIGINT interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def request_stop(signum: int, _frame: Any) -> None:
+            if self.stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_signal = signal.Signals(signum).name
+            self.console.print(
+                f"{self.stop_signal} received: finishing this step, then writing a checkpoint "
+                "(press Ctrl-C again to stop at once, without one)",
+                highlight=False,
+            )
+
+        return {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, shape = self.cfg, self.shape
@@ -288,6 +388,8 @@ class GRPOTrainer:
         rng = random.Random(cfg.seed * 7919 + step)
         totals: dict[str, list[float]] = {}
 
+        skipped = 0  # updates skipped for non-finite loss or gradients
+
         def record(key: str, value: float) -> None:
             totals.setdefault(key, []).append(float(value))
 
@@ -329,25 +431,35 @@ class GRPOTrainer:
                         if key in meta:
                             record(f"train/{key}", meta[key])
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
-                self.optimizer.step()
+                if math.isfinite(batch_loss) and torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                    self.nonfinite_streak = 0
+                else:
+                    # One bad batch must not poison the weights (AdamW would spread NaN to every parameter).
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.nonfinite_streak += 1
+                    skipped += 1
                 record("train/loss", batch_loss)
                 record("train/grad_norm", grad_norm)
         metrics = {key: sum(values) / len(values) for key, values in totals.items()}
-        metrics["train/optimizer_steps"] = len(totals["train/loss"])
+        metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
+        metrics["train/nonfinite_skipped"] = skipped
         return metrics
 
     # --- evaluation ---------------------------------------------------------------------------------------
     def run_eval(self, step: int, progress: StepProgress | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics, records = evaluate(
-            self.engine,
-            self.tokenizer,
-            self.task.reward_fn,
-            self.eval_examples,
-            self.sampling(1, seed=self.cfg.seed, for_eval=True),
-        )
+        with generation_progress(self.console, len(self.eval_examples), f"eval @ {step}", within=progress) as advance:
+            metrics, records = evaluate(
+                self.engine,
+                self.tokenizer,
+                self.task.reward_fn,
+                self.eval_examples,
+                self.sampling(1, seed=self.cfg.seed, for_eval=True),
+                on_generated=advance,
+            )
         metrics["time/eval_s"] = time.perf_counter() - t0
-        write_jsonl(self.output_dir / "eval" / f"step_{step:05d}.jsonl", records)
+        self.metrics_sink.log_samples(records, step)  # eval/step_<step>.jsonl, and a W&B table
         self.metrics_sink.log(metrics, step)
         line = format_eval_line(step, metrics)
         if progress is not None:
@@ -355,6 +467,28 @@ class GRPOTrainer:
         else:
             self.console.print(line, highlight=False)
         return metrics
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop metrics.jsonl lines logged after `last_step` (a resumed run logs them again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def baseline_eval_reward(path: Path) -> float:
+    """The step-0 evaluation's reward from metrics.jsonl (also right after a resume)."""
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["step"] == 0 and "eval/reward" in row:
+            return float(row["eval/reward"])
+    return float("nan")
 
 
 def seed_everything(seed: int) -> None:

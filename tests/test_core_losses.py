@@ -45,9 +45,7 @@ def test_grpo_clip_gradcheck_away_from_the_kinks() -> None:
     # log-ratios .5 / .05 / -.5: clip edges are at ln 1.2 = .18 and ln .8 = -.22, far from every point
     log_probs = torch.tensor([[0.5, 0.05, -0.5], [-0.5, 0.05, 0.5]], dtype=torch.float64, requires_grad=True)
     advantages = torch.tensor([[0.7], [-1.3]], dtype=torch.float64)
-    assert torch.autograd.gradcheck(
-        lambda lp: compute_grpo_clip_loss(advantages, lp, old, 0.2)[0], (log_probs,)
-    )
+    assert torch.autograd.gradcheck(lambda lp: compute_grpo_clip_loss(advantages, lp, old, 0.2)[0], (log_probs,))
 
 
 def test_policy_gradient_loss_dispatch() -> None:
@@ -55,9 +53,7 @@ def test_policy_gradient_loss_dispatch() -> None:
     loss, metadata = compute_policy_gradient_loss(log_probs, "no_baseline", raw_rewards=torch.tensor([[3.0]]))
     torch.testing.assert_close(loss, torch.tensor([[3.0, 6.0]]))
     assert metadata == {}
-    loss, _ = compute_policy_gradient_loss(
-        log_probs, "reinforce_with_baseline", advantages=torch.tensor([[-1.0]])
-    )
+    loss, _ = compute_policy_gradient_loss(log_probs, "reinforce_with_baseline", advantages=torch.tensor([[-1.0]]))
     torch.testing.assert_close(loss, torch.tensor([[-1.0, -2.0]]))
     # ratio 1 everywhere -> plain -A
     loss, metadata = compute_policy_gradient_loss(

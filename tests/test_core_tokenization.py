@@ -35,9 +35,7 @@ def test_tokenize_prompt_and_output_exact_ids_labels_mask() -> None:
 
 
 def test_tokenize_pads_with_eos_when_no_pad_token() -> None:
-    batch = tokenize_prompt_and_output(
-        ["a", "a"], ["b", "bcd"], CharTokenizer(pad_token_id=None, eos_token_id=1)
-    )
+    batch = tokenize_prompt_and_output(["a", "a"], ["b", "bcd"], CharTokenizer(pad_token_id=None, eos_token_id=1))
     # row 0: [a b 1 1] -> labels [b 1 1]
     assert batch["labels"][0].tolist() == [ord("b"), 1, 1]
     assert batch["response_mask"][0].tolist() == [True, False, False]

@@ -21,8 +21,10 @@ def starts_with_e(response: str, _truth) -> dict[str, float]:
 
 
 def build_prompts(split, n, seed, prompt_style="chat"):
-    return [Example(prompt=tasks.format_prompt(f"Say something #{i}", prompt_style), ground_truth=None)
-            for i in range(n or 8)]
+    return [
+        Example(prompt=tasks.format_prompt(f"Say something #{i}", prompt_style), ground_truth=None)
+        for i in range(n or 8)
+    ]
 
 
 @pytest.fixture
@@ -43,8 +45,14 @@ def run_trainer(tmp_path: Path, overrides: list[str], sharpen: float = 1.0) -> l
     return read_metrics(tmp_path / "metrics.jsonl")
 
 
-LEARNING_RUN = ["train.steps=30", "optim.lr=1e-3", "train.rollout_batch_size=16", "train.group_size=8",
-                "train.train_batch_size=16", "train.eval_every=0"]
+LEARNING_RUN = [
+    "train.steps=30",
+    "optim.lr=1e-3",
+    "train.rollout_batch_size=16",
+    "train.group_size=8",
+    "train.train_batch_size=16",
+    "train.eval_every=0",
+]
 
 
 @pytest.mark.parametrize("loss", ["reinforce_with_baseline", "no_baseline"])
@@ -63,8 +71,9 @@ def test_on_policy_grpo_clip_equals_reinforce_with_baseline(tmp_path, letter_e_t
     # 0 over a group, -A * log p does not).
     runs = {}
     for loss in ("reinforce_with_baseline", "grpo_clip"):
-        rows = run_trainer(tmp_path / loss, [f"loss={loss}", "train.steps=3", "optim.lr=1e-3", "train.eval_every=0"],
-                           sharpen=10.0)
+        rows = run_trainer(
+            tmp_path / loss, [f"loss={loss}", "train.steps=3", "optim.lr=1e-3", "train.eval_every=0"], sharpen=10.0
+        )
         runs[loss] = [r[k] for r in rows if "train/loss" in r for k in ("train/reward", "train/grad_norm")]
         if loss == "grpo_clip":
             assert all(r["train/clip_fraction"] == 0.0 for r in rows if "train/loss" in r)
@@ -72,8 +81,9 @@ def test_on_policy_grpo_clip_equals_reinforce_with_baseline(tmp_path, letter_e_t
 
 
 def test_kl_penalty_is_zero_at_the_first_step_and_grows(tmp_path, letter_e_task):
-    rows = run_trainer(tmp_path, ["kl.beta=0.1", "kl.estimator=k3", "train.steps=6", "optim.lr=3e-3",
-                                  "train.eval_every=0"])
+    rows = run_trainer(
+        tmp_path, ["kl.beta=0.1", "kl.estimator=k3", "train.steps=6", "optim.lr=3e-3", "train.eval_every=0"]
+    )
     kls = [r["train/kl"] for r in rows if "train/kl" in r]
     # the policy equals the reference until the first update, so the first step's KL is exactly 0
     assert kls[0] == pytest.approx(0.0, abs=1e-6)
@@ -81,8 +91,17 @@ def test_kl_penalty_is_zero_at_the_first_step_and_grows(tmp_path, letter_e_task)
 
 
 def test_multi_epoch_reuses_old_log_probs_and_reports_clipping(tmp_path, letter_e_task):
-    rows = run_trainer(tmp_path, ["loss=grpo_clip", "sync=multi_epoch", "sync.epochs_per_rollout_batch=3",
-                                  "optim.lr=3e-3", "train.steps=3", "train.eval_every=0"])
+    rows = run_trainer(
+        tmp_path,
+        [
+            "loss=grpo_clip",
+            "sync=multi_epoch",
+            "sync.epochs_per_rollout_batch=3",
+            "optim.lr=3e-3",
+            "train.steps=3",
+            "train.eval_every=0",
+        ],
+    )
     train_rows = [r for r in rows if "train/loss" in r]
     assert all(r["train/optimizer_steps"] == 3 for r in train_rows)
     assert all(r["time/old_log_probs_s"] > 0 for r in train_rows)
@@ -94,7 +113,11 @@ def test_eval_runs_at_start_every_n_steps_and_at_the_end(tmp_path, letter_e_task
     rows = run_trainer(tmp_path, ["train.steps=5", "train.eval_every=2"])
     assert [r["step"] for r in rows if "eval/reward" in r] == [0, 2, 4, 5]
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == [
-        "step_00000.jsonl", "step_00002.jsonl", "step_00004.jsonl", "step_00005.jsonl"]
+        "step_00000.jsonl",
+        "step_00002.jsonl",
+        "step_00004.jsonl",
+        "step_00005.jsonl",
+    ]
 
 
 def test_a_crashing_reward_scores_zero_and_is_counted(tmp_path, monkeypatch):

@@ -6,12 +6,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_cli.errors import UserFacingError
+
 # A prompt is either plain text (r1_zero / question_only templates, fed to the model as is) or a list of
 # chat messages that the tokenizer's chat template renders (instruct models).
 Prompt = str | list[dict[str, str]]
 RewardFn = Callable[[str, Any], dict[str, float]]
+# A named part of a composite reward (task.reward_weights): one number per (response, ground truth).
+RewardComponent = Callable[[str, Any], float]
 
+# Every reward function returns these; it may add "unparseable" (1.0: no answer could be extracted or read)
+# and, when composed from weighted components, "reward/<component>" for each of them.
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
+OPTIONAL_REWARD_KEYS = ("unparseable",)
+
+
+class TaskDataError(UserFacingError):
+    """A data file or hub dataset that cannot be read or parsed."""
+
+
+class RowError(ValueError):
+    """One data row lacks a field or holds a bad value; the loader prefixes the file and line."""
 
 
 @dataclass(frozen=True)
@@ -32,15 +47,42 @@ class SanityCase:
     why: str
 
 
+def parse_question_row(row: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+    """The generic data row: {"question": str, "ground_truth": ...} -> (question, ground truth, meta)."""
+    for key in ("question", "ground_truth"):
+        if key not in row:
+            raise RowError(f'missing field {key!r} (each line needs "question" and "ground_truth")')
+    return row["question"], row["ground_truth"], {"question": row["question"]}
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
+    # The reward for every prompt style not listed in reward_fns_by_prompt.
     reward_fn: RewardFn
-    # build(split, n, seed, options) -> list[Example]
+    # build(split, n, seed, prompt_style, **options) -> list[Example]: synthetic data, or the hub download.
     build: Callable[..., list[Example]]
+    # Hand-made responses with the reward they must get, for reward_fn (job=check_reward and the tests).
     sanity_cases: tuple[SanityCase, ...] = ()
     # Task-specific keys of the task config passed to build() as keyword arguments.
     options: tuple[str, ...] = ()
+    # Reads one row of a local JSONL file (task.train_path / task.eval_path) or of the hub dataset.
+    parse_row: Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]] = parse_question_row
+    # Prompt styles whose answers are graded differently (math: r1_zero's strict tags), with their cases.
+    reward_fns_by_prompt: dict[str, RewardFn] = field(default_factory=dict)
+    sanity_cases_by_prompt: dict[str, tuple[SanityCase, ...]] = field(default_factory=dict)
+    # Extra named reward components for task.reward_weights: (prompt_style, reward options) -> {name: fn}.
+    reward_components: Callable[..., dict[str, RewardComponent]] | None = None
+    # Task-specific keys of the task config passed to reward_components() as keyword arguments.
+    reward_options: tuple[str, ...] = ()
+
+    def reward_for(self, prompt_style: str) -> RewardFn:
+        """The task's own reward under a prompt style (the "correctness" component)."""
+        return self.reward_fns_by_prompt.get(prompt_style, self.reward_fn)
+
+    def cases_for(self, prompt_style: str) -> tuple[SanityCase, ...]:
+        """The sanity cases of `reward_for(prompt_style)`."""
+        return self.sanity_cases_by_prompt.get(prompt_style, self.sanity_cases)
 
 
 def format_prompt(question: str, style: str) -> Prompt:

@@ -1,7 +1,10 @@
-"""Console output: the shape report before a run, a progress bar over steps, a compact line per step."""
+"""Console output: the shape report before a run, progress bars over steps and over generation, a compact
+line per step. Bars are drawn only on a terminal; piped output keeps just the lines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -52,7 +55,7 @@ class StepProgress:
         self.console = console
         self.enabled = enabled
         self.progress = Progress(
-            TextColumn("[bold]GRPO"),
+            TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -62,7 +65,7 @@ class StepProgress:
             transient=True,
             disable=not console.is_terminal,
         )
-        self.task_id = self.progress.add_task("steps", total=total_steps)
+        self.task_id = self.progress.add_task("GRPO", total=total_steps)
 
     def __enter__(self) -> StepProgress:
         self.progress.__enter__()
@@ -75,5 +78,35 @@ class StepProgress:
         if self.enabled:
             self.progress.console.print(line, highlight=False, markup=False)
 
-    def advance(self) -> None:
-        self.progress.advance(self.task_id)
+    def advance(self, steps: int = 1) -> None:
+        self.progress.advance(self.task_id, steps)
+
+
+@contextmanager
+def generation_progress(
+    console: Console, total: int, description: str = "eval", within: StepProgress | None = None
+) -> Iterator[Callable[[int], None]]:
+    """A transient bar over generated completions; yields advance(n).
+
+    Inside a running StepProgress the bar is a second row of that display, because rich shows one live
+    display at a time.
+    """
+    if within is not None:
+        task_id = within.progress.add_task(description, total=total)
+        try:
+            yield lambda n: within.progress.advance(task_id, n)
+        finally:
+            within.progress.remove_task(task_id)
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    with progress:
+        task_id = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task_id, n)

@@ -1,5 +1,5 @@
 """metrics.jsonl: one JSON object per logged step, each with its "step"; flushed line by line so a killed
-run keeps every completed step."""
+run keeps every completed step. Sample completions go to eval/step_<step>.jsonl beside it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ class JsonlMetricsSink:
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Every sample of an evaluation, one line each, in eval/step_00010.jsonl next to metrics.jsonl."""
+        write_jsonl(self.path.parent / "eval" / f"step_{step:05d}.jsonl", rows)
 
     def close(self) -> None:
         self._file.close()

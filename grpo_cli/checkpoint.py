@@ -1,0 +1,175 @@
+"""Checkpoints a run can be resumed from exactly: weights, optimizer, RNG states, data position, step.
+
+Layout: <run dir>/checkpoints/step_000010/{model.safetensors, optimizer.pt, rng.pt, state.json, COMPLETE}.
+A checkpoint is written into a hidden temporary directory and renamed into place, and COMPLETE (holding the
+sizes of the other files) is written last: a directory without it, or whose files do not match it, is a
+checkpoint that a kill interrupted, and loading falls back to the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo_cli.errors import UserFacingError
+
+CHECKPOINT_DIR = "checkpoints"
+MARKER = "COMPLETE"
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+
+
+class CheckpointError(UserFacingError):
+    """No usable checkpoint where the user pointed."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict[str, Any]  # trainer state: sampler position, counters, W&B run id, ...
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # safetensors refuses tensors that share storage (tied embeddings): keep one name per storage.
+    seen: dict[int, str] = {}
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().contiguous().cpu()
+    return tensors
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write a checkpoint atomically and delete all but the newest `keep`. Returns its directory."""
+    root = run_dir / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    temp = root / f".tmp_{checkpoint_name(step)}_{os.getpid()}"
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir()
+    save_file(_model_tensors(model), str(temp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), temp / "optimizer.pt")
+    torch.save(rng_state(), temp / "rng.pt")
+    (temp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+    sizes = {name: (temp / name).stat().st_size for name in FILES}
+    _fsync_dir_files(temp)
+    (temp / MARKER).write_text(json.dumps(sizes))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(temp, final)
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint directories of a run, oldest first (complete or not)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if the checkpoint is complete, else why it is not (for a one-line report)."""
+    marker = path / MARKER
+    if not marker.exists():
+        return "it was never completed (no COMPLETE marker)"
+    try:
+        sizes = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "its COMPLETE marker is unreadable"
+    for name in FILES:
+        file = path / name
+        if not file.exists():
+            return f"{name} is missing"
+        if file.stat().st_size != sizes.get(name):
+            return f"{name} has {file.stat().st_size} bytes, expected {sizes.get(name)} (truncated?)"
+    return None
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Checkpoint:
+    """Restore weights, optimizer and RNG states in place; returns the trainer state."""
+    tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    # Tied weights were saved once; anything else missing means the checkpoint is not of this model.
+    tied = {name for name in missing if _is_tied(model, name)}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path} does not match the model (missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}): resume with the model the run was trained with"
+        )
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    state = json.loads((path / "state.json").read_text())
+    return Checkpoint(path=path, step=int(state["step"]), state=state)
+
+
+def _is_tied(model: torch.nn.Module, name: str) -> bool:
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return (
+        output is not None and inputs is not None and output.weight is inputs.weight and name.endswith("lm_head.weight")
+    )
+
+
+def latest_usable_checkpoint(run_dir: Path, report: Any = print) -> Path | None:
+    """The newest complete checkpoint; each broken newer one is reported in one line and skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        report(f"skipping checkpoint {path}: {problem}; using the previous one")
+    return None

@@ -1,0 +1,62 @@
+"""Examples from a Hugging Face hub dataset (through `datasets`), for real users; the tests never reach it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from grpo_cli.tasks.base import Example, RowError, TaskDataError, format_prompt
+
+RowParser = Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]]
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_hub_examples(
+    split: str,
+    n: int | None,
+    seed: int,
+    prompt_style: str,
+    *,
+    parse_row: RowParser,
+    hub_dataset: str | None,
+    hub_config: str | None,
+    hub_train_split: str,
+    hub_eval_split: str,
+) -> list[Example]:
+    """The first `n` rows (all when None) of the hub split, parsed by `parse_row`. `seed` is unused: the
+    split's own order is kept, so every run evaluates the same examples (the trainer shuffles train prompts).
+
+    Any failure to load (offline, no such dataset, `datasets` missing) becomes one TaskDataError line that
+    says which path option to pass instead.
+    """
+    del seed
+    hub_split = hub_train_split if split == "train" else hub_eval_split
+    path_key = "task.train_path" if split == "train" else "task.eval_path"
+    if not hub_dataset:
+        raise TaskDataError(f"task.hub_dataset is not set: pass a local JSONL file with {path_key}=...")
+    where = f"{hub_dataset}" + (f" ({hub_config})" if hub_config else "") + f" split {hub_split!r}"
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(hub_dataset, hub_config, split=hub_split)
+    except Exception as e:  # noqa: BLE001 - offline, missing dataset or missing package: one line, never a traceback
+        raise TaskDataError(
+            f"cannot load {where} from the Hugging Face hub ({type(e).__name__}: {_one_line(e)}): "
+            f"pass a local JSONL file with {path_key}=..."
+        ) from None
+    examples = []
+    for index, row in enumerate(rows):
+        if n is not None and len(examples) >= n:
+            break
+        try:
+            question, ground_truth, meta = parse_row(dict(row))
+        except RowError as e:
+            raise TaskDataError(f"{where} row {index}: {e}") from None
+        examples.append(Example(format_prompt(question, prompt_style), ground_truth, meta))
+    if not examples:
+        raise TaskDataError(f"{where} holds no examples: pass a local JSONL file with {path_key}=...")
+    return examples

@@ -1,0 +1,387 @@
+"""`job=report`: compare runs offline, from nothing but their run directories (config.yaml + metrics.jsonl).
+
+Writes report.md (results, an across-seeds summary, the time breakdown, and only the hyperparameters that
+differ between runs), report.json (the same numbers, unrounded) and one PNG per metric that some run logged.
+Runs whose configs differ only by `seed` form a group, drawn as a mean line with a min-max band.
+
+Plots use matplotlib's object API (Figure + its Agg canvas), never pyplot: no display backend is needed and
+no global figure state survives from one job of a multirun to the next.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from grpo_cli.errors import UserFacingError
+
+# (metric, file name, axis label); a plot is skipped when no run logged its metric.
+PLOTS = (
+    ("eval/reward", "eval_reward.png", "eval reward (held-out)"),
+    ("train/reward", "train_reward.png", "train reward (rollouts)"),
+    ("train/kl", "train_kl.png", "KL to the initial policy"),
+    ("train/grad_norm", "train_grad_norm.png", "grad norm (before clipping)"),
+    ("train/entropy", "train_entropy.png", "entropy (response tokens)"),
+    ("train/clip_fraction", "train_clip_fraction.png", "clip fraction"),
+)
+# Mean seconds per training step; eval time is per evaluation.
+STEP_TIME_KEYS = (
+    "time/step_s",
+    "time/generation_s",
+    "time/scoring_s",
+    "time/old_log_probs_s",
+    "time/ref_log_probs_s",
+    "time/training_s",
+    "time/sync_s",
+)
+# Config keys that never make two runs different experiments (paths, logging, the report itself).
+IGNORED_KEY_PREFIXES = ("output_dir", "logger.", "report.", "verbose", "job.")
+SEED_KEYS = ("seed",)
+# Shown once above the results table when every run shares them.
+HEADLINE_KEYS = (
+    "model.name",
+    "task.name",
+    "loss.type",
+    "normalization.advantage",
+    "normalization.length",
+    "sync.strategy",
+    "train.steps",
+    "train.rollout_batch_size",
+    "train.group_size",
+    "optim.lr",
+    "seed",
+)
+
+
+@dataclass
+class RunData:
+    """One run directory as read from disk: its flattened config and its train and eval metric lines."""
+
+    path: Path
+    name: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]  # every metrics.jsonl line, train and eval
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric, skipping lines without it and non-finite values."""
+        # Train and eval lines never share a key, so one pass over all lines finds either kind.
+        points = [(row["step"], row[key]) for row in self.rows if _is_number(row.get(key))]
+        return [s for s, _ in points], [float(v) for _, v in points]
+
+
+@dataclass
+class RunSummary:
+    name: str
+    path: str
+    hyperparameters: dict[str, Any]
+    steps: int
+    final_eval_reward: float | None
+    best_eval_reward: float | None
+    best_eval_step: int | None
+    wall_time_s: float
+    time_means_s: dict[str, float] = field(default_factory=dict)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _natural_key(path: Path) -> list[Any]:
+    # Multirun job directories start with the job number: 2_... sorts before 10_...
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def resolve_run_dirs(runs: Any) -> list[Path]:
+    """Run directories from report.runs: each entry is a run directory or a directory holding runs below it
+    (a multirun directory). Raises UserFacingError naming the first path that is missing or holds no run."""
+    entries = [runs] if isinstance(runs, str | Path) else list(runs or [])
+    if not entries:
+        raise UserFacingError(
+            "report.runs is empty: give a multirun directory (report.runs=outputs/multirun/<time>) "
+            "or run directories (report.runs=[outputs/train/<time>,outputs/train/<time>])"
+        )
+    found: list[Path] = []
+    for entry in entries:
+        path = Path(str(entry)).expanduser()
+        if not path.is_dir():
+            raise UserFacingError(f"report.runs: {path} does not exist or is not a directory")
+        if (path / "metrics.jsonl").exists():
+            found.append(path)
+            continue
+        below = sorted((p.parent for p in path.rglob("metrics.jsonl")), key=_natural_key)
+        if not below:
+            raise UserFacingError(
+                f"report.runs: {path} holds no metrics.jsonl: give training run directories or a multirun directory"
+            )
+        found.extend(below)
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 1e-5}} -> {"optim.lr": 1e-5}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def read_metric_lines(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl lines; a torn last line (a run killed mid-write) is dropped, any other bad line is an error."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise UserFacingError(f"{path}:{number}: not valid JSON: the metrics file is damaged") from None
+    return rows
+
+
+def load_run(path: Path, name: str) -> RunData:
+    config_path = path / "config.yaml"
+    config = flatten(yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
+    rows = read_metric_lines(path / "metrics.jsonl")
+    # Train and eval lines share step numbers (an eval follows the step it measures): tell them apart by keys.
+    evals = [row for row in rows if "eval/reward" in row]
+    train = [row for row in rows if "eval/reward" not in row and any(k.startswith("train/") for k in row)]
+    return RunData(path, name, config, rows, train, evals)
+
+
+def run_names(paths: list[Path]) -> list[str]:
+    """Short unique names: each path relative to the deepest directory all of them share."""
+    if len(paths) == 1:
+        return [paths[0].name]
+    parts = [p.parts for p in paths]
+    common = 0
+    while all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
+        common += 1
+    return ["/".join(p[common:]) for p in parts]
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """Config keys whose values are not the same in every run (bookkeeping keys excluded); seed last."""
+    keys = sorted({k for c in configs for k in c if not k.startswith(IGNORED_KEY_PREFIXES)})
+    differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    return sorted(differing, key=lambda k: (k in SEED_KEYS, k))
+
+
+def summarize(run: RunData, keys: list[str]) -> RunSummary:
+    steps, rewards = run.series("eval/reward")
+    best = max(range(len(rewards)), key=lambda i: rewards[i]) if rewards else None  # first best on ties
+    times: dict[str, float] = {}
+    for key in STEP_TIME_KEYS:
+        values = run.series(key)[1]
+        if values:
+            times[key] = sum(values) / len(values)
+    eval_times = run.series("time/eval_s")[1]
+    if eval_times:
+        times["time/eval_s"] = sum(eval_times) / len(eval_times)
+    return RunSummary(
+        name=run.name,
+        path=str(run.path),
+        hyperparameters={k: run.config.get(k) for k in keys},
+        steps=max((row["step"] for row in run.train), default=0),
+        final_eval_reward=rewards[-1] if rewards else None,
+        best_eval_reward=rewards[best] if best is not None else None,
+        best_eval_step=steps[best] if best is not None else None,
+        wall_time_s=sum(run.series("time/step_s")[1]) + sum(eval_times),
+        time_means_s=times,
+    )
+
+
+def seed_groups(runs: list[RunData], keys: list[str]) -> list[tuple[str, list[RunData]]]:
+    """Runs grouped by every differing key except the seeds, in order of first appearance, with a label."""
+    group_keys = [k for k in keys if k not in SEED_KEYS]
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(hparams_label(run, group_keys, "all runs"), []).append(run)
+    return list(groups.items())
+
+
+def hparams_label(run: RunData, keys: list[str], fallback: str) -> str:
+    """`optim.lr=1e-05, seed=1`: the run's values of the given keys."""
+    return ", ".join(f"{k}={format_value(run.config.get(k))}" for k in keys) or fallback
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_table(summaries: list[RunSummary], keys: list[str]) -> str:
+    header = ["run", *keys, "steps", "final eval reward", "best eval reward (step)", "wall time (s)"]
+    rows = [
+        [
+            s.name,
+            *(format_value(s.hyperparameters[k]) for k in keys),
+            str(s.steps),
+            _fmt(s.final_eval_reward, ".3f"),
+            f"{_fmt(s.best_eval_reward, '.3f')} ({_fmt(s.best_eval_step, 'd')})",
+            f"{s.wall_time_s:.1f}",
+        ]
+        for s in summaries
+    ]
+    return markdown_table(header, rows)
+
+
+def seeds_table(groups: list[tuple[str, list[RunData]]], summaries: dict[str, RunSummary]) -> str:
+    """Mean ± sample std over seeds of the final and best eval reward, per group of two runs or more."""
+    rows = []
+    for label, runs in groups:
+        finals = [summaries[r.name].final_eval_reward for r in runs]
+        bests = [summaries[r.name].best_eval_reward for r in runs]
+        finals = [v for v in finals if v is not None]
+        bests = [v for v in bests if v is not None]
+        if len(runs) < 2 or not finals:
+            continue
+        spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        rows.append(
+            [label, str(len(runs)), f"{statistics.mean(finals):.3f} ± {spread:.3f}", f"{statistics.mean(bests):.3f}"]
+        )
+    if not rows:
+        return ""
+    return markdown_table(
+        ["runs that differ only by seed", "seeds", "final eval reward (mean ± std)", "best eval reward (mean)"], rows
+    )
+
+
+def time_table(summaries: list[RunSummary]) -> str:
+    """Mean seconds per step of each phase, and per evaluation; phases under 5 ms in every run are left out
+    (old/reference log-probs are skipped entirely when the loss and KL settings do not need them)."""
+    keys = [k for k in (*STEP_TIME_KEYS, "time/eval_s") if any(s.time_means_s.get(k, 0.0) >= 0.005 for s in summaries)]
+    header = ["run", *(k.removeprefix("time/").removesuffix("_s") for k in keys)]
+    rows = [[s.name, *(_fmt(s.time_means_s.get(k), ".2f") for k in keys)] for s in summaries]
+    return markdown_table(header, rows)
+
+
+def plot_metric(groups: list[tuple[str, list[RunData]]], keys: list[str], key: str, ylabel: str, path: Path) -> bool:
+    """One line per run; a group of seeds gets its mean as a thick line and its min-max as a band.
+    Lines are labelled by the differing hyperparameters `keys`. Returns False (and writes nothing) when no
+    run has the metric."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    if not any(run.series(key)[0] for _, runs in groups for run in runs):
+        return False
+    fig = Figure(figsize=(7.5, 4.2), dpi=110)
+    ax = fig.add_subplot()
+    n_labels = 0
+    for index, (label, runs) in enumerate(groups):
+        color = f"C{index % 10}"
+        if len(runs) == 1:
+            steps, values = runs[0].series(key)
+            label = hparams_label(runs[0], keys, runs[0].name)
+            ax.plot(steps, values, color=color, marker="o", markersize=3, linewidth=1.5, label=label)
+            n_labels += 1
+            continue
+        for run in runs:
+            steps, values = run.series(key)
+            ax.plot(steps, values, color=color, linewidth=0.8, alpha=0.35)
+        common_steps, means, lows, highs = seed_band([run.series(key) for run in runs])
+        if common_steps:
+            ax.plot(
+                common_steps, means, color=color, linewidth=2.2, label=f"{label} (mean, min-max of {len(runs)} seeds)"
+            )
+            ax.fill_between(common_steps, lows, highs, color=color, alpha=0.18, linewidth=0)
+            n_labels += 1
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.set_title(key)
+    ax.grid(alpha=0.3)
+    if n_labels > 8:  # many runs: the legend goes beside the axes instead of over the curves
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif n_labels:
+        ax.legend(fontsize=8)
+    fig.savefig(path, bbox_inches="tight")
+    return True
+
+
+def seed_band(
+    series: list[tuple[list[int], list[float]]],
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps every run has, mean, min, max) across runs at those steps."""
+    by_run = [dict(zip(steps, values, strict=True)) for steps, values in series]
+    common = sorted(set.intersection(*(set(d) for d in by_run))) if by_run else []
+    means = [statistics.mean(d[s] for d in by_run) for s in common]
+    lows = [min(d[s] for d in by_run) for s in common]
+    highs = [max(d[s] for d in by_run) for s in common]
+    return common, means, lows, highs
+
+
+def shared_line(configs: list[dict[str, Any]], keys: list[str]) -> str:
+    shared = [k for k in HEADLINE_KEYS if k not in keys and k in configs[0]]
+    return ", ".join(f"`{k}={format_value(configs[0][k])}`" for k in shared)
+
+
+def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
+    """Read the runs, write report.md, report.json and the plots into `out`; returns the report data."""
+    paths = resolve_run_dirs(runs)
+    data = [load_run(path, name) for path, name in zip(paths, run_names(paths), strict=True)]
+    keys = differing_keys([run.config for run in data])
+    summaries = [summarize(run, keys) for run in data]
+    groups = seed_groups(data, keys)
+
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [(name, label) for key, name, label in PLOTS if plot_metric(groups, keys, key, label, out / name)]
+
+    sections = [
+        "# GRPO run report",
+        f"{len(data)} run(s), compared from their metrics.jsonl and config.yaml by `grpo-run job=report`.",
+    ]
+    if shared := shared_line([run.config for run in data], keys):
+        sections.append(f"Shared by all runs: {shared}.")
+    sections += [
+        "## Results",
+        results_table(summaries, keys),
+        "Eval reward: greedy, on the held-out set, at step 0, every `train.eval_every` steps and at the end; "
+        "best is the highest of those. Wall time: the sum of the step and eval times (model loading excluded).",
+    ]
+    if seeds := seeds_table(groups, {s.name: s for s in summaries}):
+        sections += ["## Across seeds", seeds]
+    sections += ["## Time per step (mean seconds; eval: per evaluation)", time_table(summaries)]
+    if plots:
+        sections.append("## Plots")
+        sections += [f"![{label}]({name})" for name, label in plots]
+    (out / "report.md").write_text("\n\n".join(sections) + "\n")
+    report = {
+        "runs": [asdict(s) for s in summaries],
+        "differing_keys": keys,
+        "plots": [name for name, _ in plots],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    console.print(results_table(summaries, keys), highlight=False, markup=False)
+    console.print(f"wrote {out / 'report.md'}, report.json and {len(plots)} plot(s)", highlight=False)
+    return report

@@ -1,0 +1,73 @@
+"""The metrics-sink interface the trainer logs through, and the fan-out that feeds every backend at once.
+
+metrics.jsonl is always written (it is what `job=report` reads, offline); W&B is added with `logger=wandb`.
+The trainer sees one sink and never knows which backends sit behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from grpo_cli.tracking.jsonl import JsonlMetricsSink
+
+
+class MetricsSink(Protocol):
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Record one set of scalar metrics at a GRPO step (train and eval lines may share a step)."""
+        ...
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Record sample completions (prompt, response, ground_truth, rewards, ...) produced at a step."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the backend; safe to call once at the end of a run, also after an error."""
+        ...
+
+
+class FanOutSink:
+    """Forwards every call to each sink in order; close() closes them all even when one of them fails."""
+
+    def __init__(self, sinks: Sequence[MetricsSink]) -> None:
+        self.sinks = list(sinks)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        for sink in self.sinks:
+            sink.log_samples(rows, step)
+
+    def close(self) -> None:
+        _close_all(self.sinks)
+
+
+def _close_all(sinks: list[MetricsSink]) -> None:
+    # Recursion instead of a loop so that every close() runs inside the previous one's `finally`: a failing
+    # JSONL close must not leave a W&B run open in a multirun process (design.md section 7).
+    if not sinks:
+        return
+    try:
+        sinks[0].close()
+    finally:
+        _close_all(sinks[1:])
+
+
+def build_metrics_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink:
+    """metrics.jsonl (+ eval/step_*.jsonl) in the run directory, plus W&B when `logger.backend=wandb`."""
+    sinks: list[MetricsSink] = [JsonlMetricsSink(output_dir / "metrics.jsonl")]
+    if cfg.logger.backend == "wandb":
+        # Imported here so that `logger=none` runs never pay for importing wandb.
+        from grpo_cli.tracking.wandb_sink import WandbSink
+
+        try:
+            sinks.append(WandbSink.start(cfg, output_dir, console))
+        except BaseException:
+            sinks[0].close()
+            raise
+    return FanOutSink(sinks)

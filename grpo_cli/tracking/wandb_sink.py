@@ -1,0 +1,137 @@
+"""Weights & Biases backend (`logger=wandb`). The only module in grpo-cli that imports wandb.
+
+A run must never wait on W&B: without an API key `online` becomes `offline` before any connection is tried,
+and an online init that cannot reach the server within `logger.init_timeout_s` falls back to offline too,
+each with a one-line notice. Offline runs keep everything on disk; `wandb sync <dir>` uploads them later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import wandb
+from rich.console import Console
+
+RUN_ID_FILE = "wandb_run_id.txt"
+STEP_METRIC = "step"  # the GRPO step, the x axis of every chart (train and eval lines share it)
+SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward")
+
+
+def has_wandb_credentials(base_url: str, environ: dict[str, str] | None = None) -> bool:
+    """Whether an API key is configured (WANDB_API_KEY or a netrc entry for the server), without any I/O
+    beyond reading the netrc file: `wandb login` stores the key there."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("WANDB_API_KEY"):
+        return True
+    netrc_path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(netrc_path).authenticators(urlparse(base_url).hostname or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def choose_mode(requested: str, has_credentials: bool) -> tuple[str, str | None]:
+    """The mode to start W&B in, and a notice when it differs from the requested one."""
+    if requested == "online" and not has_credentials:
+        return "offline", "no API key (set WANDB_API_KEY or run `wandb login`)"
+    return requested, None
+
+
+def read_run_id(output_dir: Path) -> str | None:
+    """The W&B run id saved by an earlier start in this run directory: a resumed run reattaches to it."""
+    path = output_dir / RUN_ID_FILE
+    if not path.exists():
+        return None
+    return path.read_text().strip() or None
+
+
+def sample_table_rows(rows: list[dict[str, Any]], step: int, max_rows: int) -> list[list[Any]]:
+    """Rows of the W&B samples table; ground truths that are not scalars (lists of keywords) become text."""
+    table = []
+    for row in rows[:max_rows]:
+        truth = row.get("ground_truth")
+        if not isinstance(truth, str | int | float | type(None)):
+            truth = str(truth)
+        table.append([step, row.get("prompt"), row.get("response"), truth, *(row.get(k) for k in SAMPLE_COLUMNS[4:])])
+    return table
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+class WandbSink:
+    """Scalars against the GRPO step, a samples table at evaluations, the resolved config, the run id on disk."""
+
+    def __init__(self, run: Any, samples_every: int, samples_rows: int) -> None:
+        self.run = run
+        self.samples_every = samples_every
+        self.samples_rows = samples_rows
+        self._closed = False
+
+    @classmethod
+    def start(cls, cfg: Any, output_dir: Path, console: Console) -> WandbSink:
+        """Start (or, when the run directory holds a run id, resume) the W&B run of this GRPO run."""
+        lg = cfg.logger
+        base_url = wandb.Settings().base_url
+        mode, notice = choose_mode(lg.mode, lg.mode != "online" or has_wandb_credentials(base_url))
+        run_id = read_run_id(output_dir)
+        init_kwargs = dict(
+            project=lg.project,
+            entity=lg.entity,
+            group=lg.group,
+            tags=list(lg.tags),
+            name=lg.name or output_dir.name,
+            job_type=cfg.job.name,
+            config=dataclasses.asdict(cfg),
+            id=run_id,
+            resume="allow" if run_id else None,
+            # Inside the run directory unless WANDB_DIR says otherwise, so a run directory is complete.
+            dir=None if os.environ.get("WANDB_DIR") else str(output_dir),
+            settings=wandb.Settings(init_timeout=lg.init_timeout_s, silent=True, console="off"),
+        )
+        try:
+            run = wandb.init(mode=mode, **init_kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever the server says, the run goes on offline
+            if mode != "online":
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            notice = f"W&B could not start online within {lg.init_timeout_s:g}s ({reason[:160]})"
+            mode = "offline"
+            run = wandb.init(mode=mode, **init_kwargs)
+        run.define_metric(STEP_METRIC)
+        run.define_metric("*", step_metric=STEP_METRIC)
+        if mode != "disabled":
+            (output_dir / RUN_ID_FILE).write_text(run.id + "\n")
+        console.print(_start_line(run, mode, notice), highlight=False, markup=False)
+        return cls(run, lg.samples_every, lg.samples_rows)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log({**{k: _scalar(v) for k, v in metrics.items()}, STEP_METRIC: step})
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A table of eval completions at evaluations whose step is a multiple of logger.samples_every."""
+        if not self.samples_every or step % self.samples_every:
+            return
+        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=sample_table_rows(rows, step, self.samples_rows))
+        self.run.log({"eval/samples": table, STEP_METRIC: step})
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.run.finish()
+
+
+def _start_line(run: Any, mode: str, notice: str | None) -> str:
+    prefix = f"{notice}: " if notice else ""
+    if mode == "online":
+        return f"W&B: run {run.name} at {run.url}"
+    if mode == "disabled":
+        return "W&B: disabled (logger.mode=disabled); metrics go to metrics.jsonl only"
+    offline_dir = Path(run.dir).parent  # run.dir is <offline run dir>/files
+    return f"W&B: {prefix}offline run {run.name} ({run.id}); upload later with `wandb sync {offline_dir}`"

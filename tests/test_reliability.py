@@ -1,0 +1,182 @@
+"""Reliability: exact resume after SIGKILL, clean SIGTERM, damaged checkpoints, non-finite updates, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from grpo_cli import train as train_module
+from grpo_cli.checkpoint import list_checkpoints, verify_checkpoint
+from grpo_cli.config import validate_config
+from grpo_cli.errors import RunStopped
+from grpo_cli.tracking import read_metrics
+from tests.conftest import OFFLINE_ENV, compose_config, run_grpo
+
+# A run long enough to be killed mid-way: 24 tiny steps, a checkpoint every 2.
+RUN = [
+    "debug=smoke",
+    "train.steps=24",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=2",
+    "train.eval_every=5",
+    "optim.lr=1e-3",
+    "rollout.max_tokens=16",
+    "kl.monitor=true",
+]
+# Wall-clock figures differ between runs by nature; everything else must match.
+TIMING_PREFIXES = ("time/", "throughput/")
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING_PREFIXES)} for row in rows]
+
+
+def start_grpo(args: list[str], cwd: Path) -> subprocess.Popen:
+    exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")
+    return subprocess.Popen(
+        [exe, *args],
+        cwd=cwd,
+        env={**os.environ, **OFFLINE_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    result = run_grpo([*RUN, f"hydra.run.dir={reference}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    killed = tmp_path / "killed"
+    process = start_grpo([*RUN, f"hydra.run.dir={killed}"], cwd=tmp_path)
+    wait_for(lambda: (killed / "checkpoints" / "step_000006" / "COMPLETE").exists())
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    steps_before = [r["step"] for r in read_metrics(killed / "metrics.jsonl") if "train/loss" in r]
+    assert 6 <= max(steps_before) < 24  # really killed mid-training
+
+    resumed = run_grpo(["resume=" + str(killed), f"hydra.run.dir={tmp_path / 'resumer'}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed" in resumed.stdout
+    expected = comparable(read_metrics(reference / "metrics.jsonl"))
+    got = comparable(read_metrics(killed / "metrics.jsonl"))
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got, strict=True):
+        assert have.keys() == want.keys()
+        for key in want:
+            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (want["step"], key)
+    # only the newest K checkpoints are kept
+    assert [p.name for p in list_checkpoints(killed)] == ["step_000022", "step_000024"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_safe_point_with_a_checkpoint_and_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_grpo([*RUN, "train.steps=200", "train.checkpoint_every=0", f"hydra.run.dir={run_dir}"], tmp_path)
+    wait_for(
+        lambda: (
+            (run_dir / "metrics.jsonl").exists()
+            and sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/loss" in line) >= 2
+        )
+    )
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143
+    assert f"grpo-run resume={run_dir}" in stderr and "Traceback" not in stderr
+    (checkpoint,) = list_checkpoints(run_dir)
+    assert verify_checkpoint(checkpoint) is None
+    last_step = max(r["step"] for r in read_metrics(run_dir / "metrics.jsonl"))
+    assert checkpoint.name == f"step_{last_step:06d}"
+
+
+def make_trainer(tmp_path: Path, overrides: list[str]):
+    cfg = compose_config(["debug=smoke", *overrides], output_dir=str(tmp_path))
+    validate_config(cfg)
+    return train_module.GRPOTrainer(cfg, tmp_path, Console(quiet=True))
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    make_trainer(tmp_path, ["train.steps=4", "train.checkpoint_every=2"]).train()
+    newest = list_checkpoints(tmp_path)[-1]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a disk that filled up mid-write
+    assert "truncated" in verify_checkpoint(newest)
+    messages = []
+    cfg = compose_config(
+        ["debug=smoke", "train.steps=4", "train.checkpoint_every=2", "resume=true"], output_dir=str(tmp_path)
+    )
+    console = Console(record=True, width=300)
+    trainer = train_module.GRPOTrainer(cfg, tmp_path, console)
+    messages = console.export_text()
+    assert trainer.start_step == 2
+    assert f"skipping checkpoint {newest}" in messages and "truncated" in messages
+
+
+def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+    real = train_module.response_log_probs
+
+    def poisoned(*args, **kwargs):
+        log_probs, entropy = real(*args, **kwargs)
+        return log_probs * float("nan"), entropy
+
+    trainer = make_trainer(tmp_path, ["train.steps=10", "train.max_nonfinite_steps=2", "train.eval_every=0"])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    monkeypatch.setattr(train_module, "response_log_probs", poisoned)
+    with pytest.raises(RunStopped) as info:
+        trainer.train()
+    assert info.value.exit_code == 3 and "not finite in 2 consecutive steps" in str(info.value)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert [r["train/nonfinite_skipped"] for r in rows] == [1, 1]
+    # the skipped updates left the weights untouched, and they were checkpointed
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert list_checkpoints(tmp_path)[-1].name == "step_000002"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["optim.lrr=1e-5"], "Key 'lrr' not in 'OptimConfig'"),
+        (["train.steps=ten"], "train.steps=ten"),
+        (["loss=ppo"], "Available options in 'loss': grpo_clip no_baseline reinforce_with_baseline"),
+        (["resume=/no/such/run"], "resume=/no/such/run: no run with checkpoints there"),
+    ],
+)
+def test_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
+    result = run_grpo(args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unwritable_output_dir_and_malformed_data_fail_fast(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_grpo(["debug=smoke", f"hydra.run.dir={tmp_path / 'run'}", f"output_dir={blocker}/sub"], cwd=tmp_path)
+    assert result.returncode == 2 and str(blocker) in result.stderr
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"question": "q", "ground_truth": ["a"]}\n{not json\n')
+    result = run_grpo(["debug=smoke", f"hydra.run.dir={tmp_path / 'run2'}", f"task.eval_path={data}"], cwd=tmp_path)
+    assert result.returncode == 2 and f"{data}:2" in result.stderr
+
+
+def test_checkpoint_holds_what_resume_needs(tmp_path):
+    make_trainer(tmp_path, ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=1"]).train()
+    (checkpoint,) = list_checkpoints(tmp_path)
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert state["step"] == 2 and state["sampler"]["position"] == 4  # 2 steps x 2 prompts
+    assert {"python", "torch"} <= torch.load(checkpoint / "rng.pt", weights_only=False).keys()

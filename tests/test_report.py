@@ -1,0 +1,160 @@
+"""job=report on hand-written run directories: the numbers it prints are the ones in metrics.jsonl."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from matplotlib.image import imread
+from rich.console import Console
+
+from grpo_cli.errors import UserFacingError
+from grpo_cli.tracking.report import (
+    differing_keys,
+    flatten,
+    read_metric_lines,
+    resolve_run_dirs,
+    run_names,
+    seed_band,
+    write_report,
+)
+
+
+def make_run(path: Path, lr: float, seed: int, eval_rewards: list[float], kl: bool = False) -> Path:
+    """A run directory as the trainer writes it: config.yaml, and train lines + eval lines sharing steps."""
+    path.mkdir(parents=True)
+    config = {
+        "model": {"name": "tiny_random"},
+        "optim": {"lr": lr, "betas": [0.9, 0.95]},
+        "seed": seed,
+        "output_dir": str(path),  # differs between runs but is not a hyperparameter
+        "logger": {"group": f"g{seed}"},
+    }
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [{"step": 0, "eval/reward": eval_rewards[0], "time/eval_s": 2.0}]
+    for step, reward in enumerate(eval_rewards[1:], start=1):
+        train = {
+            "step": step,
+            "train/reward": 0.1 * step + seed,
+            "train/grad_norm": 1.0 + step,
+            "time/step_s": 3.0,
+            "time/generation_s": 2.0,
+            "time/training_s": 1.0,
+            "time/sync_s": 0.0,
+        }
+        if kl:
+            train["train/kl"] = 0.01 * step
+        lines += [train, {"step": step, "eval/reward": reward, "time/eval_s": 2.0}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def assert_real_image(path: Path) -> None:
+    pixels = imread(path)  # (H, W, 4) floats in [0, 1]
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels.var() > 0
+    colors = np.unique((pixels[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colors) > 20  # axes, text, lines and a band, not one flat fill
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """A multirun directory: two learning rates x two seeds, job directories named as Hydra names them."""
+    root = tmp_path / "multirun" / "2026-11-22_07-00-00"
+    runs = {
+        "0_optim.lr@1e-05+seed@0": (1e-5, 0, [0.1, 0.3, 0.2]),
+        "1_optim.lr@1e-05+seed@1": (1e-5, 1, [0.1, 0.4, 0.5]),
+        "2_optim.lr@3e-05+seed@0": (3e-5, 0, [0.1, 0.6, 0.6]),
+        "10_optim.lr@3e-05+seed@1": (3e-5, 1, [0.1, 0.2, 0.7]),
+    }
+    for name, (lr, seed, rewards) in runs.items():
+        make_run(root / name, lr, seed, rewards, kl=name.startswith("0_"))
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    return root
+
+
+def test_report_table_holds_final_and_best_eval_reward_and_only_the_differing_keys(sweep, tmp_path):
+    out = tmp_path / "report"
+    report = write_report(str(sweep), out, Console(quiet=True))
+    # natural order of job numbers: 10_ comes last, not after 1_
+    assert [r["name"] for r in report["runs"]] == [
+        "0_optim.lr@1e-05+seed@0",
+        "1_optim.lr@1e-05+seed@1",
+        "2_optim.lr@3e-05+seed@0",
+        "10_optim.lr@3e-05+seed@1",
+    ]
+    assert report["differing_keys"] == ["optim.lr", "seed"]  # output_dir and logger.* differ but do not count
+    first = report["runs"][0]
+    # eval rewards 0.1, 0.3, 0.2 at steps 0, 1, 2: final 0.2, best 0.3 at step 1
+    assert (first["final_eval_reward"], first["best_eval_reward"], first["best_eval_step"]) == (0.2, 0.3, 1)
+    assert first["steps"] == 2
+    assert first["wall_time_s"] == pytest.approx(2 * 3.0 + 3 * 2.0)  # two steps + three evaluations
+    assert first["time_means_s"]["time/generation_s"] == 2.0 and first["time_means_s"]["time/eval_s"] == 2.0
+
+    markdown = (out / "report.md").read_text()
+    assert "| 0_optim.lr@1e-05+seed@0 | 1e-05 | 0 | 2 | 0.200 | 0.300 (1) | 12.0 |" in markdown
+    assert "| 10_optim.lr@3e-05+seed@1 | 3e-05 | 1 | 2 | 0.700 | 0.700 (2) | 12.0 |" in markdown
+    # seeds 0 and 1 of lr 1e-5 end at 0.2 and 0.5: mean 0.35, sample std 0.212
+    assert "| optim.lr=1e-05 | 2 | 0.350 ± 0.212 | 0.400 |" in markdown
+    assert "sync" not in markdown.split("## Time")[1].split("\n")[2]  # a phase that never took time is left out
+    assert "`model.name=tiny_random`" in markdown
+
+
+def test_report_draws_real_plots_and_skips_metrics_no_run_logged(sweep, tmp_path):
+    out = tmp_path / "report"
+    report = write_report([str(sweep)], out, Console(quiet=True))
+    assert report["plots"] == ["eval_reward.png", "train_reward.png", "train_kl.png", "train_grad_norm.png"]
+    for name in report["plots"]:
+        assert_real_image(out / name)
+        assert f"]({name})" in (out / "report.md").read_text()
+    assert not (out / "train_entropy.png").exists()
+
+
+def test_seed_band_is_mean_min_max_over_the_steps_every_run_has():
+    steps, means, lows, highs = seed_band([([0, 1, 2], [0.0, 1.0, 2.0]), ([0, 1], [2.0, 3.0])])
+    assert steps == [0, 1]  # step 2 is missing from the second (killed) run
+    assert means == [1.0, 2.0] and lows == [0.0, 1.0] and highs == [2.0, 3.0]
+
+
+def test_run_directories_can_be_listed_one_by_one(sweep, tmp_path):
+    runs = [sweep / "2_optim.lr@3e-05+seed@0", sweep / "0_optim.lr@1e-05+seed@0"]
+    assert resolve_run_dirs([str(r) for r in runs]) == [r.resolve() for r in runs]  # the order given
+    assert run_names(runs) == ["2_optim.lr@3e-05+seed@0", "0_optim.lr@1e-05+seed@0"]
+    report = write_report([str(r) for r in runs], tmp_path / "out", Console(quiet=True))
+    assert report["differing_keys"] == ["optim.lr"]  # both are seed 0
+
+
+@pytest.mark.parametrize(
+    ("runs", "message"),
+    [
+        ([], "report.runs is empty"),
+        (["/no/such/run"], "/no/such/run does not exist"),
+    ],
+)
+def test_bad_report_runs_fail_with_one_line(runs, message):
+    with pytest.raises(UserFacingError) as info:
+        resolve_run_dirs(runs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_directory_without_runs_is_rejected(tmp_path):
+    with pytest.raises(UserFacingError, match="holds no metrics.jsonl"):
+        resolve_run_dirs([str(tmp_path)])
+
+
+def test_a_torn_last_line_is_dropped_but_a_damaged_middle_line_is_an_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/reward": 0.5}\n{"step": 2, "train/rew')
+    assert read_metric_lines(path) == [{"step": 1, "train/reward": 0.5}]
+    path.write_text('{"step": 1, "train/rew\n{"step": 2, "train/reward": 0.5}\n')
+    with pytest.raises(UserFacingError, match="metrics.jsonl:1"):
+        read_metric_lines(path)
+
+
+def test_differing_keys_treat_a_missing_key_as_a_difference_and_put_seed_last():
+    configs = [
+        flatten({"seed": 0, "a": {"b": 1}, "c": [1, 2]}),
+        flatten({"seed": 1, "a": {"b": 1, "x": 2}, "c": [1, 2]}),
+    ]
+    assert differing_keys(configs) == ["a.x", "seed"]

@@ -66,16 +66,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    # safetensors refuses tensors that share storage (tied embeddings): keep one name per storage.
-    seen: dict[int, str] = {}
-    tensors = {}
-    for name, tensor in model.state_dict().items():
-        key = tensor.untyped_storage().data_ptr()
-        if key in seen and tensor.numel() > 0:
-            continue
-        seen[key] = name
-        tensors[name] = tensor.detach().contiguous().cpu()
-    return tensors
+    """The trainable weights: every weight in full fine-tuning, only the adapters with LoRA.
+
+    named_parameters lists a tied weight once, which safetensors needs (it refuses shared storage); frozen
+    weights are not saved because the run rebuilds them from model.name_or_path.
+    """
+    return {name: p.detach().contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def save_checkpoint(
@@ -143,33 +139,15 @@ def verify_checkpoint(path: Path) -> str | None:
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Checkpoint:
     """Restore weights, optimizer and RNG states in place; returns the trainer state."""
     tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    # Tied weights were saved once; anything else missing means the checkpoint is not of this model.
-    tied = {name for name in missing if _is_tied(model, name)}
-    if set(missing) - tied or unexpected:
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(tensors) != trainable:
         raise CheckpointError(
-            f"checkpoint {path} does not match the model (missing {sorted(set(missing) - tied)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}): resume with the model the run was trained with"
+            f"checkpoint {path} does not match the model (missing {sorted(trainable - set(tensors))[:3]}, "
+            f"unexpected {sorted(set(tensors) - trainable)[:3]}): resume with the model and LoRA settings the "
+            "run was trained with"
         )
+    model.load_state_dict(tensors, strict=False)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     state = json.loads((path / "state.json").read_text())
     return Checkpoint(path=path, step=int(state["step"]), state=state)
-
-
-def _is_tied(model: torch.nn.Module, name: str) -> bool:
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    return (
-        output is not None and inputs is not None and output.weight is inputs.weight and name.endswith("lm_head.weight")
-    )
-
-
-def latest_usable_checkpoint(run_dir: Path, report: Any = print) -> Path | None:
-    """The newest complete checkpoint; each broken newer one is reported in one line and skipped."""
-    for path in reversed(list_checkpoints(run_dir)):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            return path
-        report(f"skipping checkpoint {path}: {problem}; using the previous one")
-    return None

@@ -71,8 +71,12 @@ def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = Non
         from grpo_cli.tracking.report import write_report
 
         return write_report(cfg.report.runs, Path(cfg.report.out or output_dir), console)
+    if cfg.job.name == "check_reward":  # scores the task's hand-made cases: no model, no data
+        from grpo_cli.check_reward import run_check_reward
 
-    from grpo_cli.models import check_model_source
+        return run_check_reward(cfg, console)
+
+    from grpo_cli.models import check_model_source, check_quantization, resolve_device
     from grpo_cli.tasks import load_examples
     from grpo_cli.tracking.console import shape_table
     from grpo_cli.tracking.run_info import build_run_info, write_run_info
@@ -80,6 +84,7 @@ def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = Non
     # Everything that can be checked without loading a model is checked now: a bad data file or model path
     # must fail in a second, not after a minute of loading.
     check_model_source(cfg.model.name_or_path)
+    check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
     splits = ("train", "eval") if cfg.job.name == "train" else ("eval",)
     examples = {split: load_examples(cfg.task, split) for split in splits}
     write_run_info(output_dir, build_run_info(cfg, examples, overrides or []), resumed=bool(cfg.resume))

@@ -19,6 +19,19 @@ from grpo_cli.errors import UserFacingError
 
 
 @dataclass
+class LoraSettings:
+    # Train low-rank adapters (peft) instead of every weight; the reference policy for KL is then the base
+    # model with the adapters switched off, so no second copy is kept.
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
 class ModelConfig:
     # Short name of the model choice, used in run names and reports.
     name: str = MISSING
@@ -33,13 +46,34 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     # Seed for the weights of randomly initialised models (model=tiny_random).
     init_seed: int = 0
+    # auto | no | bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
+    # auto: bf16 on CUDA with bf16 support, no on CPU (CPUs without AVX-512 bf16 run bf16 matmuls far slower).
+    mixed_precision: str = "auto"
+    # none | 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
+    quantization: str = "none"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+@dataclass
+class RewardWeightsConfig:
+    """task.reward_weights: one weight per reward component (0: not used). grpo-run task.reward_weights.format=0.1"""
+
+    # The task's own reward (r1_zero: format AND correct answer).
+    correctness: float = 1.0
+    # The task's format_reward alone (shaping toward the format).
+    format: float = 0.0
+    # The task's answer_reward alone (keyword: fraction of keywords present; json: fraction of right values).
+    answer: float = 0.0
+    # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth.
+    numeric_close: float = 0.0
 
 
 @dataclass
 class TaskConfig:
-    # Task registry name: keyword, ...
+    # Task registry name: keyword | math | gsm8k | lipogram | json | regex_sum.
     name: str = MISSING
-    # Prompt style: chat (the tokenizer's chat template) | r1_zero | question_only.
+    # Prompt style: chat (the tokenizer's chat template) | r1_zero | question_only. With r1_zero, generation
+    # also stops at "</answer>" (kept in the output).
     prompt: str = "chat"
     # Local JSONL files overriding the task's own data (null: the task's default source).
     train_path: str | None = None
@@ -51,6 +85,24 @@ class TaskConfig:
     data_seed: int = 1234
     # keyword task: how many keywords each prompt asks for.
     keywords_per_prompt: int = 2
+    # math / gsm8k: the hub dataset read through `datasets` when no local path is given.
+    hub_dataset: str | None = None
+    hub_config: str | None = None
+    hub_train_split: str = "train"
+    hub_eval_split: str = "test"
+    # lipogram: the fewest words an answer may have (with the topic word) to be rewarded.
+    min_words: int = 10
+    # json: how many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
+    fields_per_prompt: int = 3
+    # regex_sum: numbers per paragraph, each in 1..max_number.
+    numbers_per_prompt: int = 4
+    max_number: int = 99
+    # Weights of the reward components (RewardWeightsConfig); their weighted sum is the reward advantages use.
+    reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
+    # numeric_close: relative tolerance (0.01: within 1% of the truth).
+    numeric_tolerance: float = 0.01
+    # Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.
+    reward_timeout_s: float = 10.0
 
 
 @dataclass
@@ -164,7 +216,7 @@ class LoggerConfig:
 
 @dataclass
 class JobConfig:
-    # train | baseline_eval | report
+    # train | baseline_eval | report | check_reward
     name: str = "train"
     # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
     n_examples: int | None = None
@@ -269,10 +321,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.engine": ("hf",),
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.device": ("auto", "cpu", "cuda"),
+    "model.mixed_precision": ("auto", "no", "bf16"),
+    "model.quantization": ("none", "4bit"),
     "task.prompt": ("chat", "r1_zero", "question_only"),
     "logger.backend": ("none", "wandb"),
     "logger.mode": ("online", "offline", "disabled"),
-    "job.name": ("train", "baseline_eval", "report"),
+    "job.name": ("train", "baseline_eval", "report", "check_reward"),
 }
 
 
@@ -290,6 +344,15 @@ def validate_config(cfg: Any) -> None:
         if value not in allowed:
             raise UserFacingError(f"{key}={value!r} is not one of {', '.join(allowed)}")
 
+    if cfg.model.quantization == "4bit" and not cfg.model.lora.enabled:
+        raise UserFacingError(
+            "model.quantization=4bit freezes the quantized base weights, so only adapters can train: "
+            "set model.lora.enabled=true"
+        )
+    if cfg.model.lora.enabled and (cfg.model.lora.r <= 0 or not cfg.model.lora.target_modules):
+        raise UserFacingError(
+            f"model.lora.r={cfg.model.lora.r} must be positive and model.lora.target_modules non-empty"
+        )
     t = cfg.train
     positive = {
         "train.steps": t.steps,
@@ -375,3 +438,6 @@ def validate_config(cfg: Any) -> None:
         raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     if cfg.normalization.length_constant is not None and cfg.normalization.length_constant <= 0:
         raise UserFacingError(f"normalization.length_constant={cfg.normalization.length_constant} must be positive")
+    from grpo_cli.tasks import validate_task_config  # the task registry knows each task's reward components
+
+    validate_task_config(cfg.task)

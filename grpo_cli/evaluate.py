@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.rollout import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.tasks import REWARD_KEYS, Example, RewardFn
+from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, Example, RewardFn, RewardTimeout
 
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
 # Held-out prompts per generate() call: a progress bar can move between calls on large eval sets (MATH-500),
@@ -20,24 +20,51 @@ EVAL_CHUNK_PROMPTS = 64
 
 @dataclass
 class Scores:
-    rewards: list[dict[str, float]]  # one {"reward", "format_reward", "answer_reward"} per response
+    # One dict per response: the three REWARD_KEYS, plus "unparseable" and "reward/<component>" when the
+    # reward function returns them (a missing optional key counts as 0).
+    rewards: list[dict[str, float]]
     n_errors: int  # reward-function calls that raised and were scored 0
+    n_timeouts: int = 0  # calls that ran past task.reward_timeout_s and were scored 0
 
     def mean(self, key: str) -> float:
-        return sum(r[key] for r in self.rewards) / max(len(self.rewards), 1)
+        return sum(r.get(key, 0.0) for r in self.rewards) / max(len(self.rewards), 1)
+
+    def component_keys(self) -> list[str]:
+        """The "reward/<component>" keys of a composite reward (task.reward_weights), in first-seen order."""
+        return list(dict.fromkeys(key for r in self.rewards for key in r if key.startswith("reward/")))
+
+
+def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
+    kept = {key: float(result[key]) for key in REWARD_KEYS}
+    kept.update({k: float(v) for k, v in result.items() if k in OPTIONAL_REWARD_KEYS or k.startswith("reward/")})
+    return kept
 
 
 def score_responses(reward_fn: RewardFn, responses: list[str], ground_truths: list[Any]) -> Scores:
-    """Call the reward function on every response; a crash scores 0 and is counted, never kills the run."""
-    rewards, n_errors = [], 0
+    """Call the reward function on every response; a crash or a timeout scores 0 and is counted, never kills
+    the run."""
+    rewards, n_errors, n_timeouts = [], 0, 0
     for response, truth in zip(responses, ground_truths, strict=True):
         try:
-            result = reward_fn(response, truth)
-            rewards.append({key: float(result[key]) for key in REWARD_KEYS})
+            rewards.append(_kept_keys(reward_fn(response, truth)))
+        except RewardTimeout:
+            rewards.append(dict(ZERO_REWARD))
+            n_timeouts += 1
         except Exception:  # noqa: BLE001 - a buggy reward must cost one sample, not the run
             rewards.append(dict(ZERO_REWARD))
             n_errors += 1
-    return Scores(rewards, n_errors)
+    return Scores(rewards, n_errors, n_timeouts)
+
+
+def reward_metrics(scores: Scores, prefix: str) -> dict[str, float]:
+    """`<prefix>/reward`, `format_reward`, `answer_reward`, `unparseable_rate`, `reward/<component>`,
+    `reward_errors` and `reward_timeouts` of one scored batch (prefix: train or eval)."""
+    metrics = {f"{prefix}/{key}": scores.mean(key) for key in REWARD_KEYS}
+    metrics[f"{prefix}/unparseable_rate"] = scores.mean("unparseable")
+    metrics.update({f"{prefix}/{key}": scores.mean(key) for key in scores.component_keys()})
+    metrics[f"{prefix}/reward_errors"] = scores.n_errors
+    metrics[f"{prefix}/reward_timeouts"] = scores.n_timeouts
+    return metrics
 
 
 def evaluate(
@@ -57,11 +84,10 @@ def evaluate(
     rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
     truths = [e.ground_truth for e in examples]
     scores = score_responses(reward_fn, rollout.texts, truths)
-    metrics = {f"eval/{key}": scores.mean(key) for key in REWARD_KEYS}
+    metrics = reward_metrics(scores, "eval")
     lengths = [len(ids) for ids in rollout.completion_ids]
     metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
     metrics["eval/truncated_frac"] = sum(rollout.truncated) / len(lengths)
-    metrics["eval/reward_errors"] = scores.n_errors
     records = [
         {
             "prompt": tokenizer.decode(p, skip_special_tokens=False),
@@ -108,6 +134,7 @@ def summarize_records(records: list[dict[str, Any]], n_examples_per_category: in
         "accuracy": sum(r["reward"] for r in records) / n,
         "format_rate": sum(r["format_reward"] for r in records) / n,
         "answer_reward": sum(r["answer_reward"] for r in records) / n,
+        "unparseable_rate": sum(r.get("unparseable", 0.0) for r in records) / n,
         "counts": {name: len(rows) for name, rows in categories.items()},
         "examples": {
             name: [
@@ -124,11 +151,11 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
 
     from grpo_cli.models import load_policy, resolve_device, resolve_dtype
     from grpo_cli.rollout import HFRolloutEngine
-    from grpo_cli.tasks import get_task, load_examples
+    from grpo_cli.tasks import load_examples, make_reward_fn, prompt_stop_strings
     from grpo_cli.tracking import write_jsonl
     from grpo_cli.tracking.console import generation_progress
 
-    task = get_task(cfg.task.name)
+    reward_fn = make_reward_fn(cfg.task)
     examples = load_examples(cfg.task, "eval")[: cfg.job.n_examples or None]
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.model.device)
@@ -143,13 +170,13 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
         top_p=r.top_p,
         min_tokens=r.min_tokens,
         max_tokens=r.max_tokens,
-        stop=tuple(r.stop),
+        stop=tuple(dict.fromkeys((*r.stop, *prompt_stop_strings(cfg.task.prompt)))),
         seed=cfg.seed,
     )
     t0 = time.perf_counter()
     try:
         with generation_progress(console, len(examples), "baseline eval") as advance:
-            metrics, records = evaluate(engine, tokenizer, task.reward_fn, examples, settings, on_generated=advance)
+            metrics, records = evaluate(engine, tokenizer, reward_fn, examples, settings, on_generated=advance)
     finally:
         engine.close()
     metrics["time/eval_s"] = time.perf_counter() - t0
@@ -160,7 +187,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
         f"baseline eval of {cfg.model.name} on {cfg.task.name}: {summary['n']} examples "
         f"in {metrics['time/eval_s']:.1f}s\n"
         f"  accuracy {summary['accuracy']:.3f}  format rate {summary['format_rate']:.3f}  "
-        f"answer reward {summary['answer_reward']:.3f}\n"
+        f"answer reward {summary['answer_reward']:.3f}  unparseable {summary['unparseable_rate']:.3f}\n"
         f"  format 1 & answer 1: {summary['counts']['format_1_answer_1']}   "
         f"format 1 & answer 0: {summary['counts']['format_1_answer_0']}   format 0: {summary['counts']['format_0']}",
         highlight=False,

@@ -29,6 +29,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,10 +538,14 @@ def _build_tiny_random(
 
 
 def _load_pretrained(
-    name_or_path: str, source: _Source, dtype: torch.dtype, attn_implementation: str | None
+    name_or_path: str,
+    source: _Source,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    extra_kwargs: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` with our error messages; GGUF weights come out dequantized."""
-    kwargs: dict[str, Any] = {**_dtype_kwargs(dtype)}
+    kwargs: dict[str, Any] = {**_dtype_kwargs(dtype), **(extra_kwargs or {})}
     if source.gguf_file is not None:
         kwargs.update(_dequantizing_gguf_kwargs(source.gguf_file))
     if attn_implementation is not None:  # None lets transformers pick (sdpa wherever the model supports it)
@@ -570,6 +575,7 @@ def load_policy(
     seed: int = 0,
     gradient_checkpointing: bool = False,
     attn_implementation: str | None = None,
+    quantization: str = "none",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the policy model and its tokenizer, on `device` in `dtype`, in eval mode (the trainer switches).
 
@@ -590,13 +596,68 @@ def load_policy(
         except ValueError as error:  # an attention implementation this model cannot use
             raise ModelLoadError(f"model.attn_implementation={attn_implementation!r}: {error}") from None
     else:
-        model = _load_pretrained(name_or_path, _resolve_source(name_or_path), dtype, attn_implementation)
+        model = _load_pretrained(
+            name_or_path, _resolve_source(name_or_path), dtype, attn_implementation, quantization_kwargs(quantization)
+        )
     _align_special_tokens(model, tokenizer)
-    model.to(device=device, dtype=dtype)
+    if quantization == "none":  # bitsandbytes places 4-bit weights itself and refuses .to()
+        model.to(device=device, dtype=dtype)
     if gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     model.eval()
     return model, tokenizer
+
+
+def check_quantization(quantization: str, device: torch.device) -> None:
+    """4-bit loading needs CUDA and bitsandbytes: say so before anything loads."""
+    if quantization == "none":
+        return
+    if device.type != "cuda":
+        raise ModelLoadError(
+            f"model.quantization={quantization} (QLoRA) needs a CUDA GPU, and this run is on {device.type}: "
+            "drop model.quantization or run on a GPU machine"
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"model.quantization={quantization} needs bitsandbytes: pip install bitsandbytes")
+
+
+def quantization_kwargs(quantization: str) -> dict[str, Any]:
+    """from_pretrained arguments for 4-bit NF4 base weights with bf16 compute (the QLoRA recipe)."""
+    if quantization == "none":
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    return {"quantization_config": config}
+
+
+def apply_lora(
+    model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules: list[str], quantized: bool = False
+) -> torch.nn.Module:
+    """Wrap `model` with trainable LoRA adapters (peft); every base weight is frozen.
+
+    Adapters start as an exact no-op (LoRA's B matrix is zero), so the wrapped model's outputs equal the base
+    model's until the first update.
+    """
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if quantized:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+    )
+    try:
+        with warnings.catch_warnings():
+            # peft asks transformers 5 for `is_gradient_checkpointing`, which warns that the name is deprecated
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(model, config)
+    except ValueError as error:  # e.g. target modules that the model does not have
+        raise ModelLoadError(f"model.lora.target_modules={list(target_modules)}: {error}") from None
 
 
 def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:

@@ -17,6 +17,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,10 @@ from grpo_cli.core.advantages import fraction_of_zero_std_groups
 from grpo_cli.core.logprobs import get_response_log_probs_from_logits
 from grpo_cli.core.tokenization import tokenize_prompt_and_output_ids
 from grpo_cli.errors import RunStopped
-from grpo_cli.evaluate import evaluate, score_responses
-from grpo_cli.models import load_policy, resolve_device, resolve_dtype
+from grpo_cli.evaluate import evaluate, reward_metrics, score_responses
+from grpo_cli.models import apply_lora, check_quantization, load_policy, resolve_device, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, RolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.tasks import REWARD_KEYS, Example, get_task, load_examples
+from grpo_cli.tasks import Example, load_examples, make_reward_fn, prompt_stop_strings
 from grpo_cli.tracking import build_metrics_sink
 from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line, generation_progress
 
@@ -148,7 +150,8 @@ class GRPOTrainer:
         self.output_dir = output_dir
         self.console = console
         self.shape = BatchShape.from_config(cfg)
-        self.task = get_task(cfg.task.name)
+        # The task's reward for task.prompt, weighted per task.reward_weights, time-limited per call.
+        self.reward_fn = make_reward_fn(cfg.task)
         self.train_examples = load_examples(cfg.task, "train")
         eval_examples = load_examples(cfg.task, "eval")
         self.eval_examples = eval_examples[: cfg.train.eval_examples or None]
@@ -157,19 +160,34 @@ class GRPOTrainer:
         self.device = resolve_device(cfg.model.device)
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         load_start = time.perf_counter()
+        check_quantization(cfg.model.quantization, self.device)
         self.model, self.tokenizer = load_policy(
             cfg.model.name_or_path,
             self.device,
             dtype,
             seed=cfg.model.init_seed,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
+            quantization=cfg.model.quantization,
         )
+        lora = cfg.model.lora
+        if lora.enabled:
+            self.model = apply_lora(
+                self.model,
+                lora.r,
+                lora.alpha,
+                lora.dropout,
+                lora.target_modules,
+                quantized=cfg.model.quantization != "none",
+            )
         self.load_s = time.perf_counter() - load_start
+        self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
         self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor
-        self.reference = self._frozen_copy(self.model) if self.needs_reference else None
+        # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
+        self.reference = self._frozen_copy(self.model) if self.needs_reference and not lora.enabled else None
         self.engine: RolloutEngine = HFRolloutEngine(self.model, self.tokenizer, cfg.rollout.max_batch_prompts)
+        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.trainable_parameters,
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
             betas=tuple(cfg.optim.betas),
@@ -222,6 +240,15 @@ class GRPOTrainer:
         every = self.cfg.train.checkpoint_every
         return step == self.cfg.train.steps or (every > 0 and step % every == 0)
 
+    @contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         reference = copy.deepcopy(model).eval()
@@ -236,7 +263,7 @@ class GRPOTrainer:
             top_p=r.top_p,
             min_tokens=r.min_tokens,
             max_tokens=r.max_tokens,
-            stop=tuple(r.stop),
+            stop=tuple(dict.fromkeys((*r.stop, *prompt_stop_strings(self.cfg.task.prompt)))),
             seed=seed,
         )
 
@@ -320,13 +347,15 @@ class GRPOTrainer:
         examples = self.sampler.next_batch(shape.prompts_per_rollout_batch)
         prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer)
         t0 = time.perf_counter()
-        rollout = self.engine.generate(prompt_ids, self.sampling(shape.group_size, seed=cfg.seed * 1_000_003 + step))
+        sampling = self.sampling(shape.group_size, seed=cfg.seed * 1_000_003 + step)
+        with self.autocast():
+            rollout = self.engine.generate(prompt_ids, sampling)
         generation_s = time.perf_counter() - t0
 
         # 2. Score, then group-relative advantages.
         t0 = time.perf_counter()
         truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
-        scores = score_responses(self.task.reward_fn, rollout.texts, truths)
+        scores = score_responses(self.reward_fn, rollout.texts, truths)
         raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
         advantages = normalize_group_rewards(
             raw_rewards,
@@ -340,15 +369,17 @@ class GRPOTrainer:
         # 3. Old log-probs (once per rollout batch, reused by every epoch) and reference log-probs.
         t0 = time.perf_counter()
         if self.needs_old_log_probs:
-            data.old_log_probs = per_completion_log_probs(
-                self.model, data, shape.microbatch_size, self.pad_token_id, self.device
-            )
+            with self.autocast():
+                data.old_log_probs = per_completion_log_probs(
+                    self.model, data, shape.microbatch_size, self.pad_token_id, self.device
+                )
         old_log_probs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if self.reference is not None:
-            data.ref_log_probs = per_completion_log_probs(
-                self.reference, data, shape.microbatch_size, self.pad_token_id, self.device
-            )
+        if self.needs_reference:
+            with self.reference_policy() as reference, self.autocast():
+                data.ref_log_probs = per_completion_log_probs(
+                    reference, data, shape.microbatch_size, self.pad_token_id, self.device
+                )
         ref_log_probs_s = time.perf_counter() - t0
 
         # 4. Updates: epochs x train batches x microbatches.
@@ -361,10 +392,9 @@ class GRPOTrainer:
         n_tokens = sum(lengths)
         step_s = time.perf_counter() - step_start
         metrics = {
-            **{f"train/{key}": scores.mean(key) for key in REWARD_KEYS},
+            **reward_metrics(scores, "train"),
             "train/reward_std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
             "train/frac_zero_std_groups": fraction_of_zero_std_groups(raw_rewards, shape.group_size),
-            "train/reward_errors": scores.n_errors,
             "train/response_length_mean": n_tokens / len(lengths),
             "train/response_length_max": max(lengths),
             "train/truncated_frac": sum(rollout.truncated) / len(lengths),
@@ -404,9 +434,10 @@ class GRPOTrainer:
                 for mb_start in range(0, len(batch_indices), shape.microbatch_size):
                     indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
                     mb = make_microbatch(data, indices, self.pad_token_id, self.device)
-                    policy_log_probs, entropy = response_log_probs(
-                        self.model, mb["input_ids"], mb["labels"], mb["response_mask"], with_entropy=True
-                    )
+                    with self.autocast():
+                        policy_log_probs, entropy = response_log_probs(
+                            self.model, mb["input_ids"], mb["labels"], mb["response_mask"], with_entropy=True
+                        )
                     old = mb.get("old_log_probs")
                     if old is None and cfg.loss.type == "grpo_clip":
                         old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
@@ -430,7 +461,7 @@ class GRPOTrainer:
                     for key in ("kl", "clip_fraction", "ratio_mean"):
                         if key in meta:
                             record(f"train/{key}", meta[key])
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)
                 if math.isfinite(batch_loss) and torch.isfinite(grad_norm):
                     self.optimizer.step()
                     self.nonfinite_streak = 0
@@ -453,7 +484,7 @@ class GRPOTrainer:
             metrics, records = evaluate(
                 self.engine,
                 self.tokenizer,
-                self.task.reward_fn,
+                self.reward_fn,
                 self.eval_examples,
                 self.sampling(1, seed=self.cfg.seed, for_eval=True),
                 on_generated=advance,
@@ -489,6 +520,17 @@ def baseline_eval_reward(path: Path) -> float:
         if row["step"] == 0 and "eval/reward" in row:
             return float(row["eval/reward"])
     return float("nan")
+
+
+def autocast_factory(device: torch.device, mixed_precision: str) -> Callable[[], AbstractContextManager]:
+    """A factory of the context that forward passes run in: bf16 autocast, or nothing."""
+    if mixed_precision == "auto":
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    else:
+        use_bf16 = mixed_precision == "bf16"
+    if not use_bf16:
+        return nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def seed_everything(seed: int) -> None:

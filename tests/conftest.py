@@ -10,7 +10,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from grpo_cli import tasks
 from grpo_cli.config import GRPOConfig, register_configs
+from grpo_cli.tasks import Example, TaskSpec
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -35,3 +37,21 @@ def run_grpo(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedPr
     exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")
     command = [exe] if os.path.exists(exe) else [sys.executable, "-m", "grpo_cli.cli"]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def starts_with_e(response: str, _truth) -> dict[str, float]:
+    """A reward a random model can climb: does the response open with an 'e' (in its first 3 characters)?"""
+    hit = float("e" in response[:3].lower())
+    return {"reward": hit, "format_reward": 1.0, "answer_reward": hit}
+
+
+def build_prompts(split, n, seed, prompt_style="chat"):
+    return [
+        Example(prompt=tasks.format_prompt(f"Say something #{i}", prompt_style), ground_truth=None)
+        for i in range(n or 8)
+    ]
+
+
+@pytest.fixture
+def letter_e_task(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))

@@ -78,12 +78,9 @@ def test_report_table_holds_final_and_best_eval_reward_and_only_the_differing_ke
     out = tmp_path / "report"
     report = write_report(str(sweep), out, Console(quiet=True))
     # natural order of job numbers: 10_ comes last, not after 1_
-    assert [r["name"] for r in report["runs"]] == [
-        "0_optim.lr@1e-05+seed@0",
-        "1_optim.lr@1e-05+seed@1",
-        "2_optim.lr@3e-05+seed@0",
-        "10_optim.lr@3e-05+seed@1",
-    ]
+    # runs are named by job number (their overrides are the columns), in natural order: 10 after 2
+    assert [r["name"] for r in report["runs"]] == ["0", "1", "2", "10"]
+    assert report["runs"][3]["path"] == str(sweep.resolve() / "10_optim.lr@3e-05+seed@1")
     assert report["differing_keys"] == ["optim.lr", "seed"]  # output_dir and logger.* differ but do not count
     first = report["runs"][0]
     # eval rewards 0.1, 0.3, 0.2 at steps 0, 1, 2: final 0.2, best 0.3 at step 1
@@ -93,8 +90,8 @@ def test_report_table_holds_final_and_best_eval_reward_and_only_the_differing_ke
     assert first["time_means_s"]["time/generation_s"] == 2.0 and first["time_means_s"]["time/eval_s"] == 2.0
 
     markdown = (out / "report.md").read_text()
-    assert "| 0_optim.lr@1e-05+seed@0 | 1e-05 | 0 | 2 | 0.200 | 0.300 (1) | 12.0 |" in markdown
-    assert "| 10_optim.lr@3e-05+seed@1 | 3e-05 | 1 | 2 | 0.700 | 0.700 (2) | 12.0 |" in markdown
+    assert "| 0 | 1e-05 | 0 | 2 | 0.200 | 0.300 (1) | 12.0 |" in markdown
+    assert "| 10 | 3e-05 | 1 | 2 | 0.700 | 0.700 (2) | 12.0 |" in markdown
     # seeds 0 and 1 of lr 1e-5 end at 0.2 and 0.5: mean 0.35, sample std 0.212
     assert "| optim.lr=1e-05 | 2 | 0.350 ± 0.212 | 0.400 |" in markdown
     assert "sync" not in markdown.split("## Time")[1].split("\n")[2]  # a phase that never took time is left out
@@ -120,7 +117,10 @@ def test_seed_band_is_mean_min_max_over_the_steps_every_run_has():
 def test_run_directories_can_be_listed_one_by_one(sweep, tmp_path):
     runs = [sweep / "2_optim.lr@3e-05+seed@0", sweep / "0_optim.lr@1e-05+seed@0"]
     assert resolve_run_dirs([str(r) for r in runs]) == [r.resolve() for r in runs]  # the order given
-    assert run_names(runs) == ["2_optim.lr@3e-05+seed@0", "0_optim.lr@1e-05+seed@0"]
+    assert run_names(runs) == ["2", "0"]
+    # runs of two sweeps keep the sweep directory; plain run directories keep their names
+    assert run_names([Path("/o/m/t1/0_a@1"), Path("/o/m/t2/0_a@1")]) == ["t1/0", "t2/0"]
+    assert run_names([Path("/o/train/2026-11-22_06-25-01")]) == ["2026-11-22_06-25-01"]
     report = write_report([str(r) for r in runs], tmp_path / "out", Console(quiet=True))
     assert report["differing_keys"] == ["optim.lr"]  # both are seed 0
 

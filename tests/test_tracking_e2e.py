@@ -161,7 +161,7 @@ def test_report_over_the_multirun_matches_metrics_jsonl_and_draws_real_plots(swe
             r["time/eval_s"] for r in rows if "time/eval_s" in r
         )
         summary = report["runs"][i]
-        assert summary["name"] == f"{i}_debug@smoke+optim.lr@{lr}"
+        assert summary["name"] == str(i) and summary["path"].endswith(f"{i}_debug@smoke+optim.lr@{lr}")
         assert (summary["final_eval_reward"], summary["best_eval_reward"], summary["best_eval_step"]) == (
             evals[-1],
             evals[best],
@@ -170,10 +170,7 @@ def test_report_over_the_multirun_matches_metrics_jsonl_and_draws_real_plots(swe
         assert summary["wall_time_s"] == pytest.approx(wall)
         gen = [r["time/generation_s"] for r in rows if "time/generation_s" in r]
         assert summary["time_means_s"]["time/generation_s"] == pytest.approx(sum(gen) / len(gen))
-        row = (
-            f"| {i}_debug@smoke+optim.lr@{lr} | {float(lr):g} | 2 | {evals[-1]:.3f} | "
-            f"{evals[best]:.3f} ({steps[best]}) | {wall:.1f} |"
-        )
+        row = f"| {i} | {float(lr):g} | 2 | {evals[-1]:.3f} | {evals[best]:.3f} ({steps[best]}) | {wall:.1f} |"
         assert row in markdown
         assert f"{sum(gen) / len(gen):.2f}" in markdown.split("## Time")[1].splitlines()[4 + i]
     assert {"eval_reward.png", "train_reward.png", "train_entropy.png", "train_grad_norm.png"} <= set(report["plots"])

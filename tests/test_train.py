@@ -11,25 +11,7 @@ from grpo_cli.config import validate_config
 from grpo_cli.tasks import Example, TaskSpec
 from grpo_cli.tracking import read_metrics
 from grpo_cli.train import GRPOTrainer, PromptSampler
-from tests.conftest import compose_config
-
-
-def starts_with_e(response: str, _truth) -> dict[str, float]:
-    """A reward a random model can climb: does the response open with an 'e' (in its first 3 characters)?"""
-    hit = float("e" in response[:3].lower())
-    return {"reward": hit, "format_reward": 1.0, "answer_reward": hit}
-
-
-def build_prompts(split, n, seed, prompt_style="chat"):
-    return [
-        Example(prompt=tasks.format_prompt(f"Say something #{i}", prompt_style), ground_truth=None)
-        for i in range(n or 8)
-    ]
-
-
-@pytest.fixture
-def letter_e_task(monkeypatch):
-    monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))
+from tests.conftest import build_prompts, compose_config
 
 
 def run_trainer(tmp_path: Path, overrides: list[str], sharpen: float = 1.0) -> list[dict]:

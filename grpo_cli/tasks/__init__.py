@@ -2,23 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks.base import REWARD_KEYS, Example, Prompt, RewardFn, SanityCase, TaskSpec, format_prompt
+from grpo_cli.tasks.base import (
+    OPTIONAL_REWARD_KEYS,
+    REWARD_KEYS,
+    Example,
+    Prompt,
+    RewardComponent,
+    RewardFn,
+    RowError,
+    SanityCase,
+    TaskDataError,
+    TaskSpec,
+    format_prompt,
+    parse_question_row,
+    prompt_stop_strings,
+)
+from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
+from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
+from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
+from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
+from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
+from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, build_reward_fn, check_weights
+from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+
+TASKS: dict[str, TaskSpec] = {
+    task.name: task for task in (KEYWORD_TASK, MATH_TASK, GSM8K_TASK, LIPOGRAM_TASK, JSON_TASK, REGEX_SUM_TASK)
+}
 
 
-class TaskDataError(UserFacingError):
-    """A data file that cannot be read or parsed."""
-
-
-TASKS: dict[str, TaskSpec] = {task.name: task for task in (KEYWORD_TASK,)}
-
-
-def load_jsonl_examples(path: str, prompt_style: str, n: int | None = None) -> list[Example]:
-    """Read {"question": str, "ground_truth": ...} lines; errors name the file, the line and the field."""
+def load_jsonl_examples(
+    path: str,
+    prompt_style: str,
+    n: int | None = None,
+    parse_row: Any = parse_question_row,
+) -> list[Example]:
+    """Read one JSON object per line with `parse_row` (by default {"question", "ground_truth"}); errors name the
+    file, the line and the field."""
     examples = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -33,24 +59,19 @@ def load_jsonl_examples(path: str, prompt_style: str, n: int | None = None) -> l
                     ) from None
                 if not isinstance(row, dict):
                     raise TaskDataError(f"{path}:{line_no}: expected a JSON object per line")
-                for key in ("question", "ground_truth"):
-                    if key not in row:
-                        raise TaskDataError(
-                            f'{path}:{line_no}: missing field {key!r} (each line needs "question" and "ground_truth")'
-                        )
-                examples.append(
-                    Example(
-                        prompt=format_prompt(row["question"], prompt_style),
-                        ground_truth=row["ground_truth"],
-                        meta={"question": row["question"]},
-                    )
-                )
+                try:
+                    question, ground_truth, meta = parse_row(row)
+                except RowError as e:
+                    raise TaskDataError(f"{path}:{line_no}: {e}") from None
+                examples.append(Example(format_prompt(question, prompt_style), ground_truth, meta))
                 if n is not None and len(examples) >= n:
                     break
     except OSError as e:
         raise TaskDataError(
             f"cannot read data file {path}: {e.strerror}: check task.train_path / task.eval_path"
         ) from None
+    except UnicodeDecodeError as e:
+        raise TaskDataError(f"{path} is not UTF-8 text ({e.reason}): give a JSONL file") from None
     if not examples:
         raise TaskDataError(f"{path} holds no examples")
     return examples
@@ -62,9 +83,12 @@ def load_examples(task_cfg: Any, split: str) -> list[Example]:
     path = task_cfg.train_path if split == "train" else task_cfg.eval_path
     n = task_cfg.n_train if split == "train" else task_cfg.n_eval
     if path:
-        return load_jsonl_examples(path, task_cfg.prompt, n)
+        return load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row)
     options = {key: getattr(task_cfg, key) for key in task.options}
-    return task.build(split, n, task_cfg.data_seed, task_cfg.prompt, **options)
+    try:
+        return task.build(split, n, task_cfg.data_seed, task_cfg.prompt, **options)
+    except ValueError as e:  # the builders' option checks ("task.min_words=0 must be ..."): one line, exit 2
+        raise UserFacingError(str(e)) from None
 
 
 def get_task(name: str) -> TaskSpec:
@@ -74,18 +98,72 @@ def get_task(name: str) -> TaskSpec:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}") from None
 
 
+def _reward_options(task: TaskSpec, task_cfg: Any) -> dict[str, Any]:
+    return {key: getattr(task_cfg, key) for key in task.reward_options}
+
+
+def reward_weights(task_cfg: Any) -> dict[str, float]:
+    """The components with a nonzero weight in task.reward_weights, as {name: weight} (default: correctness 1)."""
+    weights = getattr(task_cfg, "reward_weights", None)
+    if weights is None:
+        return dict(DEFAULT_WEIGHTS)
+    items = dataclasses.asdict(weights) if dataclasses.is_dataclass(weights) else dict(weights)
+    return {name: float(weight) for name, weight in items.items() if weight != 0}
+
+
+def validate_task_config(task_cfg: Any) -> None:
+    """The task keys a schema cannot check (reward weights, time limit, tolerance); UserFacingError, one line."""
+    task = get_task(task_cfg.name)
+    try:
+        check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
+    except ValueError as e:
+        raise UserFacingError(str(e)) from None
+    timeout = task_cfg.reward_timeout_s
+    if timeout < 0 or not math.isfinite(timeout):
+        raise UserFacingError(f"task.reward_timeout_s={timeout} must be >= 0 (0: no time limit)")
+    if task_cfg.numeric_tolerance < 0:
+        raise UserFacingError(f"task.numeric_tolerance={task_cfg.numeric_tolerance} must be >= 0")
+
+
+def make_reward_fn(task_cfg: Any) -> RewardFn:
+    """The reward a run scores with: the task's reward for `task.prompt`, combined per `task.reward_weights`,
+    limited to `task.reward_timeout_s` per call (a timeout raises RewardTimeout, counted by the scorer)."""
+    task = get_task(task_cfg.name)
+    return build_reward_fn(
+        task,
+        task_cfg.prompt,
+        reward_weights(task_cfg),
+        _reward_options(task, task_cfg),
+        task_cfg.reward_timeout_s,
+    )
+
+
 __all__ = [
+    "OPTIONAL_REWARD_KEYS",
     "REWARD_KEYS",
     "TASKS",
     "Example",
     "Prompt",
+    "RewardComponent",
     "RewardFn",
+    "RewardTimeout",
+    "RowError",
     "SanityCase",
     "TaskSpec",
     "format_prompt",
     "TaskDataError",
+    "call_with_time_limit",
     "get_task",
     "load_examples",
     "load_jsonl_examples",
+    "make_reward_fn",
+    "reward_weights",
+    "prompt_stop_strings",
+    "validate_task_config",
     "keyword_inclusion_reward_fn",
+    "json_reward_fn",
+    "lipogram_reward_fn",
+    "question_only_reward_fn",
+    "r1_zero_reward_fn",
+    "regex_sum_reward_fn",
 ]

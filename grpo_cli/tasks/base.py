@@ -96,6 +96,12 @@ def format_prompt(question: str, style: str) -> Prompt:
     raise ValueError(f"unknown prompt style {style!r}: use chat, r1_zero or question_only")
 
 
+def prompt_stop_strings(style: str) -> tuple[str, ...]:
+    """Stop strings a prompt style implies, added to rollout.stop: r1_zero ends at its closing answer tag
+    (design.md section 3), so nothing the model writes after the answer is generated or trained on."""
+    return ("</answer>",) if style == "r1_zero" else ()
+
+
 R1_ZERO_TEMPLATE = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
     "The Assistant first thinks about the reasoning process in the mind and then provides the User with the "

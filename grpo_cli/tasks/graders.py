@@ -71,7 +71,7 @@ def extract_r1_zero_answer(response: str) -> str | None:
     return response[body_start:end]
 
 
-_ANCHOR = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:)\s*:?\s*|####\s*", re.IGNORECASE)
+_ANCHOR = re.compile(r"\banswer\s*(?:is|:)\s*:?\s*|####\s*", re.IGNORECASE)
 # A minus sign counts only where it cannot be subtraction ("x-3" ends in 3, "is -3" in -3).
 _NUMBER = re.compile(r"(?:(?<![\w)}])-)?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 

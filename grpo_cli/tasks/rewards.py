@@ -1,7 +1,8 @@
 """Composable rewards: a weighted sum of named components, and a per-call time limit. No torch.
 
-`task.reward_weights` picks the components and their weights, e.g. `{correctness: 1.0, format: 0.1}`. Every task
-has three components derived from its own reward function (computed once per response):
+`task.reward_weights` gives each component a weight (0: unused), e.g. `task.reward_weights.format=0.1` next to
+the default `correctness: 1.0`. Every task has three components derived from its own reward function
+(computed once per response):
 
     correctness   the task's reward ("reward" of its reward function: for r1_zero, format AND correct answer)
     format        its "format_reward"
@@ -66,11 +67,15 @@ def check_weights(task: TaskSpec, prompt_style: str, weights: dict[str, float], 
     """ValueError with a one-line message naming the bad entry and the allowed names."""
     allowed = component_names(task, prompt_style, options)
     if not weights:
-        raise ValueError(f"task.reward_weights is empty: give at least one of {', '.join(allowed)}")
+        raise ValueError(
+            f"every task.reward_weights is 0: give a weight to one of {', '.join(allowed)} "
+            "(e.g. task.reward_weights.correctness=1)"
+        )
     for name, weight in weights.items():
         if name not in allowed:
             raise ValueError(
-                f"task.reward_weights names {name!r}, which task={task.name} does not have: use {', '.join(allowed)}"
+                f"task.reward_weights.{name}={weight:g}, but task={task.name} has no {name} component: "
+                f"use {', '.join(allowed)}"
             )
         if not math.isfinite(weight):
             raise ValueError(f"task.reward_weights.{name}={weight} must be a finite number")

@@ -112,10 +112,11 @@ class _Helper:
             if line is None:
                 self.kill()
                 raise RewardTimeout(f"symbolic comparison took longer than {timeout_s:g}s")
-            if not line:  # the helper died (e.g. hit its memory limit)
+            try:
+                parsed, match = json.loads(line)
+            except ValueError:  # no reply (the helper died, e.g. at its memory limit) or not ours: start over
                 self.kill()
                 return False, False
-            parsed, match = json.loads(line)
             return bool(parsed), bool(match)
 
 
@@ -141,15 +142,17 @@ def _serve() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (HELPER_MEMORY_LIMIT_BYTES, HELPER_MEMORY_LIMIT_BYTES))
     except (ImportError, ValueError, OSError):
         pass  # no limit on this platform: the parent's time limit still applies
+    # Replies go to the real stdout only; anything a library prints goes to stderr, not into the protocol.
+    replies, sys.stdout = sys.stdout, sys.stderr
     _math_verify()
-    print("ready", flush=True)
+    print("ready", file=replies, flush=True)
     for line in sys.stdin:
         try:
             request = json.loads(line)
             reply = list(compare_in_process(request["pred"], request["gold"]))
         except Exception:  # noqa: BLE001 - a parser bug on one odd answer is a non-match, not a dead helper
             reply = [False, False]
-        print(json.dumps(reply), flush=True)
+        print(json.dumps(reply), file=replies, flush=True)
 
 
 if __name__ == "__main__":

@@ -163,15 +163,22 @@ def load_run(path: Path, name: str) -> RunData:
     return RunData(path, name, config, rows, train, evals)
 
 
-def run_names(paths: list[Path]) -> list[str]:
-    """Short unique names: each path relative to the deepest directory all of them share."""
-    if len(paths) == 1:
-        return [paths[0].name]
+def common_root(paths: list[Path]) -> Path:
+    """The deepest directory holding every run (a single run's parent)."""
     parts = [p.parts for p in paths]
-    common = 0
-    while all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
-        common += 1
-    return ["/".join(p[common:]) for p in parts]
+    depth = 0
+    while all(len(p) > depth + 1 and p[depth] == parts[0][depth] for p in parts):
+        depth += 1
+    return Path(*parts[0][:depth])
+
+
+def run_names(paths: list[Path]) -> list[str]:
+    """Short unique names: each path relative to common_root(), with a multirun job directory
+    (`3_optim.lr@1e-05+seed@1`) cut to its job number, since its overrides are the table's columns."""
+    root = common_root(paths)
+    relative = [p.relative_to(root).parts for p in paths]
+    names = ["/".join([*rel[:-1], re.sub(r"^(\d+)_.*", r"\1", rel[-1])]) for rel in relative]
+    return names if len(set(names)) == len(names) else ["/".join(rel) for rel in relative]
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
@@ -359,15 +366,17 @@ def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
 
     sections = [
         "# GRPO run report",
-        f"{len(data)} run(s), compared from their metrics.jsonl and config.yaml by `grpo-run job=report`.",
+        f"{len(data)} run(s) under `{common_root(paths)}`, compared from their metrics.jsonl and config.yaml "
+        "by `grpo-run job=report`.",
     ]
     if shared := shared_line([run.config for run in data], keys):
         sections.append(f"Shared by all runs: {shared}.")
     sections += [
         "## Results",
         results_table(summaries, keys),
-        "Eval reward: greedy, on the held-out set, at step 0, every `train.eval_every` steps and at the end; "
-        "best is the highest of those. Wall time: the sum of the step and eval times (model loading excluded).",
+        "Eval reward: on the held-out set (at `rollout.eval_temperature`, greedy by default), at step 0, every "
+        "`train.eval_every` steps and at the end; best is the highest of those. Wall time: the sum of the step "
+        "and eval times (model loading excluded).",
     ]
     if seeds := seeds_table(groups, {s.name: s for s in summaries}):
         sections += ["## Across seeds", seeds]

@@ -151,7 +151,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
 
     from grpo_cli.models import load_policy, resolve_device, resolve_dtype
     from grpo_cli.rollout import HFRolloutEngine
-    from grpo_cli.tasks import load_examples, make_reward_fn, prompt_stop_strings
+    from grpo_cli.tasks import load_examples, make_reward_fn, stop_strings
     from grpo_cli.tracking import write_jsonl
     from grpo_cli.tracking.console import generation_progress
 
@@ -170,7 +170,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
         top_p=r.top_p,
         min_tokens=r.min_tokens,
         max_tokens=r.max_tokens,
-        stop=tuple(dict.fromkeys((*r.stop, *prompt_stop_strings(cfg.task.prompt)))),
+        stop=stop_strings(r.stop, cfg.task.prompt),
         seed=cfg.seed,
     )
     t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from grpo_cli.errors import RunStopped
 from grpo_cli.evaluate import evaluate, reward_metrics, score_responses
 from grpo_cli.models import apply_lora, check_quantization, load_policy, resolve_device, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, RolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.tasks import Example, load_examples, make_reward_fn, prompt_stop_strings
+from grpo_cli.tasks import Example, load_examples, make_reward_fn, stop_strings
 from grpo_cli.tracking import build_metrics_sink
 from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line, generation_progress
 
@@ -263,7 +263,7 @@ class GRPOTrainer:
             top_p=r.top_p,
             min_tokens=r.min_tokens,
             max_tokens=r.max_tokens,
-            stop=tuple(dict.fromkeys((*r.stop, *prompt_stop_strings(self.cfg.task.prompt)))),
+            stop=stop_strings(r.stop, self.cfg.task.prompt),
             seed=seed,
         )
 

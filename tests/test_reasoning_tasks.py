@@ -8,7 +8,14 @@ import pytest
 
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks import TaskDataError, get_task, load_examples, make_reward_fn, prompt_stop_strings
+from grpo_cli.tasks import (
+    TaskDataError,
+    get_task,
+    load_examples,
+    make_reward_fn,
+    prompt_stop_strings,
+    stop_strings,
+)
 from grpo_cli.tasks.base import R1_ZERO_TEMPLATE
 from grpo_cli.tasks.reasoning import gsm8k_final_answer
 from tests.conftest import compose_config
@@ -142,6 +149,8 @@ def test_offline_without_a_path_is_one_line_that_says_to_pass_eval_path():
 def test_r1_zero_stops_at_the_closing_answer_tag():
     assert prompt_stop_strings("r1_zero") == ("</answer>",)
     assert prompt_stop_strings("question_only") == prompt_stop_strings("chat") == ()
+    assert stop_strings(["\n\n", "</answer>"], "r1_zero") == ("\n\n", "</answer>")  # no duplicates
+    assert stop_strings([], "chat") == ()
 
 
 @pytest.mark.parametrize("task", ["math", "gsm8k"])

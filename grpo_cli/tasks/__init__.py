@@ -22,6 +22,7 @@ from grpo_cli.tasks.base import (
     format_prompt,
     parse_question_row,
     prompt_stop_strings,
+    stop_strings,
 )
 from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
@@ -159,6 +160,7 @@ __all__ = [
     "make_reward_fn",
     "reward_weights",
     "prompt_stop_strings",
+    "stop_strings",
     "validate_task_config",
     "keyword_inclusion_reward_fn",
     "json_reward_fn",

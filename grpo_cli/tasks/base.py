@@ -97,9 +97,14 @@ def format_prompt(question: str, style: str) -> Prompt:
 
 
 def prompt_stop_strings(style: str) -> tuple[str, ...]:
-    """Stop strings a prompt style implies, added to rollout.stop: r1_zero ends at its closing answer tag
-    (design.md section 3), so nothing the model writes after the answer is generated or trained on."""
+    """Stop strings a prompt style implies: r1_zero ends at its closing answer tag (design.md section 3), so
+    nothing the model writes after the answer is generated or trained on."""
     return ("</answer>",) if style == "r1_zero" else ()
+
+
+def stop_strings(configured: list[str] | tuple[str, ...], style: str) -> tuple[str, ...]:
+    """rollout.stop plus the prompt style's own stop strings, each once, in order."""
+    return tuple(dict.fromkeys((*configured, *prompt_stop_strings(style))))
 
 
 R1_ZERO_TEMPLATE = (

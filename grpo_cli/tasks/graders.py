@@ -96,7 +96,8 @@ def extract_final_answer(response: str) -> str | None:
 # MATH-style normalization
 
 _LEAD_IN = re.compile(r"^(?:so,?\s*)?(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
-_SPACING = re.compile(r"\\[,;:! ]|\\q?quad|~|\\displaystyle|\\left|\\right|\\[bB]igg?[lr]?")
+# Spacing and sizing commands; \left and \right only as delimiters' prefixes (not \leftarrow).
+_SPACING = re.compile(r"\\[,;:! ]|\\q?quad|~|\\displaystyle|\\(?:left|right|[bB]igg?[lr]?)(?![a-zA-Z])")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _TRAILING_UNIT = re.compile(r"^(.*[\d}])\s*\\(?:text|textrm|mathrm|mbox)\s*\{[^{}]*\}(?:\^\{?[23]\}?)?$")
 _UNIT_WORDS = re.compile(r"^(-?\d[\d,]*(?:\.\d+)?)\s*((?:[A-Za-z]{2,}\.?\s*){1,3})$")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np  # always present: torch and transformers require it
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -45,12 +46,7 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:
-        pass
+    state["numpy"] = np.random.get_state()
     return state
 
 
@@ -60,8 +56,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
-        import numpy as np
-
         np.random.set_state(state["numpy"])
 
 

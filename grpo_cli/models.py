@@ -22,6 +22,7 @@ before anything heavy is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -208,10 +209,8 @@ def _publish(built: Path, final: Path) -> None:
         # rename() cannot replace a non-empty directory: move the broken one aside first (under the temporary
         # prefix, so if we are killed right here the stale-build sweep removes it later).
         broken = built.with_name(built.name + "-old")
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another process already moved it
             os.rename(final, broken)
-        except FileNotFoundError:
-            pass
         shutil.rmtree(broken, ignore_errors=True)
     try:
         os.rename(built, final)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 
@@ -536,9 +537,4 @@ def autocast_factory(device: torch.device, mixed_precision: str) -> Callable[[],
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:
-        pass
+    np.random.seed(seed)

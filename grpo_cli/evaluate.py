@@ -150,7 +150,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
     import torch
 
     from grpo_cli.models import load_policy, resolve_device, resolve_dtype
-    from grpo_cli.rollout import HFRolloutEngine
+    from grpo_cli.rollout import build_rollout_engine
     from grpo_cli.tasks import load_examples, make_reward_fn, stop_strings
     from grpo_cli.tracking import write_jsonl
     from grpo_cli.tracking.console import generation_progress
@@ -162,7 +162,7 @@ def run_baseline_eval(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any
     model, tokenizer = load_policy(
         cfg.model.name_or_path, device, resolve_dtype(cfg.model.dtype, device), seed=cfg.model.init_seed
     )
-    engine = HFRolloutEngine(model, tokenizer, cfg.rollout.max_batch_prompts)
+    engine = build_rollout_engine(cfg, model, tokenizer)
     r = cfg.rollout
     settings = SamplingSettings(
         n=1,

@@ -36,7 +36,7 @@ from grpo_cli.core.tokenization import tokenize_prompt_and_output_ids
 from grpo_cli.errors import RunStopped
 from grpo_cli.evaluate import evaluate, reward_metrics, score_responses
 from grpo_cli.models import apply_lora, check_quantization, load_policy, resolve_device, resolve_dtype
-from grpo_cli.rollout import HFRolloutEngine, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout import RolloutEngine, SamplingSettings, build_rollout_engine, render_prompts
 from grpo_cli.tasks import Example, load_examples, make_reward_fn, stop_strings
 from grpo_cli.tracking import build_metrics_sink
 from grpo_cli.tracking.console import StepProgress, format_eval_line, format_step_line, generation_progress
@@ -185,7 +185,7 @@ class GRPOTrainer:
         self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor
         # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
         self.reference = self._frozen_copy(self.model) if self.needs_reference and not lora.enabled else None
-        self.engine: RolloutEngine = HFRolloutEngine(self.model, self.tokenizer, cfg.rollout.max_batch_prompts)
+        self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters,
@@ -387,7 +387,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         update_metrics = self.update(data, step)
         training_s = time.perf_counter() - t0
-        sync_s = self.engine.sync_weights()
+        sync_metrics = self.engine.sync_weights()
 
         lengths = [len(ids) for ids in rollout.completion_ids]
         n_tokens = sum(lengths)
@@ -407,7 +407,7 @@ class GRPOTrainer:
             "time/old_log_probs_s": old_log_probs_s,
             "time/ref_log_probs_s": ref_log_probs_s,
             "time/training_s": training_s,
-            "time/sync_s": sync_s,
+            **sync_metrics,
             "throughput/generation_tokens_per_s": n_tokens / max(generation_s, 1e-9),
             "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
         }

@@ -1,6 +1,27 @@
-"""Rollout engines behind one interface (transformers generate; vLLM comes with its own extra)."""
+"""Rollout engines behind one interface: transformers generate (`rollout=hf`) and vLLM (`rollout=vllm`)."""
+
+from __future__ import annotations
+
+from typing import Any
 
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.hf import HFRolloutEngine
 
-__all__ = ["HFRolloutEngine", "RolloutBatch", "RolloutEngine", "SamplingSettings", "render_prompts"]
+
+def build_rollout_engine(cfg: Any, model: Any, tokenizer: Any) -> RolloutEngine:
+    """The engine `rollout.engine` names, sampling from `model` (colocated with the trainer)."""
+    if cfg.rollout.engine == "vllm":
+        from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine  # vLLM is an optional extra
+
+        return VLLMRolloutEngine.from_config(cfg, model, tokenizer)
+    return HFRolloutEngine(model, tokenizer, cfg.rollout.max_batch_prompts)
+
+
+__all__ = [
+    "HFRolloutEngine",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingSettings",
+    "build_rollout_engine",
+    "render_prompts",
+]

@@ -42,8 +42,12 @@ class RolloutEngine(Protocol):
         """Sample settings.n completions for every prompt."""
         ...
 
-    def sync_weights(self) -> float:
-        """Make the engine sample from the policy's current weights; returns seconds spent."""
+    def sync_weights(self) -> dict[str, float]:
+        """Make the engine sample from the policy's current weights.
+
+        Returns metrics to log: at least `time/sync_s`; engines with their own copy of the weights also
+        report `sync/logprob_max_diff` from a probe that compares their log-probs with the policy's.
+        """
         ...
 
     def close(self) -> None: ...

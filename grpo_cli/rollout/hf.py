@@ -47,8 +47,8 @@ class HFRolloutEngine:
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
 
-    def sync_weights(self) -> float:
-        return 0.0  # generate() runs on the trained model itself
+    def sync_weights(self) -> dict[str, float]:
+        return {"time/sync_s": 0.0}  # generate() runs on the trained model itself
 
     def close(self) -> None:
         self.model = None

@@ -85,22 +85,30 @@ def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = Non
     # must fail in a second, not after a minute of loading.
     check_model_source(cfg.model.name_or_path)
     check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
-    splits = ("train", "eval") if cfg.job.name == "train" else ("eval",)
+    if cfg.rollout.engine == "vllm":
+        from grpo_cli.rollout.vllm_engine import require_vllm
+
+        require_vllm()
+    splits = ("train", "eval") if cfg.job.name in ("train", "benchmark") else ("eval",)
     examples = {split: load_examples(cfg.task, split) for split in splits}
     write_run_info(output_dir, build_run_info(cfg, examples, overrides or []), resumed=bool(cfg.resume))
 
     if cfg.job.name == "train":
         shape = BatchShape.from_config(cfg)
         console.print(shape_table(shape.rows(), title=f"batch shapes ({cfg.sync.strategy}, {cfg.loss.type})"))
-        from grpo_cli.train import GRPOTrainer
+        from grpo_cli.train import build_trainer
 
-        summary = GRPOTrainer(cfg, output_dir, console).train()
+        summary = build_trainer(cfg, output_dir, console).train()
         console.print(
             f"done: eval reward {summary['baseline/eval_reward']:.3f} (step 0) -> {summary['eval/reward']:.3f} "
             f"(step {cfg.train.steps}); metrics in {output_dir / 'metrics.jsonl'}",
             highlight=False,
         )
         return summary
+    if cfg.job.name == "benchmark":
+        from grpo_cli.benchmark import run_benchmark
+
+        return run_benchmark(cfg, output_dir, console)
     if cfg.job.name == "baseline_eval":
         from grpo_cli.evaluate import run_baseline_eval
 

@@ -47,7 +47,8 @@ class ModelConfig:
     # Seed for the weights of randomly initialised models (model=tiny_random).
     init_seed: int = 0
     # auto | no | bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
-    # auto: bf16 on CUDA with bf16 support, no on CPU (CPUs without AVX-512 bf16 run bf16 matmuls far slower).
+    # auto: bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs
+    # emulate bf16 matmuls hundreds of times slower than fp32).
     mixed_precision: str = "auto"
     # none | 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
     quantization: str = "none"
@@ -136,9 +137,34 @@ class KLConfig:
 
 @dataclass
 class SyncConfig:
-    # on_policy: one optimizer step per rollout batch | multi_epoch: several epochs over each rollout batch.
+    # How rollouts and updates interleave (README "Sync strategies"):
+    #   on_policy: generate a rollout batch, take one optimizer step on it, repeat (one process).
+    #   multi_epoch: several epochs / optimizer steps over each rollout batch (one process; needs grpo_clip).
+    #   one_behind: the generator samples batch k+1 while the learner trains on batch k (Ray actors); the
+    #     generator is never more than one policy version behind.
+    #   replay_buffer: the generator keeps filling a bounded buffer of scored trajectories and each step trains
+    #     on a uniform sample of it (Ray actors; needs grpo_clip).
     strategy: str = "on_policy"
+    # Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).
     epochs_per_rollout_batch: int = 1
+    # Compute the old (behaviour) policy's log-probs once per rollout batch: null (default) when the loss needs
+    # them, i.e. grpo_clip with an off-policy strategy; true also for other losses (logs train/old_policy_kl);
+    # false never (then grpo_clip is only valid on-policy). With one_behind / replay_buffer the generator
+    # computes them with the exact weights that sampled.
+    old_log_probs: bool | None = None
+    # replay_buffer: trajectories (completions) the buffer holds; the oldest are dropped when it is full.
+    # At least train.rollout_batch_size, the sample each step trains on.
+    buffer_size: int = 64
+    # replay_buffer: trajectories sampled more than this many policy versions ago are dropped unused.
+    max_staleness: int = 2
+    # one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a
+    # local Ray on this machine for the run and shuts it down afterwards.
+    ray_address: str | None = None
+    # CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's
+    # cores (at least 1), so the two actors do not fight over every core.
+    actor_cpus: int | None = None
+    # GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0.
+    actor_gpus: float | None = None
 
 
 @dataclass
@@ -155,8 +181,25 @@ class RolloutConfig:
     eval_temperature: float = 0.0
     # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
     max_batch_prompts: int | None = None
-    # Fraction of GPU memory for an inference engine's KV cache (vLLM).
-    gpu_memory_utilization: float = 0.85
+    # --- vLLM only (rollout=vllm); see grpo_cli/rollout/vllm_engine.py ---
+    # Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well below 0.9.
+    gpu_memory_utilization: float = 0.4
+    # KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with training).
+    kv_cache_memory_gb: float | None = None
+    # Longest prompt + completion vLLM must hold; null: the model's own limit.
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    # Free vLLM's KV cache while the trainer runs (GPU only; vLLM ignores it on CPU).
+    enable_sleep_mode: bool = False
+    # Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU.
+    enforce_eager: bool = True
+    # Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16.
+    sync_tolerance: float | None = None
+    sync_probe: bool = True
+    # A weight sync taking longer than this stops the run instead of hanging it.
+    sync_timeout_s: float = 300.0
+    # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,6 +215,9 @@ class TrainConfig:
     # Microbatches per optimizer step (train_batch_size / this = microbatch size).
     gradient_accumulation_steps: int = 2
     max_grad_norm: float = 1.0
+    # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
+    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
+    share_prompt_forward: bool = True
     # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
     eval_every: int = 10
     # Held-out examples per evaluation (null: all of task.n_eval).
@@ -216,10 +262,15 @@ class LoggerConfig:
 
 @dataclass
 class JobConfig:
-    # train | baseline_eval | report | check_reward
+    # train | baseline_eval | report | check_reward | benchmark
     name: str = "train"
     # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
     n_examples: int | None = None
+    # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
+    # measured steps per engine.
+    engines: list[str] = field(default_factory=lambda: ["auto"])
+    warmup_steps: int = 1
+    steps: int = 5
 
 
 @dataclass
@@ -317,8 +368,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "normalization.advantage": ("std", "mean"),
     "normalization.length": ("sequence_mean", "constant"),
     "kl.estimator": ("k1", "k3"),
-    "sync.strategy": ("on_policy", "multi_epoch"),
-    "rollout.engine": ("hf",),
+    "sync.strategy": ("on_policy", "multi_epoch", "one_behind", "replay_buffer"),
+    "rollout.engine": ("hf", "vllm"),
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.device": ("auto", "cpu", "cuda"),
     "model.mixed_precision": ("auto", "no", "bf16"),
@@ -326,7 +377,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.prompt": ("chat", "r1_zero", "question_only"),
     "logger.backend": ("none", "wandb"),
     "logger.mode": ("online", "offline", "disabled"),
-    "job.name": ("train", "baseline_eval", "report", "check_reward"),
+    "job.name": ("train", "baseline_eval", "report", "check_reward", "benchmark"),
 }
 
 
@@ -335,6 +386,51 @@ def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         node = getattr(node, part)
     return node
+
+
+def validate_sync(cfg: Any) -> None:
+    """The sync strategy's rules: how many optimizer steps per batch, which losses stay correct off-policy,
+    and the replay buffer's bounds."""
+    t, sync = cfg.train, cfg.sync
+    epochs = sync.epochs_per_rollout_batch
+    optimizer_steps_per_batch = epochs * t.rollout_batch_size // t.train_batch_size
+    if sync.strategy == "on_policy" and optimizer_steps_per_batch != 1:
+        raise UserFacingError(
+            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch={epochs} "
+            f"and train.rollout_batch_size/train.train_batch_size={t.rollout_batch_size // t.train_batch_size} "
+            "give more: use sync=multi_epoch, or set train.train_batch_size=train.rollout_batch_size and one epoch"
+        )
+    if optimizer_steps_per_batch > 1 and cfg.loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"{optimizer_steps_per_batch} optimizer steps per rollout batch make later steps off-policy, which "
+            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+        )
+    if sync.strategy == "replay_buffer" and cfg.loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"sync=replay_buffer trains on trajectories up to sync.max_staleness={sync.max_staleness} policy "
+            f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+        )
+    off_policy = optimizer_steps_per_batch > 1 or sync.strategy in ("one_behind", "replay_buffer")
+    if cfg.loss.type == "grpo_clip" and off_policy and sync.old_log_probs is False:
+        raise UserFacingError(
+            f"loss=grpo_clip with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
+            "sync.old_log_probs=false: drop that override (null computes them when needed)"
+        )
+    if sync.strategy == "replay_buffer":
+        if sync.buffer_size < t.rollout_batch_size:
+            raise UserFacingError(
+                f"sync.buffer_size={sync.buffer_size} is smaller than a batch (train.rollout_batch_size="
+                f"{t.rollout_batch_size}, the sample each step trains on): use sync.buffer_size>={t.rollout_batch_size}"
+            )
+        if sync.max_staleness < 1:
+            raise UserFacingError(
+                f"sync.max_staleness={sync.max_staleness}: the replay buffer needs at least 1 (the generator "
+                "samples the next batch while the learner updates); use sync=on_policy for on-policy training"
+            )
+    if sync.actor_cpus is not None and sync.actor_cpus < 1:
+        raise UserFacingError(f"sync.actor_cpus={sync.actor_cpus} must be >= 1 (null: half this machine's cores)")
+    if sync.actor_gpus is not None and sync.actor_gpus < 0:
+        raise UserFacingError(f"sync.actor_gpus={sync.actor_gpus} must be >= 0")
 
 
 def validate_config(cfg: Any) -> None:
@@ -361,6 +457,7 @@ def validate_config(cfg: Any) -> None:
         "train.train_batch_size": t.train_batch_size,
         "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
         "sync.epochs_per_rollout_batch": cfg.sync.epochs_per_rollout_batch,
+        "sync.buffer_size": cfg.sync.buffer_size,
         "rollout.max_tokens": cfg.rollout.max_tokens,
         "optim.lr": cfg.optim.lr,
         "logger.init_timeout_s": cfg.logger.init_timeout_s,
@@ -421,19 +518,7 @@ def validate_config(cfg: Any) -> None:
     if cfg.kl.beta < 0:
         raise UserFacingError(f"kl.beta={cfg.kl.beta} must be >= 0")
 
-    epochs = cfg.sync.epochs_per_rollout_batch
-    optimizer_steps_per_batch = epochs * t.rollout_batch_size // t.train_batch_size
-    if cfg.sync.strategy == "on_policy" and optimizer_steps_per_batch != 1:
-        raise UserFacingError(
-            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch={epochs} "
-            f"and train.rollout_batch_size/train.train_batch_size={t.rollout_batch_size // t.train_batch_size} "
-            "give more: use sync=multi_epoch, or set train.train_batch_size=train.rollout_batch_size and one epoch"
-        )
-    if optimizer_steps_per_batch > 1 and cfg.loss.type != "grpo_clip":
-        raise UserFacingError(
-            f"{optimizer_steps_per_batch} optimizer steps per rollout batch make later steps off-policy, which "
-            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
-        )
+    validate_sync(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     if cfg.normalization.length_constant is not None and cfg.normalization.length_constant <= 0:

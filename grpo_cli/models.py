@@ -517,8 +517,9 @@ def _build_tiny_random(
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # head_dim 32: the smallest head size vLLM's CPU attention kernels accept (rollout=vllm tests use it).
+        num_attention_heads=2,
+        num_key_value_heads=1,
         intermediate_size=128,
         max_position_embeddings=2048,
         tie_word_embeddings=True,

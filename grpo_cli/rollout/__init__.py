@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import HFRolloutEngine
 
 
@@ -22,6 +22,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutEngine",
     "SamplingSettings",
+    "WeightSyncError",
     "build_rollout_engine",
     "render_prompts",
 ]

@@ -11,6 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from grpo_cli.errors import UserFacingError
+
+
+class WeightSyncError(UserFacingError):
+    """An engine's weights could not be brought in line with the policy (timeout, failure, log-prob mismatch)."""
+
 
 @dataclass(frozen=True)
 class SamplingSettings:

@@ -33,6 +33,39 @@ def shape_table(rows: list[tuple[str, Any]], title: str) -> Table:
     return table
 
 
+# The end-of-run table of mean time per step: (metric, label, format).
+STEP_TIME_ROWS = (
+    ("time/generation_s", "generation (s)", "{:.2f}"),
+    ("time/scoring_s", "scoring (s)", "{:.2f}"),
+    ("time/old_log_probs_s", "old log-probs (s)", "{:.2f}"),
+    ("time/ref_log_probs_s", "reference log-probs (s)", "{:.2f}"),
+    ("time/training_s", "training (s)", "{:.2f}"),
+    ("time/sync_s", "weight sync (s)", "{:.2f}"),
+    ("time/waiting_s", "learner waiting for rollouts (s)", "{:.2f}"),
+    ("time/step_s", "step, wall time (s)", "{:.2f}"),
+    ("time/overlap_frac", "generation hidden behind training", "{:.0%}"),
+    ("sync/lag", "policy lag (versions)", "{:.2f}"),
+)
+
+
+# Phases a run skips when its loss and KL settings do not need them: left out of the table when ~0.
+OPTIONAL_PHASES = ("time/old_log_probs_s", "time/ref_log_probs_s")
+
+
+def step_time_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """Mean of each time-breakdown metric over the given train lines of metrics.jsonl."""
+    from grpo_cli.tracking.report import mean_step_breakdown
+
+    means = mean_step_breakdown(rows)
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("phase")
+    table.add_column("mean", justify="right")
+    for key, label, fmt in STEP_TIME_ROWS:
+        if key in means and not (key in OPTIONAL_PHASES and means[key] < 0.005):
+            table.add_row(label, fmt.format(means[key]))
+    return table
+
+
 def format_step_line(step: int, metrics: dict[str, Any]) -> str:
     parts = [f"step {step:>4}"]
     for key, label, fmt in STEP_LINE_KEYS:

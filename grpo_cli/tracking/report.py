@@ -32,7 +32,9 @@ PLOTS = (
     ("train/entropy", "train_entropy.png", "entropy (response tokens)"),
     ("train/clip_fraction", "train_clip_fraction.png", "clip fraction"),
 )
-# Mean seconds per training step; eval time is per evaluation.
+# Mean seconds per training step; eval time is per evaluation. With one_behind and replay_buffer the
+# generator's phases (generation, scoring, old log-probs) run while the learner trains, so the phases add up
+# to more than the step; `waiting` is the learner idle, waiting for a rollout batch.
 STEP_TIME_KEYS = (
     "time/step_s",
     "time/generation_s",
@@ -41,7 +43,20 @@ STEP_TIME_KEYS = (
     "time/ref_log_probs_s",
     "time/training_s",
     "time/sync_s",
+    "time/waiting_s",
 )
+# Per-step means that are not seconds: the share of generator time hidden behind training, and the policy lag.
+STEP_RATIO_KEYS = (("time/overlap_frac", "overlap"), ("sync/lag", "lag"))
+
+
+def mean_step_breakdown(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over the given metrics.jsonl train lines of each STEP_TIME_KEYS / STEP_RATIO_KEYS metric they log."""
+    means = {}
+    for key in (*STEP_TIME_KEYS, *(k for k, _ in STEP_RATIO_KEYS)):
+        values = [float(row[key]) for row in rows if _is_number(row.get(key))]
+        if values:
+            means[key] = sum(values) / len(values)
+    return means
 # Config keys that never make two runs different experiments (paths, logging, the report itself).
 IGNORED_KEY_PREFIXES = ("output_dir", "logger.", "report.", "verbose", "job.")
 SEED_KEYS = ("seed",)
@@ -191,11 +206,7 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
 def summarize(run: RunData, keys: list[str]) -> RunSummary:
     steps, rewards = run.series("eval/reward")
     best = max(range(len(rewards)), key=lambda i: rewards[i]) if rewards else None  # first best on ties
-    times: dict[str, float] = {}
-    for key in STEP_TIME_KEYS:
-        values = run.series(key)[1]
-        if values:
-            times[key] = sum(values) / len(values)
+    times = mean_step_breakdown(run.train)
     eval_times = run.series("time/eval_s")[1]
     if eval_times:
         times["time/eval_s"] = sum(eval_times) / len(eval_times)
@@ -286,10 +297,15 @@ def seeds_table(groups: list[tuple[str, list[RunData]]], summaries: dict[str, Ru
 
 def time_table(summaries: list[RunSummary]) -> str:
     """Mean seconds per step of each phase, and per evaluation; phases under 5 ms in every run are left out
-    (old/reference log-probs are skipped entirely when the loss and KL settings do not need them)."""
+    (old/reference log-probs are skipped entirely when the loss and KL settings do not need them). Then the
+    mean overlap (share of generator time hidden behind training) and policy lag, for runs that log them."""
     keys = [k for k in (*STEP_TIME_KEYS, "time/eval_s") if any(s.time_means_s.get(k, 0.0) >= 0.005 for s in summaries)]
-    header = ["run", *(k.removeprefix("time/").removesuffix("_s") for k in keys)]
-    rows = [[s.name, *(_fmt(s.time_means_s.get(k), ".2f") for k in keys)] for s in summaries]
+    ratios = [(k, label) for k, label in STEP_RATIO_KEYS if any(k in s.time_means_s for s in summaries)]
+    header = ["run", *(k.removeprefix("time/").removesuffix("_s") for k in keys), *(label for _, label in ratios)]
+    rows = [
+        [s.name, *(_fmt(s.time_means_s.get(k), ".2f") for k in (*keys, *(k for k, _ in ratios)))]
+        for s in summaries
+    ]
     return markdown_table(header, rows)
 
 
@@ -380,7 +396,14 @@ def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
     ]
     if seeds := seeds_table(groups, {s.name: s for s in summaries}):
         sections += ["## Across seeds", seeds]
-    sections += ["## Time per step (mean seconds; eval: per evaluation)", time_table(summaries)]
+    sections += [
+        "## Time per step (mean seconds; eval: per evaluation)",
+        time_table(summaries),
+        "With sync=one_behind or replay_buffer, generation, scoring and old log-probs run on the generator "
+        "while the learner trains, so the phases add up to more than the step; waiting is the learner idle, "
+        "waiting for a rollout batch; overlap is the share of the generator's time hidden behind training; lag "
+        "is how many policy versions the learner had moved past the weights that sampled (its mean per step).",
+    ]
     if plots:
         sections.append("## Plots")
         sections += [f"![{label}]({name})" for name, label in plots]

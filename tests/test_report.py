@@ -158,3 +158,24 @@ def test_differing_keys_treat_a_missing_key_as_a_difference_and_put_seed_last():
         flatten({"seed": 1, "a": {"b": 1, "x": 2}, "c": [1, 2]}),
     ]
     assert differing_keys(configs) == ["a.x", "seed"]
+
+
+def test_time_table_shows_waiting_overlap_and_lag_of_disaggregated_runs(tmp_path):
+    make_run(tmp_path / "runs" / "serial", lr=1e-5, seed=0, eval_rewards=[0.1, 0.2, 0.3])
+    overlapped = make_run(tmp_path / "runs" / "overlapped", lr=1e-5, seed=1, eval_rewards=[0.1, 0.2, 0.3])
+    lines = read_metric_lines(overlapped / "metrics.jsonl")
+    for line, (waiting, overlap, lag) in zip(
+        (line for line in lines if "train/reward" in line), [(2.0, 0.0, 0), (0.5, 0.75, 1)], strict=True
+    ):
+        line.update({"time/waiting_s": waiting, "time/overlap_frac": overlap, "sync/lag": lag})
+    (overlapped / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = write_report(str(tmp_path / "runs"), tmp_path / "out", Console(quiet=True))
+    means = {run["name"]: run["time_means_s"] for run in report["runs"]}
+    assert means["overlapped"]["time/waiting_s"] == pytest.approx(1.25)
+    assert means["overlapped"]["time/overlap_frac"] == pytest.approx(0.375)
+    assert means["overlapped"]["sync/lag"] == pytest.approx(0.5)
+    assert "time/waiting_s" not in means["serial"]  # a run that did not log it shows "-", not a made-up 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| run | step | generation | training | waiting | eval | overlap | lag |" in text
+    assert "| overlapped | 3.00 | 2.00 | 1.00 | 1.25 | 2.00 | 0.38 | 0.50 |" in text
+    assert "| serial | 3.00 | 2.00 | 1.00 | - | 2.00 | - | - |" in text

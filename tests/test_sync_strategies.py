@@ -87,7 +87,7 @@ def test_multi_epoch_takes_the_expected_optimizer_steps_and_computes_old_log_pro
 
 # --- Ray: one_behind and replay_buffer -------------------------------------------------------------------
 
-RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard")
+RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard", "ray_reaper")
 
 
 def ray_processes() -> set[int]:
@@ -194,6 +194,17 @@ def test_an_error_inside_an_actor_is_one_line_and_leaves_no_ray_process(tmp_path
     assert result.returncode == 2
     assert "could not load model.name_or_path" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_killed_run_leaves_no_ray_process(tmp_path, ray_installed):
+    # SIGKILL gives the run no chance to shut Ray down: its sentinel (grpo_cli/ray_reaper.py) must.
+    run_dir = tmp_path / "run"
+    process = start_grpo(["debug=smoke", "sync=one_behind", "train.steps=200", f"hydra.run.dir={run_dir}"], tmp_path)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(train_rows(run_dir)) >= 2)
+    process.kill()
+    process.communicate(timeout=60)
+    # the ray_installed fixture then checks that every Ray process (and the sentinel) is gone within 20 s
 
 
 def test_missing_ray_stops_the_cli_with_one_line(tmp_path, monkeypatch):

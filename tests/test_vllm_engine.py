@@ -44,9 +44,10 @@ def smollm2():
 
 
 def start_engine(model, tokenizer, **overrides):
-    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+    from grpo_cli.config import RolloutConfig
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine(model, tokenizer, VLLMSettings(**overrides))
+    return VLLMRolloutEngine(model, tokenizer, RolloutConfig(engine="vllm", **overrides))
 
 
 # --- no vLLM needed --------------------------------------------------------------------------------------------
@@ -229,9 +230,12 @@ def test_engines_start_again_in_the_same_process_after_close():
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_grpo_run_with_vllm_end_to_end(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_grpo_run_with_vllm_end_to_end(tmp_path, lora):
+    # With LoRA the engine receives the merged weights (base + B @ A * scale) at every sync.
     result = run_grpo(
         [
+            f"model.lora.enabled={str(lora).lower()}",
             "model=tiny_random",
             "rollout=vllm",
             "train.steps=2",

@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,26 +56,11 @@ class _DropHarmlessReloadWarning(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-@dataclass
-class VLLMSettings:
-    """What the engine is started with (from `rollout.*`; see conf/rollout/vllm.yaml)."""
-
-    dtype: torch.dtype = torch.float32
-    seed: int = 0
-    gpu_memory_utilization: float = 0.4
-    kv_cache_memory_gb: float | None = None
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False
-    enforce_eager: bool = True
-    sync_tolerance: float | None = None  # None: DEFAULT_TOLERANCE for the dtype
-    sync_timeout_s: float = 300.0
-    sync_probe: bool = True
-    extra_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tolerance(self) -> float:
-        return self.sync_tolerance if self.sync_tolerance is not None else DEFAULT_TOLERANCE.get(self.dtype, 0.5)
+def sync_tolerance(rollout: Any, dtype: torch.dtype) -> float:
+    """`rollout.sync_tolerance`, or the default for the engine's dtype when it is null."""
+    if rollout.sync_tolerance is not None:
+        return float(rollout.sync_tolerance)
+    return DEFAULT_TOLERANCE.get(dtype, 0.5)
 
 
 def require_vllm() -> None:
@@ -162,7 +146,8 @@ def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
 class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: VLLMSettings) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int = 0) -> None:
+        """`rollout`: the `rollout.*` config (grpo_cli.config.RolloutConfig); the vLLM keys are documented there."""
         require_vllm()
         # In-process engine: weight pushes are cheap tensor copies (design.md s7). Set before vllm is imported.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -174,7 +159,9 @@ class VLLMRolloutEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropHarmlessReloadWarning())
         self.model = model
         self.tokenizer = tokenizer
-        self.settings = settings
+        self.rollout = rollout
+        dtype = next(model.parameters()).dtype
+        self.tolerance = sync_tolerance(rollout, dtype)
         eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
@@ -187,21 +174,27 @@ class VLLMRolloutEngine:
                 model=str(self._skeleton),
                 tokenizer=str(self._skeleton),
                 load_format="dummy",  # the real weights come through sync_weights() below
-                dtype=str(settings.dtype).removeprefix("torch."),
-                seed=settings.seed,
-                enforce_eager=settings.enforce_eager,
-                gpu_memory_utilization=settings.gpu_memory_utilization,
-                tensor_parallel_size=settings.tensor_parallel_size,
-                enable_sleep_mode=settings.enable_sleep_mode and not self.on_cpu,
+                dtype=str(dtype).removeprefix("torch."),
+                seed=seed,
+                enforce_eager=rollout.enforce_eager,
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                tensor_parallel_size=rollout.tensor_parallel_size,
+                enable_sleep_mode=rollout.enable_sleep_mode and not self.on_cpu,
             )
-            kv_gb = settings.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
+            kv_gb = rollout.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
             if kv_gb:
                 kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
-            if settings.max_model_len:
-                kwargs["max_model_len"] = settings.max_model_len
-            kwargs.update(settings.extra_kwargs)
+            if rollout.max_model_len:
+                kwargs["max_model_len"] = rollout.max_model_len
+            kwargs.update(dict(rollout.vllm_kwargs or {}))
             started = time.perf_counter()
-            self.llm = LLM(**kwargs)
+            set_num_threads = torch.set_num_threads
+            try:
+                self.llm = LLM(**kwargs)
+            finally:
+                # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op; the trainer in
+                # this same process must keep control of its own thread count.
+                torch.set_num_threads = set_num_threads
             self.start_s = time.perf_counter() - started
         except Exception as error:
             shutil.rmtree(self._skeleton, ignore_errors=True)
@@ -215,22 +208,7 @@ class VLLMRolloutEngine:
 
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
-        r = cfg.rollout
-        settings = VLLMSettings(
-            dtype=next(model.parameters()).dtype,
-            seed=cfg.seed,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            kv_cache_memory_gb=r.kv_cache_memory_gb,
-            max_model_len=r.max_model_len,
-            tensor_parallel_size=r.tensor_parallel_size,
-            enable_sleep_mode=r.enable_sleep_mode,
-            enforce_eager=r.enforce_eager,
-            sync_tolerance=r.sync_tolerance,
-            sync_timeout_s=r.sync_timeout_s,
-            sync_probe=r.sync_probe,
-            extra_kwargs=dict(r.vllm_kwargs or {}),
-        )
-        return cls(model, tokenizer, settings)
+        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed)
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
@@ -287,16 +265,16 @@ class VLLMRolloutEngine:
                 )
             self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
-        metrics = {"time/sync_s": _run_with_time_limit(push, self.settings.sync_timeout_s, "the weight sync")}
-        if self.settings.sync_probe:
+        metrics = {"time/sync_s": _run_with_time_limit(push, self.rollout.sync_timeout_s, "the weight sync")}
+        if self.rollout.sync_probe:
             started = time.perf_counter()
             diff = self.probe_logprob_diff()
             metrics["sync/logprob_max_diff"] = diff
             metrics["time/sync_probe_s"] = time.perf_counter() - started
-            if not diff <= self.settings.tolerance:  # also catches NaN
+            if not diff <= self.tolerance:  # also catches NaN
                 raise WeightSyncError(
                     f"after the weight sync vLLM's log-probs differ from the trainer's by {diff:.3g} "
-                    f"(> rollout.sync_tolerance={self.settings.tolerance:g}) on the probe prompt: the engine is "
+                    f"(> rollout.sync_tolerance={self.tolerance:g}) on the probe prompt: the engine is "
                     "not sampling from the policy's weights; raise the tolerance only if the dtypes differ"
                 )
         return metrics
@@ -340,7 +318,7 @@ class VLLMRolloutEngine:
         Level 1 keeps the weights in host memory; level 2 would drop them and a wake-up would reload the
         original checkpoint from disk, silently reverting the policy.
         """
-        if self.settings.enable_sleep_mode and not self.on_cpu and not self.asleep:
+        if self.rollout.enable_sleep_mode and not self.on_cpu and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 

@@ -31,6 +31,7 @@ import torch
 from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.rollout import SamplingSettings, render_prompts
 
 ENGINES = ("hf", "vllm")
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.
@@ -107,7 +108,6 @@ def training_flops(non_embedding: int, vocab: int, hidden: int, tokens: int, res
 
 def run_benchmark(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     from grpo_cli.models import resolve_device, resolve_dtype
-    from grpo_cli.rollout import SamplingSettings, render_prompts
 
     engines = resolve_engines(list(cfg.job.engines))
     if cfg.sync.strategy not in ("on_policy", "multi_epoch"):
@@ -127,9 +127,7 @@ def run_benchmark(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
         engine_dir = output_dir / engine
         engine_dir.mkdir(parents=True, exist_ok=True)
         console.print(f"rollout={engine}: starting the trainer ...", highlight=False, markup=False)
-        results["engines"][engine] = _measure_engine(
-            run_cfg, engine_dir, console, peak, SamplingSettings, render_prompts
-        )
+        results["engines"][engine] = _measure_engine(run_cfg, engine_dir, console, peak)
     (output_dir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
     console.print(benchmark_table(results, cfg))
     console.print(f"wrote {output_dir / 'benchmark.json'}", highlight=False)
@@ -151,7 +149,7 @@ def _with_engine(cfg: Any, engine: str, steps: int) -> Any:
     return run_cfg
 
 
-def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float, settings_cls: Any, render: Any) -> dict:
+def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> dict:
     from grpo_cli.train import build_trainer
 
     started = time.perf_counter()
@@ -162,8 +160,8 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float, setti
         shape = trainer.shape
         # Rollout only: one fixed batch, every completion forced to max_tokens, so engines generate equal work.
         examples = trainer.train_examples[: shape.prompts_per_rollout_batch]
-        prompt_ids = render([e.prompt for e in examples], trainer.learner.tokenizer)
-        fixed = settings_cls(
+        prompt_ids = render_prompts([e.prompt for e in examples], trainer.learner.tokenizer)
+        fixed = SamplingSettings(
             n=shape.group_size,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import time
 
 import pytest
@@ -217,14 +216,20 @@ def test_a_sync_that_silently_does_nothing_stops_the_run():
 @pytest.mark.vllm
 def test_engines_start_again_in_the_same_process_after_close():
     # Hydra multirun runs sweep jobs one after another in one process.
+    import psutil  # a vLLM dependency
+
+    def children() -> set[int]:
+        return {child.pid for child in psutil.Process().children(recursive=True)}
+
+    # Other tests may have left their own helpers (e.g. the grader's subprocess): compare with what was there.
+    before = children()
     model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
     for _ in range(2):
         engine = start_engine(model, tokenizer, sync_probe=False)
         assert engine.generate(chat_prompts(tokenizer)[:1], SamplingSettings(max_tokens=4)).n_generated_tokens > 0
         engine.close()
-    # No engine worker outlives close() (the in-process engine starts none; `ps` itself is our only child).
-    children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
-    assert children.stdout.split() == ["ps"], children.stdout
+    # No engine worker outlives close() (the in-process engine starts none).
+    assert children() <= before
 
 
 @needs_vllm

@@ -76,12 +76,10 @@ def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     on the fly: merging into the module and unmerging afterwards would add rounding drift to the frozen base
     weights at every sync.
     """
-    try:
-        from peft import PeftModel
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # peft is a dependency, but the plain path must not need it
-        PeftModel = LoraLayer = None  # noqa: N806
-    if PeftModel is None or not isinstance(model, PeftModel):
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
         yield from model.state_dict().items()
         return
     base = model.get_base_model()
@@ -212,13 +210,11 @@ class VLLMRolloutEngine:
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
-        from vllm import SamplingParams
-
         self._wake()
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         # One seed per request; vLLM seeds its n samples seed, seed+1, ..., so requests are n seeds apart.
         params = [
-            self._sampling_params(SamplingParams, settings, seed=settings.seed + i * settings.n)
+            self._sampling_params(settings, seed=settings.seed + i * settings.n)
             for i in range(len(prompt_ids))
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -233,9 +229,11 @@ class VLLMRolloutEngine:
                 batch.truncated.append(not finished)
         return batch
 
-    def _sampling_params(self, sampling_params_cls: Any, settings: SamplingSettings, seed: int, **extra: Any) -> Any:
+    def _sampling_params(self, settings: SamplingSettings, seed: int, **extra: Any) -> Any:
+        from vllm import SamplingParams
+
         greedy = settings.temperature == 0
-        return sampling_params_cls(
+        return SamplingParams(
             n=settings.n,
             temperature=0.0 if greedy else settings.temperature,
             top_p=1.0 if greedy else settings.top_p,
@@ -281,10 +279,8 @@ class VLLMRolloutEngine:
 
     def probe_logprob_diff(self) -> float:
         """Largest |log p_vLLM - log p_trainer| over a few greedy tokens of the fixed probe prompt."""
-        from vllm import SamplingParams
-
         greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, seed=0)
-        params = self._sampling_params(SamplingParams, greedy, seed=0, logprobs=0)
+        params = self._sampling_params(greedy, seed=0, logprobs=0)
         output = self.llm.generate([{"prompt_token_ids": self.probe_ids}], params, use_tqdm=False)[0].outputs[0]
         ids = list(output.token_ids)
         engine_log_probs = torch.tensor([step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)])

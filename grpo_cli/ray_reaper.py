@@ -13,6 +13,7 @@ elsewhere it does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -89,10 +90,8 @@ def main(driver_pid: int) -> None:
     for pid, started in known.items():
         stat = _stat(pid)
         if stat is not None and stat[0] != "Z" and stat[2] == started:
-            try:
+            with contextlib.suppress(OSError):  # it exited between the check and the kill
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
+from grpo_cli.core import get_response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
 
 INSTALL_HINT = (
@@ -289,21 +290,18 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def trainer_log_probs(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
-        """log p(completion | prompt) per token under the trainer's model, in fp32."""
+        """log p(completion | prompt) per token under the trainer's model (the core API's log-probs, fp32)."""
         device = next(self.model.parameters()).device
-        input_ids = torch.tensor([prompt + completion], device=device)
+        batch = tokenize_prompt_and_output_ids([prompt], [completion], pad_token_id=0)
         was_training = self.model.training
         self.model.eval()
         try:
-            logits = self.model(input_ids=input_ids).logits[0, len(prompt) - 1 : -1].float()
+            out = get_response_log_probs(self.model, batch["input_ids"].to(device), batch["labels"].to(device))
         finally:
             self.model.train(was_training)
-        log_probs = logits.log_softmax(-1)
-        return log_probs.gather(-1, torch.tensor(completion, device=device)[:, None])[:, 0].cpu()
+        return out["log_probs"][batch["response_mask"].to(device)].float().cpu()
 
     def _render_probe(self) -> list[int]:
-        from grpo_cli.rollout.base import render_prompts
-
         prompt: Any = PROBE_MESSAGES if self.tokenizer.chat_template else PROBE_MESSAGES[0]["content"]
         return render_prompts([prompt], self.tokenizer)[0]
 

@@ -50,7 +50,9 @@ def main() -> None:
 
     register_configs()
     with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="config", overrides=["job=benchmark", "output_dir=/tmp/trl-keyword-baseline"]))
+        cfg = OmegaConf.to_object(
+            compose(config_name="config", overrides=["job=benchmark", "output_dir=/tmp/trl-keyword-baseline"])
+        )
     reward_fn = make_reward_fn(cfg.task)
     examples = load_examples(cfg.task, "train")
     dataset = Dataset.from_list([{"prompt": e.prompt, "ground_truth": e.ground_truth} for e in examples])
@@ -81,7 +83,11 @@ def main() -> None:
     )
     timer = StepTimer()
     trainer = GRPOTrainer(
-        model=model, reward_funcs=keyword_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        model=model,
+        reward_funcs=keyword_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         callbacks=[timer],
     )
     trainer.train()

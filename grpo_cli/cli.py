@@ -18,7 +18,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from grpo_cli.config import BatchShape, GRPOConfig, register_configs, validate_config
+from grpo_cli import jobs
+from grpo_cli.config import GRPOConfig, load_saved_config, register_configs, unknown_key_hint, validate_config
 from grpo_cli.errors import RunStopped, UserFacingError
 
 EXIT_USER_ERROR = 2
@@ -60,60 +61,14 @@ def sweep_group_name(sweep_dir: str, preset: str | None) -> str:
 
 
 def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Validate, print the batch shapes, then run the job. Raises UserFacingError on bad input.
+    """Validate, then run the job `job.name` names. Raises UserFacingError on bad input.
 
     overrides: the command-line overrides of this run (for the rerun command in run_info.json).
     """
     validate_config(cfg)
     output_dir = Path(cfg.output_dir)
     _check_output_dir(output_dir)
-    if cfg.job.name == "report":  # reads run directories only: no model, no torch import
-        from grpo_cli.tracking.report import write_report
-
-        return write_report(cfg.report.runs, Path(cfg.report.out or output_dir), console)
-    if cfg.job.name == "check_reward":  # scores the task's hand-made cases: no model, no data
-        from grpo_cli.check_reward import run_check_reward
-
-        return run_check_reward(cfg, console)
-
-    from grpo_cli.models import check_model_source, check_quantization, resolve_device
-    from grpo_cli.tasks import load_examples
-    from grpo_cli.tracking.console import shape_table
-    from grpo_cli.tracking.run_info import build_run_info, write_run_info
-
-    # Everything that can be checked without loading a model is checked now: a bad data file or model path
-    # must fail in a second, not after a minute of loading.
-    check_model_source(cfg.model.name_or_path)
-    check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
-    if cfg.rollout.engine == "vllm":
-        from grpo_cli.rollout.vllm_engine import require_vllm
-
-        require_vllm()
-    splits = ("train", "eval") if cfg.job.name in ("train", "benchmark") else ("eval",)
-    examples = {split: load_examples(cfg.task, split) for split in splits}
-    write_run_info(output_dir, build_run_info(cfg, examples, overrides or []), resumed=bool(cfg.resume))
-
-    if cfg.job.name == "train":
-        shape = BatchShape.from_config(cfg)
-        console.print(shape_table(shape.rows(), title=f"batch shapes ({cfg.sync.strategy}, {cfg.loss.type})"))
-        from grpo_cli.train import build_trainer
-
-        summary = build_trainer(cfg, output_dir, console).train()
-        console.print(
-            f"done: eval reward {summary['baseline/eval_reward']:.3f} (step 0) -> {summary['eval/reward']:.3f} "
-            f"(step {cfg.train.steps}); metrics in {output_dir / 'metrics.jsonl'}",
-            highlight=False,
-        )
-        return summary
-    if cfg.job.name == "benchmark":
-        from grpo_cli.benchmark import run_benchmark
-
-        return run_benchmark(cfg, output_dir, console)
-    if cfg.job.name == "baseline_eval":
-        from grpo_cli.evaluate import run_baseline_eval
-
-        return run_baseline_eval(cfg, output_dir, console)
-    raise UserFacingError(f"job={cfg.job.name} is not a known job")
+    return jobs.run_job(cfg.job.name, cfg, output_dir, console, overrides or [])
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -163,7 +118,7 @@ def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str]) -> Dict
     Only train.steps may change on the resuming command line, to extend a finished run.
     """
     run_dir = find_run_to_resume(resume, new_run_dir)
-    saved = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.load(run_dir / "config.yaml"))
+    saved = load_saved_config(run_dir / "config.yaml")  # under that run's task and rollout schemas
     saved.output_dir = str(run_dir)
     saved.resume = True
     for override in overrides:
@@ -173,8 +128,11 @@ def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str]) -> Dict
 
 
 # Parts of Hydra/OmegaConf messages that are noise on one line (or wrong advice: schema keys cannot be added).
-_HYDRA_NOISE = re.compile(r"\s*(full_key|reference_type|object_type)=?:?\s*\S+|\s*To append to your config use \S+|"
-                          r"\s*Config search path:.*$", re.DOTALL)
+_HYDRA_NOISE = re.compile(
+    r"\s*(full_key|reference_type|object_type)=?:?\s*\S+|\s*To append to your config use \S+|"
+    r"\s*Config search path:.*$",
+    re.DOTALL,
+)
 
 
 def _one_line(error: BaseException) -> str:
@@ -185,23 +143,30 @@ def _one_line(error: BaseException) -> str:
 
 
 def precheck_overrides(args: list[str]) -> None:
-    """Compose the config of a single run before Hydra does, so a typo'd key, a wrong type or an unknown
-    choice fails with one line and exit code 2 (Hydra itself prints several lines and exits 1).
+    """Compose the config of a single run before Hydra does, so a typo'd key (with the keys that node has), a
+    wrong type, a missing value or an unknown choice fails with one line and exit code 2 (Hydra itself prints
+    several lines and exits 1).
 
-    Multirun, flags (--help, --cfg) and hydra.* overrides are left to Hydra, which handles them itself.
+    Multirun, flags (--help, --cfg) and hydra.* overrides are left to Hydra, which handles them itself, except
+    -m with --cfg, which Hydra answers with a traceback.
     """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if any(arg.startswith("-") for arg in args):
+    flags = [arg.split("=", 1)[0] for arg in args if arg.startswith("-")]
+    if {"-m", "--multirun"} & set(flags) and {"-c", "--cfg"} & set(flags):  # Hydra: a traceback
+        _fail("--cfg shows one run's config: drop -m and give one value per key (grpo-run optim.lr=1e-5 --cfg job)")
+    if flags:
         return
     overrides = [arg for arg in args if not arg.lstrip("+~").startswith("hydra")]
     try:
         with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
-            compose(config_name="config", overrides=[*overrides, "output_dir=."])
+            OmegaConf.to_object(compose(config_name="config", overrides=[*overrides, "output_dir=."]))
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(f"{_one_line(e)} (grpo-run --help lists every group and its choices)")
+        hint = unknown_key_hint(e)  # an unknown key: the keys that node has (task=keyword's own, ...)
+        suffix = f": {hint}" if hint else " (grpo-run --help lists every group and its choices)"
+        _fail(f"{_one_line(e)}{suffix}")
 
 
 def main() -> None:

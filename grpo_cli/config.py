@@ -2,20 +2,52 @@
 
 Each dataclass is the schema of one group (conf/<group>/*.yaml fill it in). Because the primary config
 extends `grpo_config_schema`, a typo'd key (`optim.lrr=1`) or a wrong type (`train.steps=ten`) fails when
-Hydra composes the config, before anything is loaded. Cross-field rules that a type cannot express live in
-`validate_config`, which the CLI calls before any model loads.
+Hydra composes the config, before anything is loaded. Two groups have one schema per choice: `task` (each task
+has its own keys, `TASK_SCHEMAS`) and `rollout` (the sampling keys every engine shares, plus the vLLM keys
+for rollout=vllm, `ROLLOUT_SCHEMAS`), so `task=keyword task.min_words=3` fails as a typo would.
+
+A key with a fixed set of values is declared once with `choice(default, allowed)`; `validate_config`,
+`grpo-run --help` and `allowed_values(key)` all read that declaration. Cross-field rules that a type cannot
+express live in `validate_config`, which the CLI calls before any model loads.
 
 Every option is documented where it is defined (as in TRL's GRPOConfig).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from grpo_cli.errors import UserFacingError
+
+Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
+
+
+def choice(default: str, allowed: Choices) -> Any:
+    """A plain `str` field whose value must be one of `allowed`: what users type and `--cfg job` prints.
+
+    `allowed` is a tuple, or a function returning one where the list lives elsewhere (the torch core, a registry
+    defined below), so that the list is written once and importing this module stays free of torch.
+    """
+    return field(default=default, metadata={"choices": allowed})
+
+
+def _from_core(module: str, name: str) -> Callable[[], tuple[str, ...]]:
+    """The tuple `grpo_cli.core.<module>.<name>`, imported on first use (the core imports torch)."""
+    return lambda: tuple(getattr(importlib.import_module(f"grpo_cli.core.{module}"), name))
+
+
+# Sync strategies; the DISAGGREGATED ones run a generator and a learner as Ray actors.
+DISAGGREGATED: tuple[str, ...] = ("one_behind", "replay_buffer")
+SYNC_STRATEGIES: tuple[str, ...] = ("on_policy", "multi_epoch", *DISAGGREGATED)
+PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 
 
 @dataclass
@@ -38,20 +70,20 @@ class ModelConfig:
     # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
     # a local HF directory, or a .gguf file.
     name_or_path: str = MISSING
-    # auto | float32 | bfloat16 | float16. auto: bfloat16 on CUDA, float32 on CPU.
-    dtype: str = "auto"
-    # auto | cpu | cuda. auto: CUDA when available.
-    device: str = "auto"
+    # auto: bfloat16 on CUDA, float32 on CPU.
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
+    # auto: CUDA when available.
+    device: str = choice("auto", ("auto", "cpu", "cuda"))
     # Recompute activations in the backward pass: less memory, ~30% more compute.
     gradient_checkpointing: bool = False
     # Seed for the weights of randomly initialised models (model=tiny_random).
     init_seed: int = 0
-    # auto | no | bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
+    # bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
     # auto: bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs
     # emulate bf16 matmuls hundreds of times slower than fp32).
-    mixed_precision: str = "auto"
-    # none | 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
-    quantization: str = "none"
+    mixed_precision: str = choice("auto", ("auto", "no", "bf16"))
+    # 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
+    quantization: str = choice("none", ("none", "4bit"))
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
@@ -65,17 +97,29 @@ class RewardWeightsConfig:
     format: float = 0.0
     # The task's answer_reward alone (keyword: fraction of keywords present; json: fraction of right values).
     answer: float = 0.0
-    # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth.
+    # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth; medcalc: within an
+    # absolute task.answer_atol.
     numeric_close: float = 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Task schemas: TaskConfig holds the keys every task keeps; each task's schema adds the keys its TaskSpec reads
+# (TaskSpec.options and .reward_options, as `cfg.task.<key>`). To add a task `foo` with a key `foo_size`:
+#   1. here:  @dataclass class FooTaskConfig(TaskConfig): foo_size: int = 3   (a comment above each key)
+#             and "foo": FooTaskConfig in TASK_SCHEMAS below (registered as `foo_schema` in group `task`);
+#   2. conf/task/foo.yaml starts with   defaults: [foo_schema, _self_]   then `name: foo` and the values
+#      that differ from the schema's defaults.
+# The yaml files of `task` (and `rollout`) hold only the values of that choice; keys and defaults live here.
 
 
 @dataclass
 class TaskConfig:
-    # Task registry name: keyword | math | gsm8k | lipogram | json | regex_sum.
+    """task.*: the keys every task has."""
+
+    # Task registry name (grpo_cli.tasks.TASKS).
     name: str = MISSING
-    # Prompt style: chat (the tokenizer's chat template) | r1_zero | question_only. With r1_zero, generation
-    # also stops at "</answer>" (kept in the output).
-    prompt: str = "chat"
+    # chat: the tokenizer's chat template. With r1_zero, generation also stops at "</answer>" (kept in the output).
+    prompt: str = choice("chat", PROMPT_STYLES)
     # Local JSONL files overriding the task's own data (null: the task's default source).
     train_path: str | None = None
     eval_path: str | None = None
@@ -84,32 +128,93 @@ class TaskConfig:
     n_eval: int | None = 64
     # Seed of the synthetic data generator (independent of the training seed, so the eval set is stable).
     data_seed: int = 1234
-    # keyword task: how many keywords each prompt asks for.
-    keywords_per_prompt: int = 2
-    # math / gsm8k: the hub dataset read through `datasets` when no local path is given.
-    hub_dataset: str | None = None
-    hub_config: str | None = None
-    hub_train_split: str = "train"
-    hub_eval_split: str = "test"
-    # lipogram: the fewest words an answer may have (with the topic word) to be rewarded.
-    min_words: int = 10
-    # json: how many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
-    fields_per_prompt: int = 3
-    # regex_sum: numbers per paragraph, each in 1..max_number.
-    numbers_per_prompt: int = 4
-    max_number: int = 99
     # Weights of the reward components (RewardWeightsConfig); their weighted sum is the reward advantages use.
     reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
-    # numeric_close: relative tolerance (0.01: within 1% of the truth).
-    numeric_tolerance: float = 0.01
     # Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.
     reward_timeout_s: float = 10.0
 
 
 @dataclass
+class NumericCloseOptions:
+    """The numeric_close reward component's key (a mixin of the task schemas that offer numeric_close)."""
+
+    # numeric_close: relative tolerance (0.01: within 1% of the truth).
+    numeric_tolerance: float = 0.01
+
+
+@dataclass
+class KeywordTaskConfig(TaskConfig):
+    # How many keywords each prompt asks for.
+    keywords_per_prompt: int = 2
+
+
+@dataclass
+class HubTaskConfig(TaskConfig):
+    """A task read from a hub dataset through `datasets` when no local path is given."""
+
+    hub_dataset: str | None = None
+    hub_config: str | None = None
+    hub_train_split: str = "train"
+    hub_eval_split: str = "test"
+
+
+@dataclass
+class MathTaskConfig(HubTaskConfig):
+    pass
+
+
+@dataclass
+class GSM8KTaskConfig(NumericCloseOptions, HubTaskConfig):
+    pass
+
+
+@dataclass
+class LipogramTaskConfig(TaskConfig):
+    # The fewest words an answer may have (with the topic word) to be rewarded.
+    min_words: int = 10
+
+
+@dataclass
+class JsonTaskConfig(TaskConfig):
+    # How many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
+    fields_per_prompt: int = 3
+
+
+@dataclass
+class RegexSumTaskConfig(NumericCloseOptions, TaskConfig):
+    # Numbers per paragraph, each in 1..max_number.
+    numbers_per_prompt: int = 4
+    max_number: int = 99
+
+
+@dataclass
+class AdditionTaskConfig(TaskConfig):
+    pass
+
+
+@dataclass
+class MedcalcTaskConfig(HubTaskConfig):
+    # numeric_close: largest absolute difference from the ground truth's number that still counts.
+    answer_atol: float = 0.5
+
+
+# task name -> its schema, stored as `<name>_schema` in group `task` (conf/task/<name>.yaml extends it).
+TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
+    "keyword": KeywordTaskConfig,
+    "math": MathTaskConfig,
+    "gsm8k": GSM8KTaskConfig,
+    "lipogram": LipogramTaskConfig,
+    "json": JsonTaskConfig,
+    "regex_sum": RegexSumTaskConfig,
+    "addition": AdditionTaskConfig,
+    "medcalc": MedcalcTaskConfig,
+}
+
+
+@dataclass
 class LossConfig:
-    # no_baseline | reinforce_with_baseline | grpo_clip
-    type: str = "reinforce_with_baseline"
+    # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio.
+    type: str = choice("reinforce_with_baseline", _from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
     # PPO clip range epsilon for grpo_clip: ratios are clipped to [1 - cliprange, 1 + cliprange].
     cliprange: float = 0.2
 
@@ -117,10 +222,10 @@ class LossConfig:
 @dataclass
 class NormalizationConfig:
     # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO)
-    advantage: str = "std"
+    advantage: str = choice("std", ("std", "mean"))
     advantage_eps: float = 1e-6
     # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO)
-    length: str = "sequence_mean"
+    length: str = choice("sequence_mean", _from_core("train_step", "LENGTH_NORMALIZATIONS"))
     # The constant of length=constant; null means rollout.max_tokens.
     length_constant: float | None = None
 
@@ -130,21 +235,21 @@ class KLConfig:
     # Weight of the KL penalty to the frozen initial policy; 0 disables the penalty.
     beta: float = 0.0
     # k1: log p - log p_ref | k3: Schulman's non-negative estimator.
-    estimator: str = "k3"
+    estimator: str = choice("k3", _from_core("kl", "KL_ESTIMATORS"))
     # Measure KL every step even when beta == 0 (costs one reference forward per step).
     monitor: bool = False
 
 
 @dataclass
 class SyncConfig:
-    # How rollouts and updates interleave (README "Sync strategies"):
+    # How rollouts and updates interleave (docs/sync.md):
     #   on_policy: generate a rollout batch, take one optimizer step on it, repeat (one process).
     #   multi_epoch: several epochs / optimizer steps over each rollout batch (one process; needs grpo_clip).
     #   one_behind: the generator samples batch k+1 while the learner trains on batch k (Ray actors); the
     #     generator is never more than one policy version behind.
     #   replay_buffer: the generator keeps filling a bounded buffer of scored trajectories and each step trains
     #     on a uniform sample of it (Ray actors; needs grpo_clip).
-    strategy: str = "on_policy"
+    strategy: str = choice("on_policy", SYNC_STRATEGIES)
     # Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).
     epochs_per_rollout_batch: int = 1
     # Compute the old (behaviour) policy's log-probs once per rollout batch: null (default) when the loss needs
@@ -167,10 +272,17 @@ class SyncConfig:
     actor_gpus: float | None = None
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Rollout schemas: SamplingConfig holds the keys every engine has (all at rollout.<key> on the command line);
+# each engine's schema adds its own, registered as `<engine>_schema` in group `rollout`.
+
+
 @dataclass
-class RolloutConfig:
-    # hf: transformers generate.
-    engine: str = "hf"
+class SamplingConfig:
+    """rollout.*: the engine and the sampling keys every engine has."""
+
+    # hf: transformers generate on the policy | vllm: vLLM's offline engine (its own keys: VLLMRolloutConfig).
+    engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
     temperature: float = 1.0
     top_p: float = 1.0
     min_tokens: int = 4
@@ -181,7 +293,17 @@ class RolloutConfig:
     eval_temperature: float = 0.0
     # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
     max_batch_prompts: int | None = None
-    # --- vLLM only (rollout=vllm); see grpo_cli/rollout/vllm_engine.py ---
+
+
+@dataclass
+class HFRolloutConfig(SamplingConfig):
+    """rollout=hf: transformers generate() on the policy itself; the sampling keys only."""
+
+
+@dataclass
+class VLLMRolloutConfig(SamplingConfig):
+    """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
+
     # Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well below 0.9.
     gpu_memory_utilization: float = 0.4
     # KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with training).
@@ -200,6 +322,18 @@ class RolloutConfig:
     sync_timeout_s: float = 300.0
     # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+# rollout.engine -> its schema (the allowed values of rollout.engine), stored as `<engine>_schema`.
+ROLLOUT_SCHEMAS: dict[str, type[SamplingConfig]] = {"hf": HFRolloutConfig, "vllm": VLLMRolloutConfig}
+
+
+def rollout_config_for(rollout: SamplingConfig, engine: str) -> SamplingConfig:
+    """`rollout` moved to another engine: the same sampling keys, that engine's schema and defaults for the rest
+    (the benchmark runs one composed config on every engine)."""
+    schema = ROLLOUT_SCHEMAS[engine]
+    keep = {name: getattr(rollout, name) for name in _field_names(schema) if hasattr(rollout, name)}
+    return schema(**{**keep, "engine": engine})
 
 
 @dataclass
@@ -240,8 +374,9 @@ class OptimConfig:
 
 @dataclass
 class LoggerConfig:
-    # none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases.
-    backend: str = "none"
+    # none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases | tensorboard: metrics.jsonl and
+    # TensorBoard event files in <run dir>/tensorboard (the `tensorboard` extra).
+    backend: str = choice("none", ("none", "wandb", "tensorboard"))
     # W&B project, entity (user or team; null: your default) and group. A multirun fills a null group with
     # the sweep's name, so the runs of one sweep sit together.
     project: str = "grpo-cli"
@@ -250,20 +385,19 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
     # W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun).
     name: str | None = None
-    # online | offline | disabled. online without an API key, or without a server answering within
-    # init_timeout_s, logs offline instead (upload later with `wandb sync`).
-    mode: str = "offline"
+    # online without an API key, or without a server answering within init_timeout_s, logs offline instead
+    # (upload later with `wandb sync`).
+    mode: str = choice("offline", ("online", "offline", "disabled"))
     init_timeout_s: float = 15.0
-    # Log a W&B table of eval completions at evaluations whose step is a multiple of this (0: no tables),
-    # with at most samples_rows rows each.
+    # Log a W&B table (TensorBoard: a text entry) of eval completions at evaluations whose step is a multiple
+    # of this (0: none), with at most samples_rows rows each.
     samples_every: int = 1
     samples_rows: int = 32
 
 
 @dataclass
 class JobConfig:
-    # train | baseline_eval | report | check_reward | benchmark
-    name: str = "train"
+    name: str = choice("train", ("train", "baseline_eval", "report", "check_reward", "benchmark"))
     # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
     n_examples: int | None = None
     # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
@@ -285,12 +419,14 @@ class ReportConfig:
 @dataclass
 class GRPOConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    # One of TASK_SCHEMAS, picked by task=<name> (conf/task/<name>.yaml extends <name>_schema).
+    task: TaskConfig = MISSING
     loss: LossConfig = field(default_factory=LossConfig)
     normalization: NormalizationConfig = field(default_factory=NormalizationConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # One of ROLLOUT_SCHEMAS, picked by rollout=<engine>.
+    rollout: SamplingConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -305,9 +441,14 @@ class GRPOConfig:
     verbose: bool = True
 
 
+# Groups with one schema per choice: group -> {choice: schema}.
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {"task": TASK_SCHEMAS, "rollout": ROLLOUT_SCHEMAS}
+
+
 @dataclass(frozen=True)
 class BatchShape:
-    """The batch arithmetic of a run, derived once from the config (printed before any model loads)."""
+    """The batch arithmetic of a run and whether its updates are off-policy, derived once from the config
+    (printed before any model loads; validation and training both read it)."""
 
     prompts_per_rollout_batch: int
     completions_per_rollout_batch: int
@@ -318,6 +459,8 @@ class BatchShape:
     epochs_per_rollout_batch: int
     optimizer_steps_per_rollout_batch: int
     max_new_tokens: int
+    # sync.strategy
+    sync_strategy: str
 
     @classmethod
     def from_config(cls, cfg: Any) -> BatchShape:
@@ -333,7 +476,14 @@ class BatchShape:
             epochs_per_rollout_batch=epochs,
             optimizer_steps_per_rollout_batch=epochs * t.rollout_batch_size // t.train_batch_size,
             max_new_tokens=cfg.rollout.max_tokens,
+            sync_strategy=cfg.sync.strategy,
         )
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether an update may run on a policy that moved since the batch was sampled: several optimizer steps
+        per rollout batch, or a generator that runs behind the learner (the DISAGGREGATED strategies)."""
+        return self.optimizer_steps_per_rollout_batch > 1 or self.sync_strategy in DISAGGREGATED
 
     def rows(self) -> list[tuple[str, Any]]:
         return [
@@ -352,57 +502,213 @@ class BatchShape:
         ]
 
 
+def needs_old_log_probs(cfg: Any) -> bool:
+    """Whether old (behaviour) log-probs are computed once per rollout batch (sync.old_log_probs, null: when
+    needed). grpo_clip needs them whenever an update may run on a policy that moved since the rollout
+    (BatchShape.off_policy). With one on-policy step the ratio is exactly 1 and the current log-probs serve
+    (detached)."""
+    if cfg.sync.old_log_probs is not None:
+        return bool(cfg.sync.old_log_probs)
+    return cfg.loss.type == "grpo_clip" and BatchShape.from_config(cfg).off_policy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The declared choices, read back from the schemas.
+
+
+def _choices_of(cls: type, name: str) -> Choices | None:
+    """The `choice(...)` declaration of field `name`, also when a subclass only changes its default."""
+    for klass in cls.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and "choices" in declared.metadata:
+            return declared.metadata["choices"]
+    return None
+
+
+def _resolve(allowed: Choices) -> tuple[str, ...]:
+    return tuple(allowed()) if callable(allowed) else tuple(allowed)
+
+
+def _schema_fields(cls: type) -> Iterator[tuple[str, type | None]]:
+    """(field name, the field's dataclass type or None) for every field of a schema dataclass."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        yield f.name, hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def _walk_schema(cls: type, prefix: str = "") -> Iterator[tuple[str, Choices]]:
+    """(dotted key, declaration) of every choice field under schema `cls`, including each per-choice schema
+    of the groups in GROUP_SCHEMAS."""
+    for name, nested in _schema_fields(cls):
+        key = f"{prefix}{name}"
+        allowed = _choices_of(cls, name)
+        if allowed is not None:
+            yield key, allowed
+        if nested is not None:
+            for schema in (nested, *GROUP_SCHEMAS.get(key, {}).values()):
+                yield from _walk_schema(schema, f"{key}.")
+
+
+def choice_fields() -> dict[str, tuple[str, ...]]:
+    """Every choice key of the config and its allowed values, in schema order."""
+    return {key: _resolve(allowed) for key, allowed in dict(_walk_schema(GRPOConfig)).items()}
+
+
+def allowed_values(key: str) -> tuple[str, ...]:
+    """The allowed values of one choice key, e.g. allowed_values("rollout.engine") == ("hf", "vllm")."""
+    declared = dict(_walk_schema(GRPOConfig))
+    if key not in declared:
+        raise KeyError(f"{key} is not a choice key: one of {', '.join(declared)}")
+    return _resolve(declared[key])
+
+
+def _check_fields(node: Any, prefix: str = "") -> None:
+    """Every choice field holds one of its values, and no key was added beside the schema's (`+task.foo=1`)."""
+    extra = sorted(set(vars(node)) - _field_names(type(node)))
+    if extra:
+        hint = _keys_hint(prefix.rstrip("."), type(node), extra[0])
+        raise UserFacingError(f"{prefix}{extra[0]} is not a key: {hint}")
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        allowed = _choices_of(type(node), f.name)
+        if allowed is not None and value not in (values := _resolve(allowed)):
+            raise UserFacingError(f"{prefix}{f.name}={value} is not one of {', '.join(values)}")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _check_fields(value, f"{prefix}{f.name}.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registration, help text, saved configs.
+
+
+def _help_allowed_values() -> str:
+    """`grpo-run --help`'s list of every choice key and its values (${grpo_allowed_values:} in conf/config.yaml)."""
+    return "\n".join(f"{key}: {', '.join(values)}" for key, values in choice_fields().items())
+
+
+def _help_config_groups() -> str:
+    """Hydra's group list for --help (${grpo_config_groups:}), less the per-choice `*_schema` entries."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str) -> Iterator[str]:
+        for name in loader.list_groups(parent):
+            group = f"{parent}/{name}" if parent else name
+            if group != "hydra":
+                yield group
+                yield from groups(group)
+
+    lines = []
+    for group in sorted(groups("")):
+        options = [o for o in loader.get_group_options(group, ObjectType.CONFIG) if not o.endswith("_schema")]
+        if options:
+            lines.append(f"{group}: {', '.join(sorted(options))}")
+    return "\n".join(lines)
+
+
 def register_configs() -> None:
-    """Register the schemas so conf/config.yaml can extend `grpo_config_schema`."""
+    """Register the schemas (conf/config.yaml extends `grpo_config_schema`, conf/task/<name>.yaml extends
+    `<name>_schema`, conf/rollout/<engine>.yaml `<engine>_schema`) and the resolvers of the help text."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     cs.store(name="grpo_config_schema", node=GRPOConfig)
+    for group, schemas in GROUP_SCHEMAS.items():
+        for choice_name, schema in schemas.items():
+            cs.store(group=group, name=f"{choice_name}_schema", node=schema)
+    OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
+    OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
+
+
+def _keys_hint(parent: str, object_type: type, key: str) -> str:
+    """ "task=keyword has the keys name, ..., keywords_per_prompt (min_words is a key of task=lipogram)" """
+    schemas = GROUP_SCHEMAS.get(parent, {})
+    label = next((f"{parent}={name}" for name, schema in schemas.items() if schema is object_type), None)
+    keys = ", ".join(f.name for f in dataclasses.fields(object_type))
+    others = [f"{parent}={name}" for name, schema in schemas.items() if key in _field_names(schema)]
+    elsewhere = f" ({key} is a key of {' and '.join(others)})" if others else ""
+    return f"{label or parent or 'the config'} has the keys {keys}{elsewhere}"
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def unknown_key_hint(error: BaseException) -> str | None:
+    """For an OmegaConf "Key 'x' not in 'SomeConfig'" error (itself or its cause): which keys that node has,
+    and which other choice of its group has the key (see _keys_hint). None for other errors."""
+    for e in (error, error.__cause__):
+        object_type = getattr(e, "object_type", None)
+        full_key = getattr(e, "full_key", None)
+        if isinstance(object_type, type) and dataclasses.is_dataclass(object_type) and full_key:
+            parent, _, key = str(full_key).rpartition(".")
+            if key not in _field_names(object_type):  # else a known key with a bad value
+                return _keys_hint(parent, object_type, key)
+    return None
+
+
+def _schema_for(group: str, saved: Any, selector: str) -> type | None:
+    """The per-choice schema a saved group node was made with: the one its `selector` key (task.name,
+    rollout.engine) names, else (a test task's name) the one whose keys are exactly the saved keys."""
+    if not isinstance(saved, DictConfig):
+        return None
+    schemas = GROUP_SCHEMAS[group]
+    keys = set(saved.keys())
+    exact = (schema for schema in schemas.values() if _field_names(schema) == keys)
+    return schemas.get(str(saved.get(selector))) or next(exact, None)
+
+
+def load_saved_config(path: Path) -> DictConfig:
+    """A run directory's config.yaml under the schemas (GRPOConfig, with the task and rollout schemas of that
+    run), so that resuming checks it as a fresh run would. A bad key or value is a UserFacingError (one line).
+
+    Keys of another choice's schema are dropped from `task` and `rollout`: a config.yaml written before the
+    per-task schemas holds every task's keys, which that run's task never read.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        saved = OmegaConf.load(path)
+        base = OmegaConf.structured(GRPOConfig)
+        for group, selector in (("task", "name"), ("rollout", "engine")):
+            node = saved.get(group)
+            schema = _schema_for(group, node, selector)
+            if schema is None:
+                continue
+            base[group] = OmegaConf.structured(schema)
+            others = set().union(*map(_field_names, GROUP_SCHEMAS[group].values())) - _field_names(schema)
+            for key in [k for k in node.keys() if k in others]:
+                del node[key]
+        return OmegaConf.merge(base, saved)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = unknown_key_hint(e)
+        raise UserFacingError(f"{path}: {text}{': ' + hint if hint else ''}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Cross-field validation: every rule names the fields involved and what to write instead.
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "loss.type": ("no_baseline", "reinforce_with_baseline", "grpo_clip"),
-    "normalization.advantage": ("std", "mean"),
-    "normalization.length": ("sequence_mean", "constant"),
-    "kl.estimator": ("k1", "k3"),
-    "sync.strategy": ("on_policy", "multi_epoch", "one_behind", "replay_buffer"),
-    "rollout.engine": ("hf", "vllm"),
-    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "model.device": ("auto", "cpu", "cuda"),
-    "model.mixed_precision": ("auto", "no", "bf16"),
-    "model.quantization": ("none", "4bit"),
-    "task.prompt": ("chat", "r1_zero", "question_only"),
-    "logger.backend": ("none", "wandb"),
-    "logger.mode": ("online", "offline", "disabled"),
-    "job.name": ("train", "baseline_eval", "report", "check_reward", "benchmark"),
-}
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
 
 
 def validate_sync(cfg: Any) -> None:
     """The sync strategy's rules: how many optimizer steps per batch, which losses stay correct off-policy,
     and the replay buffer's bounds."""
     t, sync = cfg.train, cfg.sync
-    epochs = sync.epochs_per_rollout_batch
-    optimizer_steps_per_batch = epochs * t.rollout_batch_size // t.train_batch_size
-    if sync.strategy == "on_policy" and optimizer_steps_per_batch != 1:
+    shape = BatchShape.from_config(cfg)
+    steps = shape.optimizer_steps_per_rollout_batch
+    if sync.strategy == "on_policy" and steps != 1:
         raise UserFacingError(
-            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch={epochs} "
-            f"and train.rollout_batch_size/train.train_batch_size={t.rollout_batch_size // t.train_batch_size} "
-            "give more: use sync=multi_epoch, or set train.train_batch_size=train.rollout_batch_size and one epoch"
+            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch="
+            f"{shape.epochs_per_rollout_batch} and train.rollout_batch_size/train.train_batch_size="
+            f"{t.rollout_batch_size // t.train_batch_size} give more: use sync=multi_epoch, or set "
+            "train.train_batch_size=train.rollout_batch_size and one epoch"
         )
-    if optimizer_steps_per_batch > 1 and cfg.loss.type != "grpo_clip":
+    if steps > 1 and cfg.loss.type != "grpo_clip":
         raise UserFacingError(
-            f"{optimizer_steps_per_batch} optimizer steps per rollout batch make later steps off-policy, which "
+            f"{steps} optimizer steps per rollout batch make later steps off-policy, which "
             f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
         )
     if sync.strategy == "replay_buffer" and cfg.loss.type != "grpo_clip":
@@ -410,8 +716,7 @@ def validate_sync(cfg: Any) -> None:
             f"sync=replay_buffer trains on trajectories up to sync.max_staleness={sync.max_staleness} policy "
             f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
         )
-    off_policy = optimizer_steps_per_batch > 1 or sync.strategy in ("one_behind", "replay_buffer")
-    if cfg.loss.type == "grpo_clip" and off_policy and sync.old_log_probs is False:
+    if cfg.loss.type == "grpo_clip" and shape.off_policy and sync.old_log_probs is False:
         raise UserFacingError(
             f"loss=grpo_clip with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
             "sync.old_log_probs=false: drop that override (null computes them when needed)"
@@ -435,10 +740,16 @@ def validate_sync(cfg: Any) -> None:
 
 def validate_config(cfg: Any) -> None:
     """Check the rules a schema cannot express. Raises UserFacingError with a one-line message."""
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise UserFacingError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_object(cfg)
+    _check_fields(cfg)
+    engine_schema = ROLLOUT_SCHEMAS[cfg.rollout.engine]
+    if not isinstance(cfg.rollout, engine_schema):
+        chosen = next((name for name, s in ROLLOUT_SCHEMAS.items() if type(cfg.rollout) is s), "?")
+        raise UserFacingError(
+            f"rollout.engine={cfg.rollout.engine} with rollout={chosen}: pick the engine and its keys together "
+            f"with rollout={cfg.rollout.engine}"
+        )
 
     if cfg.model.quantization == "4bit" and not cfg.model.lora.enabled:
         raise UserFacingError(

@@ -49,6 +49,7 @@ from transformers import (
 )
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.runtime import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -92,60 +93,6 @@ class ModelLoadError(UserFacingError):
 
 
 # --------------------------------------------------------------------------------------------- device, dtype
-
-
-def resolve_device(device: str) -> torch.device:
-    """Turn `model.device` (auto | cpu | cuda | cuda:N) into a torch device.
-
-    "auto" picks CUDA when available, else the CPU. Asking for CUDA on a machine without it is an error rather
-    than a silent fallback: a run that was meant for a GPU would otherwise crawl along on the CPU.
-    """
-    name = device.strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(name)
-    except RuntimeError:
-        resolved = None
-    if resolved is None or resolved.type not in ("cpu", "cuda"):
-        raise ModelLoadError(f"model.device={device!r} is not a supported device: use auto, cpu or cuda")
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ModelLoadError(
-                f"model.device={device!r} but no CUDA device is available: use model.device=cpu or auto"
-            )
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ModelLoadError(
-                f"model.device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist: "
-                "use model.device=cuda"
-            )
-    return resolved
-
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Turn `model.dtype` (auto | float32 | bfloat16 | float16) into a torch dtype for `device`.
-
-    "auto" is bfloat16 on a CUDA device that supports it and float32 everywhere else: on the CPU the
-    parameters stay float32 (bf16 *autocast* is the trainer's business, not the stored weights').
-    """
-    name = dtype.strip().lower()
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name not in _DTYPES:
-        raise ModelLoadError(f"model.dtype={dtype!r} is not supported: use auto, float32, bfloat16 or float16")
-    return _DTYPES[name]
 
 
 # ------------------------------------------------------------------------------------- the embedded default
@@ -581,7 +528,7 @@ def load_policy(
 
     Args:
         name_or_path: any form listed in the module docstring.
-        device, dtype: from `resolve_device` / `resolve_dtype`.
+        device, dtype: from `grpo_cli.runtime.resolve_device` / `resolve_dtype`.
         seed: initialises the weights of `TINY_RANDOM`; pretrained weights ignore it.
         gradient_checkpointing: trade compute for activation memory (and turn off the KV cache).
         attn_implementation: e.g. "sdpa" or "eager"; None lets transformers choose (sdpa where supported).
@@ -660,6 +607,21 @@ def apply_lora(
         raise ModelLoadError(f"model.lora.target_modules={list(target_modules)}: {error}") from None
 
 
-def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
-    """Number of parameters of `model` (tied weights counted once), optionally only the trainable ones."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+def build_policy(model_cfg: Any, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The policy exactly as `model.*` describes it (dtype, quantization, LoRA adapters, gradient checkpointing)
+    and its tokenizer: the one loading path of every job, so none of them can ignore a model option."""
+    check_quantization(model_cfg.quantization, device)
+    model, tokenizer = load_policy(
+        model_cfg.name_or_path,
+        device,
+        resolve_dtype(model_cfg.dtype, device),
+        seed=model_cfg.init_seed,
+        gradient_checkpointing=model_cfg.gradient_checkpointing,
+        quantization=model_cfg.quantization,
+    )
+    lora = model_cfg.lora
+    if lora.enabled:
+        model = apply_lora(
+            model, lora.r, lora.alpha, lora.dropout, lora.target_modules, quantized=model_cfg.quantization != "none"
+        )
+    return model, tokenizer

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from grpo_cli.benchmark import matmul_peak_gflops, parameter_counts, resolve_engines, training_flops
 from grpo_cli.errors import UserFacingError
+from grpo_cli.jobs.benchmark import matmul_peak_gflops, parameter_counts, resolve_engines, training_flops
 from grpo_cli.models import TINY_RANDOM, load_policy
 from tests.conftest import run_grpo
 

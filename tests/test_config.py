@@ -61,7 +61,7 @@ def test_schema_rejects_typos_wrong_types_and_unknown_choices(override):
         (["sync=multi_epoch"], "use loss=grpo_clip"),
         (["sync.epochs_per_rollout_batch=2", "loss=grpo_clip"], "sync=on_policy takes one optimizer step"),
         (["train.group_size=1", "train.rollout_batch_size=16"], "train.group_size>=2"),
-        (["loss.type=ppo"], "loss.type='ppo' is not one of"),
+        (["loss.type=ppo"], "loss.type=ppo is not one of no_baseline, reinforce_with_baseline, grpo_clip"),
         (["rollout.min_tokens=100"], "rollout.min_tokens=100 exceeds rollout.max_tokens=48"),
         (["rollout.temperature=0"], "temperature > 0"),
         (["optim.lr=0"], "optim.lr=0.0 must be positive"),

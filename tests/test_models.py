@@ -23,13 +23,11 @@ from grpo_cli.models import (
     TINY_RANDOM,
     ModelLoadError,
     check_model_source,
-    count_parameters,
     embedded_model_dir,
     load_policy,
     load_tokenizer,
-    resolve_device,
-    resolve_dtype,
 )
+from grpo_cli.runtime import resolve_device, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -73,14 +71,14 @@ def test_resolve_device_auto_and_cpu() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_resolve_device_cuda_without_cuda_is_a_user_error() -> None:
-    with pytest.raises(ModelLoadError) as excinfo:
+    with pytest.raises(UserFacingError) as excinfo:
         resolve_device("cuda")
     assert _message(excinfo) == ("model.device='cuda' but no CUDA device is available: use model.device=cpu or auto")
     assert isinstance(excinfo.value, UserFacingError)
 
 
 def test_resolve_device_rejects_unknown_names() -> None:
-    with pytest.raises(ModelLoadError, match=r"model.device='gpu0' is not a supported device"):
+    with pytest.raises(UserFacingError, match=r"model.device='gpu0' is not a supported device"):
         resolve_device("gpu0")
 
 
@@ -90,7 +88,7 @@ def test_resolve_dtype() -> None:
     assert resolve_dtype("bfloat16", CPU) == torch.bfloat16
     assert resolve_dtype("bf16", CPU) == torch.bfloat16
     assert resolve_dtype("float16", CPU) == torch.float16
-    with pytest.raises(ModelLoadError, match=r"model.dtype='int8' is not supported: use auto, float32"):
+    with pytest.raises(UserFacingError, match=r"model.dtype='int8' is not supported: use auto, float32"):
         resolve_dtype("int8", CPU)
 
 
@@ -129,7 +127,7 @@ def test_tiny_random_model_shape_and_forward(tiny) -> None:
     # embeddings 49152*64 = 3,145,728 (tied with the LM head, counted once)
     # per layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 = 12,288; MLP 3*64*128 = 24,576; 2 norms 128 -> 36,992
     # total: 3,145,728 + 2*36,992 + final norm 64 = 3,219,776
-    assert count_parameters(model) == 3_219_776
+    assert model.num_parameters() == 3_219_776
     batch = tokenizer(["Hello there", "Hi"], padding=True, return_tensors="pt")
     with torch.no_grad():
         logits = model(**batch).logits
@@ -357,7 +355,7 @@ def test_embedded_cache_is_a_plain_float32_checkpoint(embedded_dir: Path) -> Non
 
 def test_embedded_model_answers_a_chat_prompt(embedded_dir: Path) -> None:
     model, tokenizer = load_policy(EMBEDDED_SMOLLM2, CPU, torch.float32)
-    assert count_parameters(model) == 134_515_008
+    assert model.num_parameters() == 134_515_008
     assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_cli.core import tokenize_prompt_and_output_ids
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.prompt_sharing import distinct_prompts, worth_sharing
 from grpo_cli.models import TINY_RANDOM, load_policy
-from grpo_cli.prompt_sharing import distinct_prompts, worth_sharing
-from grpo_cli.train import response_log_probs
 
 
 def group_batch():
@@ -35,9 +34,11 @@ def test_shared_prompt_forward_matches_the_plain_forward_values_and_gradients():
     results = []
     for share in (False, True):
         model.zero_grad(set_to_none=True)
-        log_probs, entropy = response_log_probs(
-            model, batch["input_ids"], batch["labels"], batch["response_mask"], with_entropy=True, share_prompts=share
+        mask = batch["response_mask"]
+        out = response_log_probs(
+            model, batch["input_ids"], batch["labels"], mask, return_token_entropy=True, share_prompts=share
         )
+        log_probs, entropy = out["log_probs"], out["token_entropy"][mask.bool()].mean()
         weights = torch.linspace(-1, 1, log_probs.numel()).reshape(log_probs.shape)  # any non-uniform loss
         (log_probs * weights).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -55,7 +56,7 @@ def test_shared_prompt_forward_matches_the_plain_forward_values_and_gradients():
 
 
 def test_tokens_through_model_counts_a_shared_prompt_once():
-    from grpo_cli.train import RolloutData, tokens_through_model
+    from grpo_cli.batch import RolloutData, tokens_through_model
 
     data = RolloutData(
         prompt_ids=[[1, 2, 3]] * 3 + [[4, 5]],

@@ -88,9 +88,9 @@ def test_response_mask_lines_up_with_sampled_ids(tiny):
         mask = tensors["response_mask"][row].bool()
         assert tensors["labels"][row][mask].tolist() == completion
     # and the sampled tokens' log-probs under the model are finite and match a full forward pass
-    from grpo_cli.train import response_log_probs
+    from grpo_cli.core import response_log_probs
 
-    lp, _ = response_log_probs(model, tensors["input_ids"], tensors["labels"], tensors["response_mask"])
+    lp = response_log_probs(model, tensors["input_ids"], tensors["labels"], tensors["response_mask"])["log_probs"]
     full = torch.log_softmax(model(tensors["input_ids"]).logits.float(), -1)
     expected = full.gather(-1, tensors["labels"].unsqueeze(-1)).squeeze(-1) * tensors["response_mask"]
     torch.testing.assert_close(lp, expected, atol=1e-5, rtol=1e-5)

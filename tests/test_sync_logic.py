@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
+from grpo_cli.batch import RolloutData
 from grpo_cli.config import validate_config
+from grpo_cli.drivers.versions import ReplayBuffer, check_lag, lag, overlap_fraction, staleness_stats
 from grpo_cli.errors import UserFacingError
-from grpo_cli.sync import ReplayBuffer, check_lag, lag, overlap_fraction, staleness_stats
-from grpo_cli.train import RolloutData
 from tests.conftest import compose_config
 
 
@@ -84,7 +84,7 @@ def test_staleness_never_exceeds_the_bound_under_any_interleaving():
 
 
 def test_replay_trajectories_round_trip_with_their_behaviour_log_probs():
-    from grpo_cli.disaggregated import join_trajectories, split_trajectories
+    from grpo_cli.drivers.ray_executor import join_trajectories, split_trajectories
 
     data = RolloutData(
         prompt_ids=[[1, 2], [1, 2]],
@@ -101,7 +101,7 @@ def test_replay_trajectories_round_trip_with_their_behaviour_log_probs():
 
 
 def test_rollout_metrics_of_several_batches_add_times_and_average_statistics():
-    from grpo_cli.disaggregated import combine_rollout_metrics
+    from grpo_cli.drivers.ray_executor import combine_rollout_metrics
 
     combined = combine_rollout_metrics(
         [{"train/reward": 1.0, "time/generation_s": 2.0}, {"train/reward": 0.0, "time/generation_s": 3.0}]
@@ -147,7 +147,7 @@ def test_valid_sync_combinations_pass(overrides):
 
 
 def test_missing_ray_is_one_line(monkeypatch):
-    from grpo_cli.disaggregated import import_ray
+    from grpo_cli.drivers.ray_executor import import_ray
 
     real_import = builtins.__import__
 

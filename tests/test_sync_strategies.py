@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_cli import train as train_module
+from grpo_cli import learner as learner_module
 from grpo_cli.config import validate_config
+from grpo_cli.drivers.loop import TrainingLoop
 from grpo_cli.tracking import read_metrics
 from tests.conftest import compose_config, run_grpo
 from tests.test_reliability import start_grpo, wait_for
@@ -38,7 +39,7 @@ def train_rows(run_dir: Path) -> list[dict]:
 def run_in_process(tmp_path: Path, overrides: list[str]) -> list[dict]:
     cfg = compose_config(["debug=smoke", "train.eval_every=0", *overrides], output_dir=str(tmp_path))
     validate_config(cfg)
-    train_module.build_trainer(cfg, tmp_path, Console(quiet=True)).train()
+    TrainingLoop(cfg, tmp_path, Console(quiet=True)).run()
     return train_rows(tmp_path)
 
 
@@ -57,14 +58,14 @@ def test_multi_epoch_takes_the_expected_optimizer_steps_and_computes_old_log_pro
     tmp_path, letter_e_task, monkeypatch
 ):
     calls = []
-    real = train_module.per_completion_log_probs
+    real = learner_module.per_completion_log_probs
 
     def counting(*args, **kwargs):
         result = real(*args, **kwargs)
         calls.append(all(t.is_inference() for t in result))  # computed under torch.inference_mode
         return result
 
-    monkeypatch.setattr(train_module, "per_completion_log_probs", counting)
+    monkeypatch.setattr(learner_module, "per_completion_log_probs", counting)
     # 3 epochs x (4 completions / 2 per train batch) = 6 optimizer steps per rollout batch
     rows = run_in_process(
         tmp_path,

@@ -8,22 +8,23 @@ from rich.console import Console
 
 from grpo_cli import tasks
 from grpo_cli.config import validate_config
+from grpo_cli.drivers.loop import TrainingLoop
+from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.tasks import Example, TaskSpec
 from grpo_cli.tracking import read_metrics
-from grpo_cli.train import GRPOTrainer, PromptSampler
 from tests.conftest import build_prompts, compose_config
 
 
 def run_trainer(tmp_path: Path, overrides: list[str], sharpen: float = 1.0) -> list[dict]:
     cfg = compose_config(["debug=smoke", "task.name=letter_e", *overrides], output_dir=str(tmp_path))
     validate_config(cfg)
-    trainer = GRPOTrainer(cfg, tmp_path, Console(quiet=True))
+    loop = TrainingLoop(cfg, tmp_path, Console(quiet=True))
     if sharpen != 1.0:
         # A fresh random model is uniform over 49k tokens: a bandit with 49k arms that no unit test can wait
         # for. Scaling the (tied) embeddings concentrates it on ~20 plausible tokens (entropy ~3 nats).
         with torch.no_grad():
-            trainer.model.get_input_embeddings().weight.mul_(sharpen)
-    trainer.train()
+            loop.executor.learner.model.get_input_embeddings().weight.mul_(sharpen)
+    loop.run()
     return read_metrics(tmp_path / "metrics.jsonl")
 
 

@@ -43,10 +43,10 @@ def smollm2():
 
 
 def start_engine(model, tokenizer, **overrides):
-    from grpo_cli.config import RolloutConfig
+    from grpo_cli.config import VLLMRolloutConfig
     from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine(model, tokenizer, RolloutConfig(engine="vllm", **overrides))
+    return VLLMRolloutEngine(model, tokenizer, VLLMRolloutConfig(engine="vllm", **overrides))
 
 
 # --- no vLLM needed --------------------------------------------------------------------------------------------

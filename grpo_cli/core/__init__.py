@@ -1,4 +1,4 @@
-"""The pure math of GRPO (design.md section 2): tokenization, log-probs, advantages, losses, the train step.
+"""The pure math of GRPO (docs/design.md section 2): tokenization, log-probs, advantages, losses, the train step.
 
 Imports torch only: no transformers at import time, no I/O, no Hydra.
 """
@@ -13,6 +13,7 @@ from grpo_cli.core.logprobs import (
     compute_entropy,
     get_response_log_probs,
     get_response_log_probs_from_logits,
+    response_log_probs,
 )
 from grpo_cli.core.losses import (
     POLICY_GRADIENT_LOSS_TYPES,
@@ -41,6 +42,7 @@ __all__ = [
     "masked_mean",
     "masked_normalize",
     "normalize_group_rewards",
+    "response_log_probs",
     "tokenize_prompt_and_output",
     "tokenize_prompt_and_output_ids",
 ]

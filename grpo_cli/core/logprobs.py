@@ -12,10 +12,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from grpo_cli.core.prompt_sharing import shared_prompt_response_hidden, worth_sharing
 
-def _in_float32(
-    fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor
-) -> torch.Tensor:
+
+def _in_float32(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor) -> torch.Tensor:
     """Apply ``fn(logits, *per_row)`` at float32 precision or better.
 
     Half-precision logits are upcast because log-probs and entropies are small differences of large numbers.
@@ -117,8 +117,78 @@ def get_response_log_probs(
         dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq); see
         :func:`get_response_log_probs_from_logits`. Nothing is masked.
     """
-    if attention_mask is None:
-        logits = model(input_ids).logits  # (B, T, V)
+    return response_log_probs(
+        model, input_ids, labels, return_token_entropy=return_token_entropy, attention_mask=attention_mask
+    )
+
+
+def response_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    response_mask: torch.Tensor | None = None,
+    return_token_entropy: bool = False,
+    temperature: float = 1.0,
+    share_prompts: bool = False,
+    attention_mask: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The one log-prob computation of the project: training, old and reference log-probs, evaluation and the
+    vLLM sync probe all call it, so what the probe checks is what the trainer optimizes.
+
+    Args:
+        model (nn.Module): the causal LM (a peft-wrapped one too).
+        input_ids, labels (torch.Tensor): (batch, seq), long, as :func:`tokenize_prompt_and_output_ids` builds.
+        response_mask (torch.Tensor | None): (batch, seq); when given, the LM head and the log-softmax run only
+            at these positions (over a 49k vocabulary they cost as much as the rest of the model, and prompt
+            positions are never scored) and the result is 0 elsewhere, in float32. None: every position, through
+            the model's own forward (the handout's :func:`get_response_log_probs`).
+        return_token_entropy (bool): also return each position's entropy (detached; 0 outside the mask).
+        temperature (float): score under softmax(logits / temperature), the distribution tokens were sampled
+            from.
+        share_prompts (bool): rows with the same prompt share one forward pass of it
+            (grpo_cli/core/prompt_sharing.py: same numbers, fewer FLOPs).
+        attention_mask (torch.Tensor | None): passed to the model's forward when no response_mask is given.
+
+    Returns:
+        dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq).
+    """
+    if response_mask is None:
+        kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+        logits = model(input_ids, **kwargs).logits  # (B, T, V)
+        if temperature != 1.0:
+            logits = logits / temperature
+        return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)
+
+    mask = response_mask.bool()
+    logits = _logits_at(model, input_ids, labels, mask, share_prompts)  # (N, V), N = response tokens
+    if temperature != 1.0:
+        logits = logits / temperature
+    out = get_response_log_probs_from_logits(logits, labels[mask], return_token_entropy=return_token_entropy)
+    result = {}
+    for key, values in out.items():
+        full = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+        full[mask] = values.float()
+        result[key] = full
+    return result
+
+
+def _logits_at(
+    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, share_prompts: bool
+) -> torch.Tensor:
+    """Next-token logits at the masked positions only, (N, V). Right padding needs no attention mask: causal
+    attention never lets a real token see the padding after it."""
+    decoder = model.get_decoder()
+    # Gradient checkpointing turns the KV cache off, and the shared pass needs it.
+    if share_prompts and not _recomputes_activations(model) and worth_sharing(input_ids, mask):
+        hidden = shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     else:
-        logits = model(input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)
+        hidden = decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
+    return model.get_output_embeddings()(hidden)
+
+
+def _recomputes_activations(model: nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the newer name first
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False

@@ -101,9 +101,7 @@ def _reinforce_with_baseline(policy_log_probs: torch.Tensor, inputs: dict) -> Lo
 
 
 def _grpo_clip(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_grpo_clip_loss(
-        inputs["advantages"], policy_log_probs, inputs["old_log_probs"], inputs["cliprange"]
-    )
+    return compute_grpo_clip_loss(inputs["advantages"], policy_log_probs, inputs["old_log_probs"], inputs["cliprange"])
 
 
 # loss_type -> (loss function, the optional arguments it requires)

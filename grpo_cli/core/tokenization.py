@@ -41,9 +41,7 @@ def tokenize_prompt_and_output_ids(
         ValueError: if the two lists differ in length or are empty.
     """
     if len(prompt_ids) != len(output_ids):
-        raise ValueError(
-            f"got {len(prompt_ids)} prompts but {len(output_ids)} outputs; pass one output per prompt"
-        )
+        raise ValueError(f"got {len(prompt_ids)} prompts but {len(output_ids)} outputs; pass one output per prompt")
     if len(prompt_ids) == 0:
         raise ValueError("got an empty batch; pass at least one prompt and output")
 
@@ -93,9 +91,7 @@ def tokenize_prompt_and_output(
     if pad_token_id is None:
         raise ValueError("the tokenizer has neither pad_token_id nor eos_token_id; set one to pad with")
     if len(prompt_strs) != len(output_strs):
-        raise ValueError(
-            f"got {len(prompt_strs)} prompts but {len(output_strs)} outputs; pass one output per prompt"
-        )
+        raise ValueError(f"got {len(prompt_strs)} prompts but {len(output_strs)} outputs; pass one output per prompt")
     if len(prompt_strs) == 0:
         raise ValueError("got an empty batch; pass at least one prompt and output")
 

@@ -47,8 +47,7 @@ def _check_inputs(
         raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
     if length_normalization not in LENGTH_NORMALIZATIONS:
         raise ValueError(
-            f"unknown length_normalization {length_normalization!r}; "
-            f"choose one of {list(LENGTH_NORMALIZATIONS)}"
+            f"unknown length_normalization {length_normalization!r}; choose one of {list(LENGTH_NORMALIZATIONS)}"
         )
     if length_normalization == "constant" and (normalize_constant is None or normalize_constant <= 0):
         raise ValueError(

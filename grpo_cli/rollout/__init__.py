@@ -1,21 +1,9 @@
-"""Rollout engines behind one interface: transformers generate (`rollout=hf`) and vLLM (`rollout=vllm`)."""
-
-from __future__ import annotations
-
-from typing import Any
+"""Rollout: engines behind one interface (transformers `generate`, vLLM), the worker that turns prompts into a
+scored rollout batch, scoring and held-out evaluation."""
 
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, WeightSyncError, render_prompts
+from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.hf import HFRolloutEngine
-
-
-def build_rollout_engine(cfg: Any, model: Any, tokenizer: Any) -> RolloutEngine:
-    """The engine `rollout.engine` names, sampling from `model` (colocated with the trainer)."""
-    if cfg.rollout.engine == "vllm":
-        from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine  # vLLM is an optional extra
-
-        return VLLMRolloutEngine.from_config(cfg, model, tokenizer)
-    return HFRolloutEngine(model, tokenizer, cfg.rollout.max_batch_prompts)
-
 
 __all__ = [
     "HFRolloutEngine",

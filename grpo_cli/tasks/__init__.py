@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
 from grpo_cli.tasks.base import (
     OPTIONAL_REWARD_KEYS,
     REWARD_KEYS,
@@ -28,13 +30,24 @@ from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
 from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
+from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, build_reward_fn, check_weights
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 
 TASKS: dict[str, TaskSpec] = {
-    task.name: task for task in (KEYWORD_TASK, MATH_TASK, GSM8K_TASK, LIPOGRAM_TASK, JSON_TASK, REGEX_SUM_TASK)
+    task.name: task
+    for task in (
+        KEYWORD_TASK,
+        MATH_TASK,
+        GSM8K_TASK,
+        LIPOGRAM_TASK,
+        JSON_TASK,
+        REGEX_SUM_TASK,
+        ADDITION_TASK,
+        MEDCALC_TASK,
+    )
 }
 
 
@@ -43,9 +56,10 @@ def load_jsonl_examples(
     prompt_style: str,
     n: int | None = None,
     parse_row: Any = parse_question_row,
+    prompt_format: Callable[[str, str], Prompt] = format_prompt,
 ) -> list[Example]:
-    """Read one JSON object per line with `parse_row` (by default {"question", "ground_truth"}); errors name the
-    file, the line and the field."""
+    """Read one JSON object per line with `parse_row` (by default {"question", "ground_truth"}) and wrap each
+    question with `prompt_format`; errors name the file, the line and the field."""
     examples = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -64,7 +78,7 @@ def load_jsonl_examples(
                     question, ground_truth, meta = parse_row(row)
                 except RowError as e:
                     raise TaskDataError(f"{path}:{line_no}: {e}") from None
-                examples.append(Example(format_prompt(question, prompt_style), ground_truth, meta))
+                examples.append(Example(prompt_format(question, prompt_style), ground_truth, meta))
                 if n is not None and len(examples) >= n:
                     break
     except OSError as e:
@@ -84,7 +98,7 @@ def load_examples(task_cfg: Any, split: str) -> list[Example]:
     path = task_cfg.train_path if split == "train" else task_cfg.eval_path
     n = task_cfg.n_train if split == "train" else task_cfg.n_eval
     if path:
-        return load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row)
+        return load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row, task.make_prompt)
     options = {key: getattr(task_cfg, key) for key in task.options}
     try:
         return task.build(split, n, task_cfg.data_seed, task_cfg.prompt, **options)
@@ -114,7 +128,22 @@ def reward_weights(task_cfg: Any) -> dict[str, float]:
 
 def validate_task_config(task_cfg: Any) -> None:
     """The task keys a schema cannot check (reward weights, time limit, tolerance); UserFacingError, one line."""
-    task = get_task(task_cfg.name)
+    try:
+        task = get_task(task_cfg.name)
+    except ValueError as e:
+        raise UserFacingError(f"task.name={task_cfg.name}: {e}") from None
+    # The task's schema (config.TASK_SCHEMAS, picked by task=<name>) must hold every key the task reads.
+    lacking = [key for key in (*task.options, *task.reward_options) if not hasattr(task_cfg, key)]
+    if lacking:
+        raise UserFacingError(
+            f"task.name={task.name} reads task.{lacking[0]}, which this task config does not have: "
+            f"choose the task with task={task.name}, not task.name={task.name}"
+        )
+    if task_cfg.prompt not in task.prompt_styles:
+        raise UserFacingError(
+            f"task.prompt={task_cfg.prompt} does not suit task={task.name}'s prompts and reward: "
+            f"use task.prompt={' or '.join(task.prompt_styles)}"
+        )
     try:
         check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
@@ -122,8 +151,9 @@ def validate_task_config(task_cfg: Any) -> None:
     timeout = task_cfg.reward_timeout_s
     if timeout < 0 or not math.isfinite(timeout):
         raise UserFacingError(f"task.reward_timeout_s={timeout} must be >= 0 (0: no time limit)")
-    if task_cfg.numeric_tolerance < 0:
-        raise UserFacingError(f"task.numeric_tolerance={task_cfg.numeric_tolerance} must be >= 0")
+    tolerance = getattr(task_cfg, "numeric_tolerance", 0.0)  # the tasks with a numeric_close component
+    if tolerance < 0:
+        raise UserFacingError(f"task.numeric_tolerance={tolerance} must be >= 0")
 
 
 def make_reward_fn(task_cfg: Any) -> RewardFn:
@@ -162,9 +192,11 @@ __all__ = [
     "prompt_stop_strings",
     "stop_strings",
     "validate_task_config",
+    "addition_reward_fn",
     "keyword_inclusion_reward_fn",
     "json_reward_fn",
     "lipogram_reward_fn",
+    "medcalc_reward_fn",
     "question_only_reward_fn",
     "r1_zero_reward_fn",
     "regex_sum_reward_fn",

@@ -75,6 +75,11 @@ class TaskSpec:
     reward_components: Callable[..., dict[str, RewardComponent]] | None = None
     # Task-specific keys of the task config passed to reward_components() as keyword arguments.
     reward_options: tuple[str, ...] = ()
+    # (question, prompt style) -> prompt, for local JSONL rows too; None: `format_prompt`. A task with its own
+    # system prompt or template (addition) sets it so a data file gets the same prompts as the built-in data.
+    prompt_format: Callable[[str, str], Prompt] | None = None
+    # The prompt styles the task's prompts and reward work under (validate_task_config rejects the others).
+    prompt_styles: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""
@@ -84,9 +89,13 @@ class TaskSpec:
         """The sanity cases of `reward_for(prompt_style)`."""
         return self.sanity_cases_by_prompt.get(prompt_style, self.sanity_cases)
 
+    def make_prompt(self, question: str, prompt_style: str) -> Prompt:
+        """A question wrapped in a prompt style the way this task's prompts are built."""
+        return (self.prompt_format or format_prompt)(question, prompt_style)
+
 
 def format_prompt(question: str, style: str) -> Prompt:
-    """Wrap a task's question in the configured prompt style (design.md section 3)."""
+    """Wrap a task's question in the configured prompt style (docs/design.md section 3)."""
     if style == "chat":
         return [{"role": "user", "content": question}]
     if style == "question_only":
@@ -97,7 +106,7 @@ def format_prompt(question: str, style: str) -> Prompt:
 
 
 def prompt_stop_strings(style: str) -> tuple[str, ...]:
-    """Stop strings a prompt style implies: r1_zero ends at its closing answer tag (design.md section 3), so
+    """Stop strings a prompt style implies: r1_zero ends at its closing answer tag (docs/design.md section 3), so
     nothing the model writes after the answer is generated or trained on."""
     return ("</answer>",) if style == "r1_zero" else ()
 

@@ -48,3 +48,20 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop metrics.jsonl lines logged after `last_step` (a resumed run logs them again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def baseline_eval_reward(path: Path) -> float:
+    """The step-0 evaluation's reward from metrics.jsonl (also right after a resume)."""
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["step"] == 0 and "eval/reward" in row:
+            return float(row["eval/reward"])
+    return float("nan")

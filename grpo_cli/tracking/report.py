@@ -57,6 +57,8 @@ def mean_step_breakdown(rows: list[dict[str, Any]]) -> dict[str, float]:
         if values:
             means[key] = sum(values) / len(values)
     return means
+
+
 # Config keys that never make two runs different experiments (paths, logging, the report itself).
 IGNORED_KEY_PREFIXES = ("output_dir", "logger.", "report.", "verbose", "job.")
 SEED_KEYS = ("seed",)
@@ -303,8 +305,7 @@ def time_table(summaries: list[RunSummary]) -> str:
     ratios = [(k, label) for k, label in STEP_RATIO_KEYS if any(k in s.time_means_s for s in summaries)]
     header = ["run", *(k.removeprefix("time/").removesuffix("_s") for k in keys), *(label for _, label in ratios)]
     rows = [
-        [s.name, *(_fmt(s.time_means_s.get(k), ".2f") for k in (*keys, *(k for k, _ in ratios)))]
-        for s in summaries
+        [s.name, *(_fmt(s.time_means_s.get(k), ".2f") for k in (*keys, *(k for k, _ in ratios)))] for s in summaries
     ]
     return markdown_table(header, rows)
 

@@ -1,6 +1,7 @@
 """The metrics-sink interface the trainer logs through, and the fan-out that feeds every backend at once.
 
-metrics.jsonl is always written (it is what `job=report` reads, offline); W&B is added with `logger=wandb`.
+metrics.jsonl is always written (it is what `job=report` reads, offline); W&B is added with `logger=wandb`,
+TensorBoard with `logger=tensorboard`.
 The trainer sees one sink and never knows which backends sit behind it.
 """
 
@@ -49,7 +50,7 @@ class FanOutSink:
 
 def _close_all(sinks: list[MetricsSink]) -> None:
     # Recursion instead of a loop so that every close() runs inside the previous one's `finally`: a failing
-    # JSONL close must not leave a W&B run open in a multirun process (design.md section 7).
+    # JSONL close must not leave a W&B run open in a multirun process (docs/design.md section 7).
     if not sinks:
         return
     try:
@@ -58,16 +59,28 @@ def _close_all(sinks: list[MetricsSink]) -> None:
         _close_all(sinks[1:])
 
 
-def build_metrics_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink:
-    """metrics.jsonl (+ eval/step_*.jsonl) in the run directory, plus W&B when `logger.backend=wandb`."""
-    sinks: list[MetricsSink] = [JsonlMetricsSink(output_dir / "metrics.jsonl")]
+def _backend_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink | None:
+    """The sink of `logger.backend` beside metrics.jsonl (none: no other)."""
+    # Imported here so that a run never pays for importing a backend it does not use (wandb, torch's TensorBoard).
     if cfg.logger.backend == "wandb":
-        # Imported here so that `logger=none` runs never pay for importing wandb.
         from grpo_cli.tracking.wandb_sink import WandbSink
 
-        try:
-            sinks.append(WandbSink.start(cfg, output_dir, console))
-        except BaseException:
-            sinks[0].close()
-            raise
+        return WandbSink.start(cfg, output_dir, console)
+    if cfg.logger.backend == "tensorboard":
+        from grpo_cli.tracking.tensorboard_sink import TensorBoardSink
+
+        return TensorBoardSink.start(cfg, output_dir, console)
+    return None
+
+
+def build_metrics_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink:
+    """metrics.jsonl (+ eval/step_*.jsonl) in the run directory, plus W&B or TensorBoard per `logger.backend`."""
+    sinks: list[MetricsSink] = [JsonlMetricsSink(output_dir / "metrics.jsonl")]
+    try:
+        backend = _backend_sink(cfg, output_dir, console)
+    except BaseException:
+        sinks[0].close()
+        raise
+    if backend is not None:
+        sinks.append(backend)
     return FanOutSink(sinks)

@@ -1,4 +1,4 @@
-"""The bookkeeping of the sync strategies (design.md section 1), as pure functions: no torch, no Ray.
+"""The bookkeeping of the sync strategies (docs/design.md section 1), as pure functions: no torch, no Ray.
 
 Policy versions count learner steps: version 0 is the initial policy and version k the weights after step k's
 updates. A rollout batch carries the version that sampled it (its behaviour policy). Its *lag* (or staleness:
@@ -19,8 +19,6 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# Strategies whose generator and learner run as separate Ray actors, concurrently.
-DISAGGREGATED = ("one_behind", "replay_buffer")
 # The largest lag one_behind allows: the generator is never more than one policy version behind.
 ONE_BEHIND_MAX_LAG = 1
 

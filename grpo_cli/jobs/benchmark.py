@@ -24,16 +24,22 @@ import importlib.util
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.table import Table
 
+from grpo_cli.config import allowed_values, rollout_config_for
+from grpo_cli.drivers.local import InProcessExecutor
+from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout import SamplingSettings, render_prompts
+from grpo_cli.rollout import render_prompts
+from grpo_cli.rollout.worker import sampling_settings
+from grpo_cli.runtime import autocast_factory, resolve_device, resolve_dtype, timed
+from grpo_cli.tasks import load_examples
 
-ENGINES = ("hf", "vllm")
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.
 BREAKDOWN = (
     ("generation", "time/generation_s"),
@@ -52,10 +58,11 @@ def resolve_engines(requested: list[str]) -> list[str]:
     for name in requested:
         if name == "auto":
             engines += ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") is not None else [])
-        elif name in ENGINES:
+        elif name in allowed_values("rollout.engine"):
             engines.append(name)
         else:
-            raise UserFacingError(f"job.engines contains {name!r}: use hf, vllm or auto")
+            engines_text = ", ".join(allowed_values("rollout.engine"))
+            raise UserFacingError(f"job.engines contains {name!r}: use {engines_text} or auto")
     return list(dict.fromkeys(engines))
 
 
@@ -106,9 +113,7 @@ def training_flops(non_embedding: int, vocab: int, hidden: int, tokens: int, res
     return 6.0 * non_embedding * tokens + 6.0 * vocab * hidden * response_tokens
 
 
-def run_benchmark(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
-    from grpo_cli.models import resolve_device, resolve_dtype
-
+def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     engines = resolve_engines(list(cfg.job.engines))
     if cfg.sync.strategy not in ("on_policy", "multi_epoch"):
         raise UserFacingError(
@@ -135,49 +140,44 @@ def run_benchmark(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
 
 
 def _uses_bf16(cfg: Any, device: torch.device) -> bool:
-    from grpo_cli.train import autocast_factory
-
     with autocast_factory(device, cfg.model.mixed_precision)():
         return torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == torch.bfloat16
 
 
 def _with_engine(cfg: Any, engine: str, steps: int) -> Any:
     run_cfg = copy.deepcopy(cfg)
-    run_cfg.rollout.engine = engine
+    run_cfg.rollout = rollout_config_for(cfg.rollout, engine)
     run_cfg.train.steps = steps
     run_cfg.logger.backend = "none"  # a benchmark's steps are not an experiment
     return run_cfg
 
 
 def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> dict:
-    from grpo_cli.train import build_trainer
-
+    """The real in-process executor a run uses, its steps timed exactly as a run logs them."""
     started = time.perf_counter()
-    trainer = build_trainer(cfg, output_dir, console)
+    examples = load_examples(cfg.task, "train")
+    executor = InProcessExecutor(cfg, output_dir, PromptSampler(examples, seed=cfg.seed))
     startup_s = time.perf_counter() - started
     try:
-        non_embedding, vocab, hidden = parameter_counts(trainer.model)
-        shape = trainer.shape
+        non_embedding, vocab, hidden = parameter_counts(executor.learner.model)
+        shape = executor.learner.shape
         # Rollout only: one fixed batch, every completion forced to max_tokens, so engines generate equal work.
-        examples = trainer.train_examples[: shape.prompts_per_rollout_batch]
-        prompt_ids = render_prompts([e.prompt for e in examples], trainer.learner.tokenizer)
-        fixed = SamplingSettings(
-            n=shape.group_size,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            min_tokens=cfg.rollout.max_tokens,
-            max_tokens=cfg.rollout.max_tokens,
-            seed=cfg.seed,
+        prompt_ids = render_prompts(
+            [e.prompt for e in examples[: shape.prompts_per_rollout_batch]], executor.worker.tokenizer
         )
-        engine = trainer.worker.engine
+        fixed = replace(
+            sampling_settings(cfg, shape.group_size, seed=cfg.seed), min_tokens=cfg.rollout.max_tokens, stop=()
+        )
+        engine = executor.worker.engine
         engine.generate(prompt_ids, fixed)  # warm-up
-        t0 = time.perf_counter()
-        fixed_batch = engine.generate(prompt_ids, fixed)
-        rollout_s = time.perf_counter() - t0
+        timings: dict[str, float] = {}
+        with timed(timings, "rollout_s"):
+            fixed_batch = engine.generate(prompt_ids, fixed)
+        rollout_s = timings["rollout_s"]
 
         steps = []
         for step in range(1, cfg.train.steps + 1):
-            metrics = trainer.train_step(step)
+            metrics, _nonfinite = executor.step(step)
             if step > cfg.job.warmup_steps:
                 steps.append(metrics)
             console.print(
@@ -187,9 +187,7 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
                 markup=False,
             )
     finally:
-        trainer.close()
-        if trainer.metrics_sink is not None:
-            trainer.metrics_sink.close()
+        executor.close()
 
     def median(key: str) -> float:
         return statistics.median(m.get(key, 0.0) for m in steps)

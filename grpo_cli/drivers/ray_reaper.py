@@ -61,7 +61,7 @@ def start_sentinel() -> subprocess.Popen | None:
     if not Path("/proc/self/stat").exists():
         return None
     return subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli.ray_reaper", str(os.getpid())],
+        [sys.executable, "-m", "grpo_cli.drivers.ray_reaper", str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -1,13 +1,13 @@
 """sync=one_behind and sync=replay_buffer: the generator and the learner run as Ray actors, concurrently.
 
-The driver (this process) owns what a run owns everywhere else: the prompt sampler, the metrics, evaluation
-scheduling, checkpoints, signals. Two actors do the work, each on its own copy of the policy:
+The training loop (drivers/loop.py) owns what a run owns everywhere: the prompt sampler, the metrics, evaluation
+scheduling, checkpoints, signals. This executor drives two actors, each with its own copy of the policy:
 
     generator  RolloutWorker: prompts -> generate -> score -> advantages -> behaviour log-probs
     learner    Learner: (reference log-probs) -> updates -> publishes its weights after every step
 
 Weights travel through Ray's object store: the learner puts CPU copies of its trainable tensors there (only the
-adapters with LoRA) and the driver hands that reference to the generator, whose `load_weights` call queues
+adapters with LoRA) and the executor hands that reference to the generator, whose `load_weights` call queues
 behind the batch it is sampling. Actor calls run in the order they were made, which is what bounds the lag:
 
     one_behind     step k: take batch k (sampled by version k-2 or k-1), ask for batch k+1 (sampled by the
@@ -27,25 +27,23 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpo_cli.batch import RolloutData
+from grpo_cli.config import BatchShape, needs_old_log_probs
+from grpo_cli.drivers.executor import step_metrics
+from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
+from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
 from grpo_cli.errors import RunStopped, UserFacingError
-from grpo_cli.ray_reaper import start_sentinel, stop_sentinel
-from grpo_cli.rollout import WeightSyncError
-from grpo_cli.sync import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
-from grpo_cli.train import (
-    GRPOTrainer,
-    Learner,
-    RolloutData,
-    RolloutWorker,
-    StepProgress,
-    step_metrics,
-    wants_old_log_probs,
-)
+from grpo_cli.learner import Learner
+from grpo_cli.rollout.worker import RolloutWorker
+from grpo_cli.tasks import Example
 
 
 def import_ray(strategy: str) -> Any:
@@ -100,27 +98,17 @@ def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]
     return combined
 
 
-class LearnerActor(Learner):
-    """The learner as a Ray actor. It is built by `start`, not by its constructor: an error raised while loading
-    (a bad model path) then reaches the driver as itself, where a failed actor constructor reports only text."""
+class Hosted:
+    """A Ray actor that builds its object in `start`, not in its constructor: an error raised while loading (a
+    bad model path) then reaches the driver as itself, where a failed actor constructor reports only text.
+    Every later call names the object's method: `actor.call.remote("learn", data, step)`."""
 
-    def __init__(self) -> None:
-        pass
+    def start(self, factory: Callable[..., Any], *args: Any) -> str:
+        self.target = factory(*args)
+        return self.target.describe()
 
-    def start(self, cfg: Any, output_dir: Path, threads: int) -> str:
-        Learner.__init__(self, cfg, output_dir, threads)
-        return self.describe()
-
-
-class GeneratorActor(RolloutWorker):
-    """The generator as a Ray actor, with its own copy of the policy (built by `start`, as LearnerActor)."""
-
-    def __init__(self) -> None:
-        pass
-
-    def start(self, cfg: Any, threads: int) -> str:
-        RolloutWorker.__init__(self, cfg, None, None, threads)
-        return self.describe()
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.target, method)(*args)
 
 
 @dataclass
@@ -131,18 +119,24 @@ class Request:
     sampler_state: dict[str, Any]  # the prompt sampler before this batch's prompts were drawn
 
 
-class DisaggregatedTrainer(GRPOTrainer):
-    """The driver of a one_behind or replay_buffer run (see the module docstring)."""
+class RayExecutor:
+    """The executor of a one_behind or replay_buffer run (see the module docstring)."""
 
-    # --- start, stop --------------------------------------------------------------------------------------
-    def start_components(self) -> None:
-        cfg = self.cfg
+    def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.sampler = sampler
+        self.shape = BatchShape.from_config(cfg)
+        self.with_old_log_probs = needs_old_log_probs(cfg)
         self.ray = ray = import_ray(cfg.sync.strategy)
         self.started_ray = False
         self.sentinel = None
         self.requests: list[Request] = []
         self.loads: list[Any] = []  # load_weights calls not checked yet
-        self.learner = self.worker = None
+        self.learner_actor = self.generator_actor = None
+        self.version = 0  # the learner's policy version
+        self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
+        self.buffer: ReplayBuffer[tuple] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
         cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
         t0 = time.perf_counter()
         if not ray.is_initialized():
@@ -154,53 +148,55 @@ class DisaggregatedTrainer(GRPOTrainer):
             if cfg.sync.ray_address is None:
                 # Room for both actors even when actor_cpus asks for more than this machine has (oversubscribed).
                 kwargs["num_cpus"] = max(os.cpu_count() or 1, 2 * cpus)
-            if cfg.sync.ray_address is None:
                 self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
             ray.init(address=cfg.sync.ray_address, **kwargs)
             self.started_ray = True
         ray_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
-        self.learner = ray.remote(LearnerActor).options(**options).remote()
-        self.worker = ray.remote(GeneratorActor).options(**options).remote()
+        self.learner_actor = ray.remote(Hosted).options(**options).remote()
+        self.generator_actor = ray.remote(Hosted).options(**options).remote()
         # Both load their policy copy at the same time.
-        self.device_text, _ = self.get(
-            [self.learner.start.remote(cfg, self.output_dir, cpus), self.worker.start.remote(cfg, cpus)]
+        device_text, _ = self.get_all(
+            [
+                self.learner_actor.start.remote(Learner, cfg, output_dir, cpus),
+                self.generator_actor.start.remote(RolloutWorker, cfg, None, None, cpus),
+            ]
         )
         self.load_s = time.perf_counter() - t0
-        self.console.print(
-            f"ray: {'local' if cfg.sync.ray_address is None else cfg.sync.ray_address} ready in {ray_s:.1f}s; "
-            f"generator and learner actors with {cpus} CPU(s){f' and {gpus:g} GPU(s)' if gpus else ''} each",
-            highlight=False,
+        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
+        self.device_text = (
+            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
+            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
         )
-        self.buffer: ReplayBuffer[tuple] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
-        self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
 
-    def after_start(self) -> None:
+    @property
+    def learner_version(self) -> int:
+        return self.version
+
+    def start(self, start_step: int) -> None:
         # The generator's copy starts from the learner's weights (fresh, or the resumed checkpoint's).
-        self.version = self.start_step
-        self.batch_counter = self.start_step
+        self.version = start_step
+        self.batch_counter = start_step
         self.publish(self.version)
 
     def close(self) -> None:
         """Stop both actors and the local Ray: no process may outlive the run, whatever ended it."""
-        ray = getattr(self, "ray", None)
-        if ray is None:
-            return
-        if getattr(self, "worker", None) is not None and not self.requests:
+        ray = self.ray
+        if self.generator_actor is not None and not self.requests:
             # Let the engine release what it holds; with a batch in flight the call would wait for it, and
             # killing the actor releases everything anyway.
             with contextlib.suppress(Exception):  # a dead actor has nothing left to close
-                ray.get(self.worker.close.remote(), timeout=10)
-        for actor in (getattr(self, "worker", None), getattr(self, "learner", None)):
+                ray.get(self.generator_actor.call.remote("close"), timeout=10)
+        for actor in (self.generator_actor, self.learner_actor):
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
-        self.worker = self.learner = None
+        self.generator_actor = self.learner_actor = None
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
-        stop_sentinel(getattr(self, "sentinel", None))
+        stop_sentinel(self.sentinel)
         self.sentinel = None
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
@@ -212,23 +208,29 @@ class DisaggregatedTrainer(GRPOTrainer):
                 raise error.cause from None
             raise
 
-    @property
-    def model(self) -> torch.nn.Module:
-        raise AttributeError("with a disaggregated strategy the policy lives in the learner actor")
-
-    @property
-    def reference(self) -> torch.nn.Module | None:
-        raise AttributeError("with a disaggregated strategy the reference lives in the learner actor")
+    def get_all(self, refs: list[Any]) -> list[Any]:
+        """Every result, after all have finished: when both actors fail to start, the second error is retrieved
+        too (an error nobody retrieves is printed by Ray as a traceback when its reference is dropped)."""
+        self.ray.wait(refs, num_returns=len(refs))
+        results, errors = [], []
+        for ref in refs:
+            try:
+                results.append(self.get(ref))
+            except Exception as error:  # noqa: BLE001 - re-raised below, the first one
+                errors.append(error)
+        if errors:
+            raise errors[0]
+        return results
 
     # --- checkpoints --------------------------------------------------------------------------------------
-    def resume_learner(self) -> tuple[int, dict[str, Any], list[str]]:
-        return self.get(self.learner.resume.remote())
+    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+        return self.get(self.learner_actor.call.remote("resume"))
 
     def save_checkpoint(self, step: int) -> Path:
         # Prompts of batches still in flight are not trained on yet: a resumed run draws them again. (The
         # replay buffer's contents are not saved: a resumed run starts with an empty buffer.)
         state = self.requests[0].sampler_state if self.requests else self.sampler.state()
-        return self.get(self.learner.save_checkpoint.remote(step, {"sampler": state}))
+        return self.get(self.learner_actor.call.remote("save_checkpoint", step, {"sampler": state}))
 
     # --- moving batches and weights -----------------------------------------------------------------------
     def request(self) -> None:
@@ -236,7 +238,7 @@ class DisaggregatedTrainer(GRPOTrainer):
         state = self.sampler.state()
         examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
         self.batch_counter += 1
-        ref = self.worker.produce.remote(examples, self.batch_counter, wants_old_log_probs(self.cfg, self.shape))
+        ref = self.generator_actor.call.remote("produce", examples, self.batch_counter, self.with_old_log_probs)
         self.requests.append(Request(ref, state))
 
     def receive(self) -> tuple[RolloutData, float]:
@@ -249,45 +251,29 @@ class DisaggregatedTrainer(GRPOTrainer):
         return data, waited
 
     def check_loads(self) -> None:
-        """Surface a failed weight load now, rather than as a lag error later."""
+        """Surface a failed weight load (a WeightSyncError) now, rather than as a lag error later."""
         if not self.loads:
             return
         done, self.loads = self.ray.wait(self.loads, num_returns=len(self.loads), timeout=0, fetch_local=False)
-        try:
-            self.get(done)
-        except WeightSyncError as error:
-            # The learner's last update is good: keep it (at its own step, which may be behind the driver's
-            # loop), then stop rather than sample from weights the engine did not take.
-            path = self.save_checkpoint(self.version)
-            raise RunStopped(
-                f"{error}; step {self.version}'s update is saved in {path}; after fixing it continue with: "
-                f"grpo-run resume={self.output_dir}",
-                exit_code=4,
-            ) from None
+        self.get(done)
 
     def publish(self, version: int) -> float:
         """Put the learner's weights into the object store and queue their load on the generator; returns the
         seconds the learner spent on it (the generator's load time comes back with its next batch)."""
         t0 = time.perf_counter()
-        weights = self.learner.trainable_weights.remote()
+        weights = self.learner_actor.call.remote("trainable_weights")
         self.ray.wait([weights], fetch_local=False)  # the driver never needs the tensors themselves
         seconds = time.perf_counter() - t0
-        self.loads.append(self.worker.load_weights.remote(weights, version))
+        self.loads.append(self.generator_actor.call.remote("load_weights", weights, version))
         return seconds
 
     # --- the steps ----------------------------------------------------------------------------------------
-    def train_step(self, step: int) -> dict[str, float]:
+    def step(self, step: int) -> tuple[dict[str, float], int]:
         if self.cfg.sync.strategy == "one_behind":
             return self.one_behind_step(step)
         return self.replay_step(step)
 
-    def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], float]:
-        """Train on `data` in the learner actor, then publish the new weights: (learner metrics, sync seconds)."""
-        learned, self.nonfinite_streak = self.get(self.learner.learn.remote(data, step))
-        self.version = step
-        return learned, self.publish(step)
-
-    def one_behind_step(self, step: int) -> dict[str, float]:
+    def one_behind_step(self, step: int) -> tuple[dict[str, float], int]:
         step_start = time.perf_counter()
         if not self.requests:  # the first step, or the first after a resume: nothing was prefetched
             self.request()
@@ -295,12 +281,14 @@ class DisaggregatedTrainer(GRPOTrainer):
         lag = check_lag(self.version, data.policy_version, ONE_BEHIND_MAX_LAG)
         if step < self.cfg.train.steps:
             self.request()  # batch k+1 is sampled while the learner trains on batch k
-        learned, sync_s = self.learn(data, step)
+        learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", data, step))
+        self.version = step
+        sync_s = self.publish(step)
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
-        return step_metrics(data.metrics, learned, timing, versions)
+        return step_metrics(data.metrics, learned, timing, versions), nonfinite_streak
 
-    def replay_step(self, step: int) -> dict[str, float]:
+    def replay_step(self, step: int) -> tuple[dict[str, float], int]:
         step_start = time.perf_counter()
         n = self.shape.completions_per_rollout_batch
         arrived: list[RolloutData] = []
@@ -314,14 +302,15 @@ class DisaggregatedTrainer(GRPOTrainer):
             self.keep_generating()
         entries = self.buffer.sample(n, self.version, random.Random(self.cfg.seed * 104_729 + step))
         versions = [e.version for e in entries]
-        learn_ref = self.learner.learn.remote(join_trajectories([e.item for e in entries], versions), step)
+        batch = join_trajectories([e.item for e in entries], versions)
+        learn_ref = self.learner_actor.call.remote("learn", batch, step)
         # While the learner trains, keep the generator busy and its batches flowing into the buffer.
         while True:
             ready, _ = self.ray.wait([learn_ref, *(r.ref for r in self.requests)], num_returns=1, fetch_local=False)
             if learn_ref in ready:
                 break
             arrived += self.harvest()
-        learned, self.nonfinite_streak = self.get(learn_ref)
+        learned, nonfinite_streak = self.get(learn_ref)
         self.version = step
         sync_s = self.publish(step)
         self.keep_generating()
@@ -334,13 +323,14 @@ class DisaggregatedTrainer(GRPOTrainer):
             "sync/reuse_mean": sum(e.uses for e in entries) / len(entries),
             "sync/new_batches": len(arrived),
             "sync/dropped_stale": self.buffer.dropped_stale,
+            "sync/dropped_full": self.buffer.dropped_full,
         }
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         rollout = combine_rollout_metrics([d.metrics for d in arrived])
         metrics = step_metrics(rollout, learned, timing, sync)
         if not arrived:  # no generator work finished during this step: overlap is undefined, not 0
             metrics.pop("time/overlap_frac")
-        return metrics
+        return metrics, nonfinite_streak
 
     def keep_generating(self) -> None:
         """replay_buffer: exactly one batch in flight, so the generator never idles and never runs far ahead
@@ -365,11 +355,13 @@ class DisaggregatedTrainer(GRPOTrainer):
         self.buffer.add(split_trajectories(data), data.policy_version)
 
     # --- evaluation ---------------------------------------------------------------------------------------
-    def evaluate_policy(
-        self, step: int, progress: StepProgress | None
+    def evaluate(
+        self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         # Queued behind the load of this step's weights, so it evaluates exactly the learner's current policy.
-        metrics, records, version = self.get(self.worker.evaluate.remote(self.eval_examples))
+        metrics, records, version = self.get(self.generator_actor.call.remote("evaluate", examples))
         if version != self.version:
-            raise RuntimeError(f"evaluation at step {step} ran on policy version {version}, not {self.version}")
+            raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
+        if on_generated is not None:
+            on_generated(len(records))  # the actor cannot call back: the bar completes when the result arrives
         return metrics, records

@@ -8,6 +8,7 @@ disagreement is an error (exit code 2). No model, no tokenizer, no data set is l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -32,7 +33,7 @@ def score_case(reward_fn: Any, case: SanityCase) -> tuple[float | None, str]:
         return None, f"{type(e).__name__}: {e}"
 
 
-def run_check_reward(cfg: Any, console: Console) -> dict[str, Any]:
+def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
     """Print the sanity-case table of `cfg.task`; raise UserFacingError when any case disagrees."""
     task = get_task(cfg.task.name)
     cases = task.cases_for(cfg.task.prompt)

@@ -1,0 +1,80 @@
+"""The scored rollout batch: what the rollout worker hands the learner, and how it is cut into microbatches.
+
+Both sides use it (the worker also computes behaviour log-probs for the Ray strategies), so it sits below both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+
+
+@dataclass
+class RolloutData:
+    """One scored rollout batch, per completion, ready to be cut into microbatches."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    raw_rewards: torch.Tensor  # (n,)
+    advantages: torch.Tensor  # (n,)
+    old_log_probs: list[torch.Tensor] | None = None  # per completion, (len_i,)
+    ref_log_probs: list[torch.Tensor] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
+    policy_version: int = 0  # the version of the weights that sampled it (the oldest, for a replay sample)
+
+
+def make_microbatch(
+    data: RolloutData, indices: list[int], pad_token_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The rows `indices` of `data` as right-padded tensors on `device`: input_ids, labels, response_mask (B, T),
+    old/reference log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1)."""
+    batch = tokenize_prompt_and_output_ids(
+        [data.prompt_ids[i] for i in indices], [data.completion_ids[i] for i in indices], pad_token_id
+    )
+    batch = {k: v.to(device) for k, v in batch.items()}
+    mask = batch["response_mask"].bool()
+    for name in ("old_log_probs", "ref_log_probs"):
+        per_sample = getattr(data, name)
+        if per_sample is not None:
+            # Row-major order of mask positions == per-completion order of the stored token log-probs.
+            full = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+            full[mask] = torch.cat([per_sample[i] for i in indices]).to(device)
+            batch[name] = full
+    batch["raw_rewards"] = data.raw_rewards[indices].unsqueeze(1).to(device)  # (B, 1)
+    batch["advantages"] = data.advantages[indices].unsqueeze(1).to(device)  # (B, 1)
+    return batch
+
+
+def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
+    """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
+    completions = sum(len(data.completion_ids[i]) for i in indices)
+    if share_prompts:
+        distinct = {tuple(data.prompt_ids[i]) for i in indices}
+        if len(distinct) < len(indices):  # response_log_probs shares only then
+            return completions + sum(len(p) for p in distinct)
+    return completions + sum(len(data.prompt_ids[i]) for i in indices)
+
+
+@torch.inference_mode()
+def per_completion_log_probs(
+    model: torch.nn.Module,
+    data: RolloutData,
+    microbatch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    share_prompts: bool = False,
+) -> list[torch.Tensor]:
+    """Response-token log-probs of every completion under `model` (old or reference policy), no grad."""
+    result: list[torch.Tensor] = []
+    for start in range(0, len(data.completion_ids), microbatch_size):
+        indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
+        batch = make_microbatch(data, indices, pad_token_id, device)
+        mask = batch["response_mask"].bool()
+        log_probs = response_log_probs(model, batch["input_ids"], batch["labels"], mask, share_prompts=share_prompts)[
+            "log_probs"
+        ]
+        result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
+    return result

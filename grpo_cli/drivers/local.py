@@ -1,0 +1,70 @@
+"""sync=on_policy and sync=multi_epoch: generation and learning take turns on one model in this process."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.drivers.executor import step_metrics
+from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.versions import lag
+from grpo_cli.learner import Learner
+from grpo_cli.rollout.worker import RolloutWorker
+from grpo_cli.tasks import Example
+
+
+class InProcessExecutor:
+    """The learner and a rollout worker that samples from the learner's own model (no weights to copy)."""
+
+    def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
+        self.sampler = sampler
+        self.learner = Learner(cfg, output_dir)
+        self.worker = RolloutWorker(cfg, self.learner.model, self.learner.tokenizer)
+        self.prompts_per_step = self.learner.shape.prompts_per_rollout_batch
+        self.load_s = self.learner.load_s
+        self.device_text = self.learner.describe()
+
+    @property
+    def learner_version(self) -> int:
+        return self.learner.version
+
+    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+        return self.learner.resume()
+
+    def start(self, start_step: int) -> None:
+        self.worker.version = start_step
+
+    def save_checkpoint(self, step: int) -> Path:
+        return self.learner.save_checkpoint(step, {"sampler": self.sampler.state()})
+
+    def step(self, step: int) -> tuple[dict[str, float], int]:
+        """Produce a scored rollout batch with the current weights, learn from it, let the engine catch up."""
+        step_start = time.perf_counter()
+        examples = self.sampler.next_batch(self.prompts_per_step)
+        data = self.worker.produce(examples, batch_number=step)
+        # The learner sat idle for all of it: waiting == the producer's time, overlap 0.
+        waiting_s = time.perf_counter() - step_start
+        learned, nonfinite_streak = self.learner.learn(data, step)
+        sync = self.worker.sync_weights(version=step)
+        timing = {
+            "time/step_s": time.perf_counter() - step_start,
+            "time/waiting_s": waiting_s,
+            "time/sync_s": sync.pop("time/sync_s", 0.0),
+        }
+        # Generation and training take turns on the same weights: every batch is trained on at lag 0.
+        versions = {"sync/policy_version": data.policy_version, "sync/lag": lag(step - 1, data.policy_version)}
+        return step_metrics(data.metrics, learned, timing, {**sync, **versions}), nonfinite_streak
+
+    def evaluate(
+        self, examples: list[Example], on_generated: Callable[[int], None] | None
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        metrics, records, _version = self.worker.evaluate(examples, on_generated=on_generated)
+        return metrics, records
+
+    def close(self) -> None:
+        worker = getattr(self, "worker", None)
+        if worker is not None:
+            worker.close()
+            self.worker = None

@@ -1,0 +1,204 @@
+"""The training loop, written once for every sync strategy (docs/design.md section 1):
+
+    evaluate at step 0
+    for each step: executor.step (sample prompts -> generate -> score -> advantages -> update -> sync weights)
+                   log it; evaluate when due; at the safe point after the step: checkpoint when due, stop on a
+                   signal or on divergence
+
+Where generation and learning run is the executor's business (drivers/executor.py): in this process, or as
+Ray actors. The loop owns what a run owns everywhere: the prompt sampler, the metrics, the evaluation schedule,
+checkpoints, signals and resuming.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from grpo_cli.config import DISAGGREGATED
+from grpo_cli.drivers.executor import Executor
+from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.errors import RunStopped
+from grpo_cli.rollout import WeightSyncError
+from grpo_cli.runtime import timed
+from grpo_cli.tasks import load_examples
+from grpo_cli.tracking import baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
+from grpo_cli.tracking.console import (
+    StepProgress,
+    format_eval_line,
+    format_step_line,
+    generation_progress,
+    step_time_table,
+)
+
+
+def build_executor(cfg: Any, output_dir: Path, sampler: PromptSampler) -> Executor:
+    """The executor for cfg.sync.strategy: in-process, or generator and learner as Ray actors."""
+    if cfg.sync.strategy in DISAGGREGATED:
+        from grpo_cli.drivers.ray_executor import RayExecutor  # Ray is an optional extra
+
+        return RayExecutor(cfg, output_dir, sampler)
+    from grpo_cli.drivers.local import InProcessExecutor
+
+    return InProcessExecutor(cfg, output_dir, sampler)
+
+
+class TrainingLoop:
+    """One run: builds the executor, resumes if asked, runs the steps, evaluates, checkpoints, logs, stops
+    cleanly. `run()` returns the summary (the last step's metrics, the last evaluation, the step-0 reward)."""
+
+    def __init__(self, cfg: Any, output_dir: Path, console: Console) -> None:
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.console = console
+        self.train_examples = load_examples(cfg.task, "train")
+        self.eval_examples = load_examples(cfg.task, "eval")[: cfg.train.eval_examples or None]
+        self.sampler = PromptSampler(self.train_examples, seed=cfg.seed)
+        self.nonfinite_streak = 0  # as the learner counts it, after the last step
+        self.stop_signal: str | None = None
+        self.metrics_sink = None
+        self.executor: Executor | None = None
+        try:
+            self.executor = build_executor(cfg, output_dir, self.sampler)
+            # A resumed run restores weights, optimizer, RNG and data position, and forgets the metrics logged
+            # after its checkpoint (they are logged again, identically) before the metrics sink opens the file.
+            self.start_step = self._resume() if cfg.resume else 0
+            self.executor.start(self.start_step)
+            # metrics.jsonl always, plus W&B with logger=wandb; closed in run()'s `finally`.
+            self.metrics_sink = build_metrics_sink(cfg, output_dir, console)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.metrics_sink is not None:
+            self.metrics_sink.close()
+            self.metrics_sink = None
+        if self.executor is not None:
+            self.executor.close()
+
+    def _resume(self) -> int:
+        """Load the newest usable checkpoint of this run directory; returns its step."""
+        step, state, messages = self.executor.resume()
+        for message in messages:
+            self.console.print(message, highlight=False)
+        self.sampler.load_state(state["sampler"])
+        truncate_metrics(self.output_dir / "metrics.jsonl", step)
+        return step
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.train.checkpoint_every
+        return step == self.cfg.train.steps or (every > 0 and step % every == 0)
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        self.console.print(
+            f"policy {cfg.model.name} loaded in {self.executor.load_s:.1f}s on {self.executor.device_text}; "
+            f"{len(self.train_examples)} train / {len(self.eval_examples)} eval examples; run dir {self.output_dir}",
+            highlight=False,
+        )
+        summary: dict[str, float] = {}
+        previous_handlers = self._install_signal_handlers()
+        try:
+            if self.start_step == 0:
+                summary.update(self.run_eval(step=0))
+            summary["baseline/eval_reward"] = baseline_eval_reward(self.output_dir / "metrics.jsonl")
+            with StepProgress(cfg.train.steps, self.console, enabled=cfg.verbose) as progress:
+                progress.advance(self.start_step)
+                for step in range(self.start_step + 1, cfg.train.steps + 1):
+                    metrics = self._step(step)
+                    self.metrics_sink.log(metrics, step)
+                    progress.print(format_step_line(step, metrics))
+                    if cfg.train.eval_every and step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                        summary.update(self.run_eval(step, progress))
+                    progress.advance()
+                    summary.update(metrics)
+                    self._stop_if_asked(step)
+        finally:
+            _restore_signal_handlers(previous_handlers)
+            self.close()
+        if cfg.verbose:
+            rows = [r for r in read_metrics(self.output_dir / "metrics.jsonl") if "train/loss" in r]
+            title = f"time per step, mean over {len(rows)} steps ({cfg.sync.strategy})"
+            self.console.print(step_time_table(rows, title=title))
+        return summary
+
+    def _step(self, step: int) -> dict[str, float]:
+        try:
+            metrics, self.nonfinite_streak = self.executor.step(step)
+        except WeightSyncError as error:
+            # The learner's last update succeeded: keep it, then stop rather than sample from stale weights.
+            version = self.executor.learner_version
+            path = self.executor.save_checkpoint(version)
+            raise RunStopped(
+                f"{error}; step {version}'s update is saved in {path}; after fixing it continue with: "
+                f"grpo-run resume={self.output_dir}",
+                exit_code=4,
+            ) from None
+        return metrics
+
+    # --- safe points: checkpoints, signals, non-finite numbers ---------------------------------------------
+    def _stop_if_asked(self, step: int) -> None:
+        """After a whole step (the safe point): checkpoint when due, and stop on a signal or on divergence."""
+        limit = self.cfg.train.max_nonfinite_steps
+        stopping = self.stop_signal is not None or self.nonfinite_streak >= limit
+        if stopping or self._checkpoint_due(step):
+            path = self.executor.save_checkpoint(step)
+        if self.stop_signal is not None:
+            code = 130 if self.stop_signal == "SIGINT" else 143
+            raise RunStopped(
+                f"stopped by {self.stop_signal} after step {step}; checkpoint {path}; "
+                f"continue with: grpo-run resume={self.output_dir}",
+                exit_code=code,
+            )
+        if self.nonfinite_streak >= limit:
+            raise RunStopped(
+                f"loss or gradients were not finite in {limit} consecutive steps (last: step {step}); those "
+                f"updates were skipped and the weights in {path} are the last good ones: lower optim.lr or check "
+                "the reward function, then continue with: grpo-run resume=" + str(self.output_dir),
+                exit_code=3,
+            )
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM finish the current step, checkpoint and exit; a second SIGINT interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def request_stop(signum: int, _frame: Any) -> None:
+            if self.stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_signal = signal.Signals(signum).name
+            self.console.print(
+                f"{self.stop_signal} received: finishing this step, then writing a checkpoint "
+                "(press Ctrl-C again to stop at once, without one)",
+                highlight=False,
+            )
+
+        return {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    # --- evaluation ---------------------------------------------------------------------------------------
+    def run_eval(self, step: int, progress: StepProgress | None = None) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        with timed(timings, "time/eval_s"):
+            description = f"eval @ {step}"
+            with generation_progress(self.console, len(self.eval_examples), description, within=progress) as advance:
+                metrics, records = self.executor.evaluate(self.eval_examples, on_generated=advance)
+        metrics.update(timings)
+        self.metrics_sink.log_samples(records, step)  # eval/step_<step>.jsonl, and a W&B table
+        self.metrics_sink.log(metrics, step)
+        line = format_eval_line(step, metrics)
+        if progress is not None:
+            progress.print(line)
+        else:
+            self.console.print(line, highlight=False)
+        return metrics
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

@@ -1,0 +1,250 @@
+"""Phase 2 of a GRPO step: learn from one scored rollout batch.
+
+    (old log-probs, if needed and not given) -> reference log-probs -> epochs x train batches x microbatches
+    of updates
+
+The learner owns the trained policy, the optimizer, the KL reference and the checkpoints of all three (with the
+RNG states). In-process for on_policy and multi_epoch; a Ray actor for one_behind and replay_buffer.
+
+What it leaves out on purpose: no value model (the group mean is the baseline), no per-token rewards (one
+scalar per completion, broadcast over its tokens), and no re-tokenization of sampled text (it scores the exact
+token ids the rollout engine sampled, so the response mask cannot drift from what was generated).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_probs, tokens_through_model
+from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
+from grpo_cli.config import BatchShape, needs_old_log_probs
+from grpo_cli.core import grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli.models import build_policy
+from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+class Learner:
+    """Phase 2 of a step: learn from one scored rollout batch. (Old log-probs if needed and not given,)
+    reference log-probs, then epochs x train batches x microbatches of updates. Owns the trained policy, the
+    optimizer, the KL reference, and the checkpoints (weights, optimizer, RNG states).
+
+    In-process for on_policy and multi_epoch; a Ray actor for one_behind and replay_buffer.
+    """
+
+    def __init__(self, cfg: Any, output_dir: Path, threads: int = 0) -> None:
+        limit_threads(threads)
+        self.cfg = cfg
+        self.output_dir = Path(output_dir)
+        self.shape = BatchShape.from_config(cfg)
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.model.device)
+        timings: dict[str, float] = {}
+        with timed(timings, "load_s"):
+            self.model, self.tokenizer = build_policy(cfg.model, self.device)
+        self.load_s = timings["load_s"]
+        self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
+        self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor
+        # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
+        lora = cfg.model.lora.enabled
+        self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
+        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters,
+            lr=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            betas=tuple(cfg.optim.betas),
+            # One fused kernel over all parameters instead of a loop of per-tensor ops: 0.08 s instead of
+            # 0.41 s per step for SmolLM2-135M on this CPU (same update rule).
+            fused=self.device.type in ("cpu", "cuda"),
+        )
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.share_prompts = cfg.train.share_prompt_forward
+        self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
+        self.needs_old_log_probs = needs_old_log_probs(cfg)
+        self.nonfinite_streak = 0
+        self.version = 0  # optimizer passes over rollout batches so far: the step of the weights
+
+    def describe(self) -> str:
+        return f"{self.device} ({next(self.model.parameters()).dtype})"
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+        """Load the newest usable checkpoint of the run directory: (its step, trainer state, messages)."""
+        messages = []
+        for path in reversed(list_checkpoints(self.output_dir)):
+            problem = verify_checkpoint(path)
+            if problem is None:
+                try:
+                    checkpoint = load_checkpoint(path, self.model, self.optimizer)
+                except CheckpointError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a damaged file: fall back to the previous one
+                    problem = f"it cannot be read ({type(error).__name__}: {str(error)[:120]})"
+            if problem is not None:
+                messages.append(f"skipping checkpoint {path}: {problem}; trying the previous one")
+                continue
+            self.nonfinite_streak = int(checkpoint.state.get("nonfinite_streak", 0))
+            self.version = checkpoint.step
+            messages.append(f"resumed {self.output_dir} from {path.name} (step {checkpoint.step})")
+            return checkpoint.step, checkpoint.state, messages
+        raise CheckpointError(
+            f"no usable checkpoint in {self.output_dir / 'checkpoints'}: start a new run without resume=..."
+        )
+
+    def save_checkpoint(self, step: int, state: dict[str, Any]) -> Path:
+        state = {**state, "nonfinite_streak": self.nonfinite_streak}
+        return save_checkpoint(
+            self.output_dir, step, self.model, self.optimizer, state, keep=self.cfg.train.keep_checkpoints
+        )
+
+    def trainable_weights(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the trained weights (only the adapters with LoRA), for the generator's copy."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    # --- learning -----------------------------------------------------------------------------------------
+    def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
+        """Old and reference log-probs, then the updates. Returns (metrics, consecutive non-finite updates)."""
+        shape = self.shape
+        self.model.train()
+        # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
+        # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
+        timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
+        if self.needs_old_log_probs and data.old_log_probs is None:
+            with timed(timings, "time/old_log_probs_s"), self.autocast():
+                data.old_log_probs = per_completion_log_probs(
+                    self.model, data, shape.microbatch_size, self.pad_token_id, self.device, self.share_prompts
+                )
+        if self.needs_reference:
+            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference, self.autocast():
+                data.ref_log_probs = per_completion_log_probs(
+                    reference, data, shape.microbatch_size, self.pad_token_id, self.device, self.share_prompts
+                )
+        with timed(timings, "time/training_s"):
+            metrics = self.update(data, step)
+        self.version = step
+        metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
+        return metrics, self.nonfinite_streak
+
+    def update(self, data: RolloutData, step: int) -> dict[str, float]:
+        """epochs x train batches of optimizer steps over `data`; the metrics are means over the steps."""
+        cfg, shape = self.cfg, self.shape
+        n = len(data.completion_ids)
+        rng = random.Random(cfg.seed * 7919 + step)
+        totals: dict[str, list[float]] = {}
+        timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
+        skipped = 0  # updates skipped for non-finite loss or gradients
+        computed_tokens = 0
+        with timed(timings, "time/update_s"):
+            for _epoch in range(shape.epochs_per_rollout_batch):
+                order = list(range(n))
+                if shape.optimizer_steps_per_rollout_batch > 1:
+                    rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
+                for batch_start in range(0, n, shape.train_batch_size):
+                    batch_indices = order[batch_start : batch_start + shape.train_batch_size]
+                    computed_tokens += sum(
+                        tokens_through_model(data, batch_indices[i : i + shape.microbatch_size], self.share_prompts)
+                        for i in range(0, len(batch_indices), shape.microbatch_size)
+                    )
+                    finite = self._optimizer_step(data, batch_indices, totals, timings)
+                    skipped += not finite
+        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
+        metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
+        metrics["train/nonfinite_skipped"] = skipped
+        metrics["time/optimizer_s"] = timings["time/optimizer_s"]
+        metrics["time/forward_backward_s"] = timings["time/update_s"] - timings["time/optimizer_s"]
+        # Tokens the model actually ran forward+backward on (all epochs; a shared prompt counts once per
+        # microbatch) and response tokens scored, for throughput and FLOP accounting (job=benchmark).
+        metrics["throughput/train_tokens"] = computed_tokens
+        metrics["throughput/response_tokens"] = shape.epochs_per_rollout_batch * sum(
+            len(c) for c in data.completion_ids
+        )
+        return metrics
+
+    def _optimizer_step(
+        self, data: RolloutData, batch_indices: list[int], totals: dict[str, list[float]], timings: dict[str, float]
+    ) -> bool:
+        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step.
+        Returns False when the loss or the gradients were not finite (the step is skipped and counted)."""
+        cfg, shape = self.cfg, self.shape
+
+        def record(key: str, value: float) -> None:
+            totals.setdefault(key, []).append(float(value))
+
+        self.optimizer.zero_grad(set_to_none=True)
+        batch_loss = 0.0
+        for mb_start in range(0, len(batch_indices), shape.microbatch_size):
+            indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
+            mb = make_microbatch(data, indices, self.pad_token_id, self.device)
+            mask = mb["response_mask"]
+            with self.autocast():
+                scored = response_log_probs(
+                    self.model,
+                    mb["input_ids"],
+                    mb["labels"],
+                    mask,
+                    return_token_entropy=True,
+                    share_prompts=self.share_prompts,
+                )
+            policy_log_probs = scored["log_probs"]
+            old = mb.get("old_log_probs")
+            if old is not None:
+                # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
+                record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
+            if old is None and cfg.loss.type == "grpo_clip":
+                old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
+            loss, meta = grpo_microbatch_train_step(
+                policy_log_probs=policy_log_probs,
+                response_mask=mask,
+                gradient_accumulation_steps=shape.gradient_accumulation_steps,
+                loss_type=cfg.loss.type,
+                raw_rewards=mb["raw_rewards"],
+                advantages=mb["advantages"],
+                old_log_probs=old,
+                cliprange=cfg.loss.cliprange,
+                length_normalization=cfg.normalization.length,
+                normalize_constant=self.length_constant,
+                ref_log_probs=mb.get("ref_log_probs"),
+                kl_beta=cfg.kl.beta,
+                kl_estimator=cfg.kl.estimator,
+            )
+            batch_loss += float(loss)
+            record("train/entropy", scored["token_entropy"][mask.bool()].mean())
+            for key in ("kl", "clip_fraction", "ratio_mean"):
+                if key in meta:
+                    record(f"train/{key}", meta[key])
+        with timed(timings, "time/optimizer_s"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)
+            finite = math.isfinite(batch_loss) and bool(torch.isfinite(grad_norm))
+            if finite:
+                self.optimizer.step()
+                self.nonfinite_streak = 0
+            else:
+                # One bad batch must not poison the weights (AdamW would spread NaN to every parameter).
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_streak += 1
+        record("train/loss", batch_loss)
+        record("train/grad_norm", grad_norm)
+        return finite

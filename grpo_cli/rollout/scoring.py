@@ -1,0 +1,59 @@
+"""Scoring completions with the task's reward: a crash or a timeout costs one sample, never the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, RewardFn, RewardTimeout
+
+ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
+
+
+@dataclass
+class Scores:
+    # One dict per response: the three REWARD_KEYS, plus "unparseable" and "reward/<component>" when the
+    # reward function returns them (a missing optional key counts as 0).
+    rewards: list[dict[str, float]]
+    n_errors: int  # reward-function calls that raised and were scored 0
+    n_timeouts: int = 0  # calls that ran past task.reward_timeout_s and were scored 0
+
+    def mean(self, key: str) -> float:
+        return sum(r.get(key, 0.0) for r in self.rewards) / max(len(self.rewards), 1)
+
+    def component_keys(self) -> list[str]:
+        """The "reward/<component>" keys of a composite reward (task.reward_weights), in first-seen order."""
+        return list(dict.fromkeys(key for r in self.rewards for key in r if key.startswith("reward/")))
+
+
+def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
+    kept = {key: float(result[key]) for key in REWARD_KEYS}
+    kept.update({k: float(v) for k, v in result.items() if k in OPTIONAL_REWARD_KEYS or k.startswith("reward/")})
+    return kept
+
+
+def score_responses(reward_fn: RewardFn, responses: list[str], ground_truths: list[Any]) -> Scores:
+    """Call the reward function on every response; a crash or a timeout scores 0 and is counted, never kills
+    the run."""
+    rewards, n_errors, n_timeouts = [], 0, 0
+    for response, truth in zip(responses, ground_truths, strict=True):
+        try:
+            rewards.append(_kept_keys(reward_fn(response, truth)))
+        except RewardTimeout:
+            rewards.append(dict(ZERO_REWARD))
+            n_timeouts += 1
+        except Exception:  # noqa: BLE001 - a buggy reward must cost one sample, not the run
+            rewards.append(dict(ZERO_REWARD))
+            n_errors += 1
+    return Scores(rewards, n_errors, n_timeouts)
+
+
+def reward_metrics(scores: Scores, prefix: str) -> dict[str, float]:
+    """`<prefix>/reward`, `format_reward`, `answer_reward`, `unparseable_rate`, `reward/<component>`,
+    `reward_errors` and `reward_timeouts` of one scored batch (prefix: train or eval)."""
+    metrics = {f"{prefix}/{key}": scores.mean(key) for key in REWARD_KEYS}
+    metrics[f"{prefix}/unparseable_rate"] = scores.mean("unparseable")
+    metrics.update({f"{prefix}/{key}": scores.mean(key) for key in scores.component_keys()})
+    metrics[f"{prefix}/reward_errors"] = scores.n_errors
+    metrics[f"{prefix}/reward_timeouts"] = scores.n_timeouts
+    return metrics

@@ -1,0 +1,154 @@
+"""Phase 1 of a GRPO step: produce one scored rollout batch.
+
+    prompts -> generate G completions each -> score -> group-relative advantages (-> behaviour log-probs)
+
+In-process (on_policy, multi_epoch) the worker samples from the learner's own model; as a Ray actor
+(one_behind, replay_buffer) it loads its own copy of the policy and receives new weights through `load_weights`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from grpo_cli.batch import RolloutData, per_completion_log_probs
+from grpo_cli.config import BatchShape
+from grpo_cli.core import normalize_group_rewards
+from grpo_cli.core.advantages import fraction_of_zero_std_groups
+from grpo_cli.models import build_policy
+from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.engines import build_rollout_engine
+from grpo_cli.rollout.evaluation import evaluate
+from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
+from grpo_cli.tasks import Example, make_reward_fn, stop_strings
+
+
+def sampling_settings(cfg: Any, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
+    """How to sample, from the rollout.* sampling keys: `rollout.temperature` for training batches,
+    `rollout.eval_temperature` (greedy by default) for evaluation. Both engines read only this."""
+    r = cfg.rollout
+    return SamplingSettings(
+        n=n,
+        temperature=r.eval_temperature if for_eval else r.temperature,
+        top_p=r.top_p,
+        min_tokens=r.min_tokens,
+        max_tokens=r.max_tokens,
+        stop=stop_strings(r.stop, cfg.task.prompt),
+        seed=seed,
+    )
+
+
+def rollout_seed(seed: int, batch_number: int) -> int:
+    """The sampling seed of the batch_number-th rollout batch of a run with this seed."""
+    return seed * 1_000_003 + batch_number
+
+
+class RolloutWorker:
+    """Samples, scores and computes advantages; evaluates the weights it holds."""
+
+    def __init__(self, cfg: Any, model: torch.nn.Module | None = None, tokenizer: Any = None, threads: int = 0):
+        limit_threads(threads)
+        self.cfg = cfg
+        self.shape = BatchShape.from_config(cfg)
+        self.device = resolve_device(cfg.model.device)
+        if model is None:
+            seed_everything(cfg.seed)
+            model, tokenizer = build_policy(cfg.model, self.device)
+        self.model, self.tokenizer = model, tokenizer
+        self.reward_fn = make_reward_fn(cfg.task)
+        self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
+        self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
+        self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
+        self.load_s = 0.0  # weight loads since the last batch: reported with the next batch
+
+    def describe(self) -> str:
+        return f"{self.device} ({next(self.model.parameters()).dtype})"
+
+    def produce(self, examples: list[Example], batch_number: int, with_old_log_probs: bool = False) -> RolloutData:
+        """Generate, score and compute advantages for one rollout batch; its metrics hold rollout statistics and
+        the time of each phase. batch_number fixes the sampling seed (the step number for one batch per step)."""
+        cfg, shape = self.cfg, self.shape
+        timings: dict[str, float] = {}
+        busy_start = time.perf_counter()
+        prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer)
+        with timed(timings, "time/generation_s"), self.autocast():
+            sampling = sampling_settings(cfg, shape.group_size, seed=rollout_seed(cfg.seed, batch_number))
+            rollout = self.engine.generate(prompt_ids, sampling)
+
+        with timed(timings, "time/scoring_s"):
+            truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
+            scores = score_responses(self.reward_fn, rollout.texts, truths)
+            raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
+            advantages = normalize_group_rewards(
+                raw_rewards,
+                shape.group_size,
+                cfg.normalization.advantage_eps,
+                normalize_by_std=cfg.normalization.advantage == "std",
+            )
+        data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
+        data.policy_version = self.version
+
+        # The behaviour policy's log-probs, by the exact weights that sampled (the learner may have moved on).
+        with timed(timings, "time/old_log_probs_s"):
+            if with_old_log_probs:
+                with self.autocast():
+                    data.old_log_probs = per_completion_log_probs(
+                        self.model, data, shape.microbatch_size, self.tokenizer.pad_token_id, self.device
+                    )
+
+        lengths = [len(ids) for ids in rollout.completion_ids]
+        data.metrics = {
+            **reward_metrics(scores, "train"),
+            "train/reward_std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
+            "train/frac_zero_std_groups": fraction_of_zero_std_groups(raw_rewards, shape.group_size),
+            "train/response_length_mean": sum(lengths) / len(lengths),
+            "train/response_length_max": max(lengths),
+            "train/truncated_frac": sum(rollout.truncated) / len(lengths),
+            **timings,
+            "time/weight_load_s": self.load_s,
+            "time/produce_s": time.perf_counter() - busy_start + self.load_s,
+            "throughput/generation_tokens_per_s": sum(lengths) / max(timings["time/generation_s"], 1e-9),
+            "n_tokens": float(sum(lengths)),
+        }
+        self.load_s = 0.0
+        return data
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """In-process: the engine picks up the learner's updated weights (nothing to copy for rollout=hf)."""
+        self.version = version
+        return self.engine.sync_weights()
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        """As a Ray actor: load the learner's trainable weights into this copy, then into the engine.
+        Returns the seconds it took (also reported with the next batch)."""
+        t0 = time.perf_counter()
+        own = dict(self.model.named_parameters())
+        unknown = sorted(set(tensors) - set(own))
+        if unknown:
+            raise RuntimeError(f"the generator's policy copy has no parameters named {unknown[:3]}")
+        with torch.no_grad():
+            for name, value in tensors.items():
+                own[name].copy_(value)
+        self.engine.sync_weights()
+        self.version = version
+        seconds = time.perf_counter() - t0
+        self.load_s += seconds
+        return seconds
+
+    def evaluate(
+        self, examples: list[Example], on_generated: Callable[[int], None] | None = None
+    ) -> tuple[dict[str, float], list[dict[str, Any]], int]:
+        """Held-out evaluation of the weights this worker holds: (metrics, records, policy version)."""
+        sampling = sampling_settings(self.cfg, 1, seed=self.cfg.seed, for_eval=True)
+        with self.autocast():
+            metrics, records = evaluate(
+                self.engine, self.tokenizer, self.reward_fn, examples, sampling, on_generated=on_generated
+            )
+        return metrics, records, self.version
+
+    def close(self) -> None:
+        self.engine.close()

@@ -22,6 +22,8 @@ class RolloutData:
     advantages: torch.Tensor  # (n,)
     old_log_probs: list[torch.Tensor] | None = None  # per completion, (len_i,)
     ref_log_probs: list[torch.Tensor] | None = None
+    # (n,) 1.0: the completion counts in the loss, 0.0: left out (train.mask_truncated); None: all count.
+    loss_mask: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
     policy_version: int = 0  # the version of the weights that sampled it (the oldest, for a replay sample)
 
@@ -30,7 +32,8 @@ def make_microbatch(
     data: RolloutData, indices: list[int], pad_token_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """The rows `indices` of `data` as right-padded tensors on `device`: input_ids, labels, response_mask (B, T),
-    old/reference log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1)."""
+    old/reference log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1), and loss_mask
+    (B, 1) when some completions are left out of the loss."""
     batch = tokenize_prompt_and_output_ids(
         [data.prompt_ids[i] for i in indices], [data.completion_ids[i] for i in indices], pad_token_id
     )
@@ -45,6 +48,8 @@ def make_microbatch(
             batch[name] = full
     batch["raw_rewards"] = data.raw_rewards[indices].unsqueeze(1).to(device)  # (B, 1)
     batch["advantages"] = data.advantages[indices].unsqueeze(1).to(device)  # (B, 1)
+    if data.loss_mask is not None:
+        batch["loss_mask"] = data.loss_mask[indices].unsqueeze(1).to(device)  # (B, 1)
     return batch
 
 
@@ -66,15 +71,22 @@ def per_completion_log_probs(
     pad_token_id: int,
     device: torch.device,
     share_prompts: bool = False,
+    temperature: float = 1.0,
 ) -> list[torch.Tensor]:
-    """Response-token log-probs of every completion under `model` (old or reference policy), no grad."""
+    """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored at
+    the sampling temperature. Eval mode for the pass: these are fixed targets, not samples of dropout noise."""
     result: list[torch.Tensor] = []
-    for start in range(0, len(data.completion_ids), microbatch_size):
-        indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
-        batch = make_microbatch(data, indices, pad_token_id, device)
-        mask = batch["response_mask"].bool()
-        log_probs = response_log_probs(model, batch["input_ids"], batch["labels"], mask, share_prompts=share_prompts)[
-            "log_probs"
-        ]
-        result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(data.completion_ids), microbatch_size):
+            indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
+            batch = make_microbatch(data, indices, pad_token_id, device)
+            mask = batch["response_mask"].bool()
+            log_probs = response_log_probs(
+                model, batch["input_ids"], batch["labels"], mask, temperature=temperature, share_prompts=share_prompts
+            )["log_probs"]
+            result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
+    finally:
+        model.train(was_training)
     return result

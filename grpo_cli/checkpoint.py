@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.parallel import barrier, full_tensor, shard_like, world
 
 CHECKPOINT_DIR = "checkpoints"
 MARKER = "COMPLETE"
@@ -60,12 +61,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable weights: every weight in full fine-tuning, only the adapters with LoRA.
+    """The trainable weights: every weight in full fine-tuning, only the adapters with LoRA; whole tensors even
+    when FSDP2 shards them across ranks (gathered: every rank calls this), so one process can load them.
 
     named_parameters lists a tied weight once, which safetensors needs (it refuses shared storage); frozen
     weights are not saved because the run rebuilds them from model.name_or_path.
     """
-    return {name: p.detach().contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
+    return {
+        name: full_tensor(p.detach()).contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad
+    }
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """optimizer.state_dict() with sharded (FSDP2) states gathered whole: the one-process layout."""
+    saved = optimizer.state_dict()
+    saved["state"] = {
+        index: {key: full_tensor(value).cpu() if torch.is_tensor(value) else value for key, value in per.items()}
+        for index, per in saved["state"].items()
+    }
+    return saved
 
 
 def save_checkpoint(
@@ -76,15 +90,35 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
 ) -> Path:
-    """Write a checkpoint atomically and delete all but the newest `keep`. Returns its directory."""
+    """Write a checkpoint atomically and delete all but the newest `keep`. Returns its directory.
+
+    With several ranks every rank calls it (gathering sharded state is collective) and rank 0 writes.
+    """
+    tensors, optimizer_state = _model_tensors(model), _optimizer_state(optimizer)
     root = run_dir / CHECKPOINT_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
+    if world().is_main:
+        _write(root, final, step, tensors, optimizer_state, state)
+        for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()  # no rank goes on (or resumes from it) before the checkpoint is complete
+    return final
+
+
+def _write(
+    root: Path,
+    final: Path,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    state: dict[str, Any],
+) -> None:
+    root.mkdir(parents=True, exist_ok=True)
     temp = root / f".tmp_{checkpoint_name(step)}_{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
-    save_file(_model_tensors(model), str(temp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), temp / "optimizer.pt")
+    save_file(tensors, str(temp / "model.safetensors"))
+    torch.save(optimizer_state, temp / "optimizer.pt")
     torch.save(rng_state(), temp / "rng.pt")
     (temp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     sizes = {name: (temp / name).stat().st_size for name in FILES}
@@ -93,9 +127,6 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(temp, final)
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _fsync_dir_files(directory: Path) -> None:
@@ -140,8 +171,20 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             f"unexpected {sorted(set(tensors) - trainable)[:3]}): resume with the model and LoRA settings the "
             "run was trained with"
         )
-    model.load_state_dict(tensors, strict=False)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():  # into this rank's shard under FSDP2; the whole tensor otherwise
+            parameters[name].copy_(shard_like(value, parameters[name]))
+    saved = torch.load(path / "optimizer.pt", weights_only=False)
+    in_order = [p for group in optimizer.param_groups for p in group["params"]]
+    saved["state"] = {
+        index: {
+            key: shard_like(value, in_order[int(index)]) if torch.is_tensor(value) and value.dim() else value
+            for key, value in per.items()
+        }
+        for index, per in saved["state"].items()
+    }
+    optimizer.load_state_dict(saved)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     state = json.loads((path / "state.json").read_text())
     return Checkpoint(path=path, step=int(state["step"]), state=state)

@@ -9,18 +9,22 @@ from __future__ import annotations
 import os
 import re
 import sys
+from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from grpo_cli import jobs
 from grpo_cli.config import GRPOConfig, load_saved_config, register_configs, unknown_key_hint, validate_config
 from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.tracking.report import run_objective
 
 EXIT_USER_ERROR = 2
 
@@ -71,12 +75,36 @@ def run_job(cfg: GRPOConfig, console: Console, overrides: list[str] | None = Non
     return jobs.run_job(cfg.job.name, cfg, output_dir, console, overrides or [])
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def _hydra_main(dict_cfg: DictConfig) -> None:
+class SweepJobError(CompactHydraException):
+    """A multirun job that stopped with a one-line error (already printed on its stderr). Raised, not sys.exit():
+    Hydra records it as this job's failure and every launcher goes on with the other jobs; exit_code is what a
+    single run would exit with, and the job's process exits with it under hydra/launcher=processes."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled back from a job process (submitit)
+        return (type(self), (str(self), self.exit_code))
+
+
+def _stop(line: str, message: str, exit_code: int, multirun: bool) -> NoReturn:
+    print(line, file=sys.stderr)
+    if multirun:
+        raise SweepJobError(message, exit_code) from None
+    sys.exit(exit_code)
+
+
+def task(dict_cfg: DictConfig) -> float | None:
+    """Hydra's task function: one run. Returns its objective (job.objective) for a sweeper, None for jobs without
+    an eval reward. Module-level and undecorated, so job processes unpickle it by reference, importing this module
+    (and with it the registrations at its end)."""
     console = Console(highlight=False, soft_wrap=True)
+    multirun = False
     try:
         hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.group is None:
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        if multirun and dict_cfg.logger.group is None:
             dict_cfg.logger.group = sweep_group_name(hydra_cfg.sweep.dir, hydra_cfg.runtime.choices.get("sweep"))
         overrides = list(hydra_cfg.overrides.task)
         if dict_cfg.resume:
@@ -87,12 +115,15 @@ def _hydra_main(dict_cfg: DictConfig) -> None:
         _check_output_dir(output_dir)
         if not cfg.resume:
             (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(dict_cfg, resolve=True))
-        run_job(cfg, console, overrides=overrides)
+        summary = run_job(cfg, console, overrides=overrides)
     except UserFacingError as e:
-        _fail(str(e))
+        _stop(f"grpo-run: error: {e}", str(e), EXIT_USER_ERROR, multirun)
     except RunStopped as e:
-        print(f"grpo-run: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        _stop(f"grpo-run: {e}", str(e), e.exit_code, multirun)
+    return run_objective(cfg.job.objective, output_dir, summary)
+
+
+_hydra_main = hydra.main(version_base="1.3", config_path="conf", config_name="config")(task)
 
 
 def find_run_to_resume(resume: Any, new_run_dir: Path) -> Path:
@@ -152,7 +183,6 @@ def precheck_overrides(args: list[str]) -> None:
     """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     flags = [arg.split("=", 1)[0] for arg in args if arg.startswith("-")]
     if {"-m", "--multirun"} & set(flags) and {"-c", "--cfg"} & set(flags):  # Hydra: a traceback
@@ -169,16 +199,68 @@ def precheck_overrides(args: list[str]) -> None:
         _fail(f"{_one_line(e)}{suffix}")
 
 
+# Choices that need a Hydra plugin from an extra: (group, choice) -> (plugin module, extra).
+PLUGIN_EXTRAS = {
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+    ("sweep", "lr_search"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+    ("hydra/launcher", "submitit_local"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hydra/launcher", "submitit_slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+}
+
+
+def check_plugin_extras(args: list[str]) -> None:
+    """A sweeper or launcher whose extra is missing stops with one line naming it (Hydra: several lines)."""
+    for arg in args:
+        group, _, value = arg.lstrip("+~").partition("=")
+        needed = PLUGIN_EXTRAS.get((group, value))
+        if needed and find_spec(needed[0]) is None:
+            _fail(f'{arg} needs the [{needed[1]}] extra: pip install -e ".[{needed[1]}]"')
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    check_plugin_extras(args)
+    precheck_overrides(args)
+    if not {"-m", "--multirun"} & set(args) or os.environ.get("HYDRA_FULL_ERROR"):
+        _hydra_main()
+        return
+    # A sweep's errors reach us instead of Hydra's printer, which adds a HYDRA_FULL_ERROR hint or a traceback:
+    # a failed sweep ends with the launcher's one summary line, a bad sweep override with one line.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _hydra_main()
+    except CompactHydraException as e:
+        from hydra_plugins.grpo_cli_launcher import process_launcher
+
+        if isinstance(e, process_launcher.SweepJobsFailed):
+            print(e, file=sys.stderr)  # "grpo-run: 2 of 3 sweep jobs failed, the others completed: #1 ..."
+            sys.exit(1)
+        if isinstance(e, SweepJobError):  # a job's own error, from a launcher that stops at the first one
+            print(f"grpo-run: error: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        _fail(f"{_one_line(e)} (grpo-run --help lists every group and its choices)")
+    except OmegaConfBaseException as e:
+        _fail(_one_line(e))
+
+
+def register() -> None:
+    """What every process that composes grpo-run's config needs, done when this module is imported: the
+    command's own process, and each job process a launcher starts (ours, submitit's), which imports this module
+    when it unpickles the task function."""
     # transformers' per-load progress bars would drown our own output (set the variable to 0 to get them back).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_configs()
     # conf/config.yaml names multirun job directories with ${sweep_subdir:...}.
     OmegaConf.register_new_resolver("sweep_subdir", sweep_subdir, replace=True)
-    precheck_overrides(sys.argv[1:])
-    _hydra_main()
 
+
+register()
 
 if __name__ == "__main__":
-    main()
+    # `python -m grpo_cli.cli`: run the imported grpo_cli.cli, not this __main__ copy, so that the task function
+    # job processes unpickle is grpo_cli.cli.task (a function of __main__ would be pickled by value, and a job
+    # process would never import this module's registrations).
+    from grpo_cli.cli import main as _main
+
+    _main()

@@ -100,6 +100,11 @@ class RewardWeightsConfig:
     # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth; medcalc: within an
     # absolute task.answer_atol.
     numeric_close: float = 0.0
+    # Shaping terms of every task, penalties in [-1, 0] (docs/evaluation.md#reward-shaping). overlong: DAPO's
+    # soft linear penalty over the last task.overlong_buffer tokens before rollout.max_tokens (-1 at the limit).
+    overlong: float = 0.0
+    # repetition: open-r1's n-gram repetition penalty, -(1 - distinct / total word n-grams), n = task.repetition_ngram.
+    repetition: float = 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,6 +137,15 @@ class TaskConfig:
     reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
     # Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.
     reward_timeout_s: float = 10.0
+    # Extra held-out sets, each evaluated beside the task's own and logged under eval/<name>/...: a local JSONL
+    # file (*.jsonl), a split of the task's hub dataset, or <dataset>:<split> / <dataset>:<config>:<split>.
+    # grpo-run task=math +task.eval_sets.math500=test +task.eval_sets.gsm8k=tests/fixtures/gsm8k_sample.jsonl
+    eval_sets: dict[str, str] = field(default_factory=dict)
+    # reward_weights.overlong: the penalty ramps from 0 to -1 over the last overlong_buffer tokens before
+    # rollout.max_tokens (null: a quarter of rollout.max_tokens).
+    overlong_buffer: int | None = None
+    # reward_weights.repetition: the n of the word n-grams whose repeats are penalized.
+    repetition_ngram: int = 3
 
 
 @dataclass
@@ -362,6 +376,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Skip an update whose loss or gradients are not finite; stop the run after this many in a row.
     max_nonfinite_steps: int = 3
+    # Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's
+    # mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.
+    mask_truncated: bool = False
 
 
 @dataclass
@@ -405,6 +422,21 @@ class JobConfig:
     engines: list[str] = field(default_factory=lambda: ["auto"])
     warmup_steps: int = 1
     steps: int = 5
+    # What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the last
+    # evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).
+    objective: str = choice("final_eval_reward", ("final_eval_reward", "best_eval_reward"))
+
+
+@dataclass
+class EvalConfig:
+    """eval.*: how each held-out prompt is answered and scored (docs/evaluation.md)."""
+
+    # Completions per held-out prompt. 1: one answer each at rollout.eval_temperature (greedy by default), scored
+    # as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n,
+    # eval/pass@k and eval/maj@n.
+    n_samples: int = 1
+    # The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.
+    pass_k: list[int] | None = None
 
 
 @dataclass
@@ -414,6 +446,32 @@ class ReportConfig:
     runs: Any = field(default_factory=list)
     # Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).
     out: str | None = None
+
+
+# distributed.strategy: how the learner spreads over devices (torch.distributed).
+DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")
+
+
+@dataclass
+class DistributedConfig:
+    """distributed.*: data-parallel GRPO over several processes (docs/distributed.md). train.* sizes stay global
+    (the whole step across all ranks); each rank takes an equal share of the step's prompts."""
+
+    # none: one process | ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard (per decoder layer, then the
+    # root), parameters, gradients and optimizer state sharded across ranks.
+    strategy: str = choice("none", DISTRIBUTED_STRATEGIES)
+    # Ranks (processes) per node that `grpo-run` starts (one per GPU on CUDA); ignored under an external torchrun
+    # or srun, which set RANK/WORLD_SIZE themselves.
+    nproc_per_node: int = 1
+    # Nodes, this node's index, and the rendezvous address of node 0 (loopback on one machine).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29511
+    # auto: nccl on CUDA, gloo on CPU.
+    backend: str = choice("auto", ("auto", "nccl", "gloo"))
+    # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.
+    timeout_min: float = 60.0
 
 
 @dataclass
@@ -431,7 +489,9 @@ class GRPOConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     job: JobConfig = field(default_factory=JobConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
     # null: a new run | true: continue the newest run under the same output root | a run directory.
     resume: Any = None
@@ -461,12 +521,18 @@ class BatchShape:
     max_new_tokens: int
     # sync.strategy
     sync_strategy: str
+    # Data-parallel ranks sharing each step (1 without distributed.*): the sizes above stay global, each rank
+    # takes an equal share of the prompts (whole groups) and of every train batch.
+    ranks: int = 1
 
     @classmethod
     def from_config(cls, cfg: Any) -> BatchShape:
         t = cfg.train
         epochs = cfg.sync.epochs_per_rollout_batch
+        distributed = cfg.distributed
+        ranks = 1 if distributed.strategy == "none" else distributed.nproc_per_node * distributed.nnodes
         return cls(
+            ranks=ranks,
             prompts_per_rollout_batch=t.rollout_batch_size // t.group_size,
             completions_per_rollout_batch=t.rollout_batch_size,
             group_size=t.group_size,
@@ -478,6 +544,20 @@ class BatchShape:
             max_new_tokens=cfg.rollout.max_tokens,
             sync_strategy=cfg.sync.strategy,
         )
+
+    @property
+    def prompts_per_rank(self) -> int:
+        return self.prompts_per_rollout_batch // self.ranks
+
+    @property
+    def train_batch_per_rank(self) -> int:
+        return self.train_batch_size // self.ranks
+
+    @property
+    def gradient_accumulation_per_rank(self) -> int:
+        """Microbatches per rank and optimizer step: the microbatch keeps its one-process size, so the ranks'
+        averaged gradient is the one-process gradient."""
+        return max(1, self.train_batch_per_rank // self.microbatch_size)
 
     @property
     def off_policy(self) -> bool:
@@ -621,6 +701,30 @@ def register_configs() -> None:
             cs.store(group=group, name=f"{choice_name}_schema", node=schema)
     OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
     OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
+    register_sweep_plugins()
+
+
+def register_sweep_plugins() -> None:
+    """hydra/launcher=processes (conf/config.yaml's launcher for -m) and an Optuna sweeper that maximizes.
+
+    Hydra's plugin scan misses plugins of an editable install (pkgutil cannot list the editable finder's paths),
+    so the launcher is registered by hand. The scan re-executes every plugin module (the Optuna sweeper's config
+    would store its own `direction: minimize` again), so it runs first; it runs once per process.
+    """
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()
+    from hydra_plugins.grpo_cli_launcher.process_launcher import ProcessLauncher
+
+    plugins.register(ProcessLauncher)
+    try:
+        from hydra_plugins.hydra_optuna_sweeper.config import Direction, OptunaSweeperConf
+    except ImportError:  # no [optuna] extra: hydra/sweeper=optuna stops with one line (cli.py)
+        return
+    # job.objective is a reward: higher is better (the plugin's default direction is minimize).
+    node = OptunaSweeperConf(direction=Direction.maximize)
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="optuna_sweeper")
 
 
 def _keys_hint(parent: str, object_type: type, key: str) -> str:
@@ -738,6 +842,52 @@ def validate_sync(cfg: Any) -> None:
         raise UserFacingError(f"sync.actor_gpus={sync.actor_gpus} must be >= 0")
 
 
+def validate_distributed(cfg: Any) -> None:
+    """distributed.*: sizes that split into equal rank shares, and the combinations that work with several ranks."""
+    d = cfg.distributed
+    if d.strategy == "none":
+        if d.nproc_per_node != 1 or d.nnodes != 1:
+            raise UserFacingError(
+                f"distributed.nproc_per_node={d.nproc_per_node} and distributed.nnodes={d.nnodes} need "
+                "distributed=ddp or distributed=fsdp (one process otherwise)"
+            )
+        return
+    if d.nproc_per_node < 1 or d.nnodes < 1 or not 0 <= d.node_rank < d.nnodes:
+        raise UserFacingError(
+            f"distributed.nproc_per_node={d.nproc_per_node} and distributed.nnodes={d.nnodes} must be >= 1 and "
+            f"distributed.node_rank={d.node_rank} in [0, {d.nnodes})"
+        )
+    if not 0 < d.master_port < 65536 or d.timeout_min <= 0:
+        raise UserFacingError(
+            f"distributed.master_port={d.master_port} must be a port number and distributed.timeout_min="
+            f"{d.timeout_min} positive"
+        )
+    shape = BatchShape.from_config(cfg)
+    if shape.ranks == 1:
+        return
+    if cfg.sync.strategy in DISAGGREGATED:
+        raise UserFacingError(
+            f"sync={cfg.sync.strategy} runs its generator and learner as Ray actors and does not combine with "
+            f"distributed={d.strategy} over {shape.ranks} ranks yet: use sync=on_policy or sync=multi_epoch"
+        )
+    if cfg.rollout.engine == "vllm":
+        raise UserFacingError(
+            f"rollout=vllm with distributed={d.strategy} over {shape.ranks} ranks (one engine per rank) is not "
+            "supported yet: use rollout=hf, or distributed=none with rollout=vllm"
+        )
+    if shape.prompts_per_rollout_batch % shape.ranks:
+        raise UserFacingError(
+            f"train.rollout_batch_size={cfg.train.rollout_batch_size} holds {shape.prompts_per_rollout_batch} "
+            f"groups of train.group_size={shape.group_size}, which do not split equally among {shape.ranks} ranks: "
+            f"use a multiple of {shape.ranks * shape.group_size}"
+        )
+    if shape.gradient_accumulation_steps % shape.ranks:
+        raise UserFacingError(
+            f"train.gradient_accumulation_steps={shape.gradient_accumulation_steps} microbatches per optimizer step "
+            f"do not split equally among {shape.ranks} ranks: use a multiple of {shape.ranks}"
+        )
+
+
 def validate_config(cfg: Any) -> None:
     """Check the rules a schema cannot express. Raises UserFacingError with a one-line message."""
     if isinstance(cfg, DictConfig):
@@ -830,10 +980,28 @@ def validate_config(cfg: Any) -> None:
         raise UserFacingError(f"kl.beta={cfg.kl.beta} must be >= 0")
 
     validate_sync(cfg)
+    validate_distributed(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     if cfg.normalization.length_constant is not None and cfg.normalization.length_constant <= 0:
         raise UserFacingError(f"normalization.length_constant={cfg.normalization.length_constant} must be positive")
+    n_samples = cfg.eval.n_samples
+    if n_samples < 1:
+        raise UserFacingError(f"eval.n_samples={n_samples} must be >= 1 (1: one answer per held-out prompt)")
+    if n_samples > 1 and cfg.rollout.eval_temperature <= 0:
+        raise UserFacingError(
+            f"eval.n_samples={n_samples} samples at rollout.eval_temperature={cfg.rollout.eval_temperature:g}, "
+            "where every sample is the same greedy answer: set rollout.eval_temperature>0 (e.g. 1.0 or 0.6)"
+        )
+    bad_k = [k for k in cfg.eval.pass_k or [] if not 1 <= k <= n_samples]
+    if bad_k:
+        raise UserFacingError(f"eval.pass_k={list(cfg.eval.pass_k)}: each k must be in 1..eval.n_samples={n_samples}")
+    buffer = cfg.task.overlong_buffer
+    if buffer is not None and not 1 <= buffer <= cfg.rollout.max_tokens:
+        raise UserFacingError(
+            f"task.overlong_buffer={buffer} must be between 1 and rollout.max_tokens={cfg.rollout.max_tokens} "
+            "(the overlong penalty ramps over that many tokens before the limit)"
+        )
     from grpo_cli.tasks import validate_task_config  # the task registry knows each task's reward components
 
     validate_task_config(cfg.task)

@@ -13,6 +13,7 @@ token ids the rollout engine sampled, so the response mask cannot drift from wha
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -27,8 +28,36 @@ from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_prob
 from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.core import grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli import parallel
 from grpo_cli.models import build_policy
-from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
+from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
+
+
+class PolicyScorer(torch.nn.Module):
+    """The training forward (response log-probs and entropies of a microbatch) as a module of its own, so the
+    DDP / FSDP2 wrapper around it sees the exact computation training runs: one forward per microbatch."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        response_mask: torch.Tensor,
+        temperature: float,
+        share_prompts: bool,
+    ) -> dict[str, torch.Tensor]:
+        return response_log_probs(
+            self.policy,
+            input_ids,
+            labels,
+            response_mask,
+            return_token_entropy=True,
+            temperature=temperature,
+            share_prompts=share_prompts,
+        )
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -61,6 +90,16 @@ class Learner:
         # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
         lora = cfg.model.lora.enabled
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
+        self.world = parallel.world()
+        self.strategy = cfg.distributed.strategy if self.world.distributed else "none"
+        # What samples and computes no-grad log-probs: the policy itself, except under FSDP2, whose sharded
+        # parameters every forward must gather collectively (ranks stop generating at different tokens): there a
+        # full copy, refreshed after every update, does it.
+        self.inference_model = frozen_copy(self.model) if self.strategy == "fsdp" else self.model
+        # The training forward as a module, wrapped by DDP / FSDP2 when data-parallel (their hooks must see it).
+        self.scorer = parallel.wrap_for_training(
+            PolicyScorer(self.model), self.strategy, self.device, compute_dtype(self.device, cfg.model.mixed_precision)
+        )
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters,
@@ -72,7 +111,11 @@ class Learner:
             fused=self.device.type in ("cpu", "cuda"),
         )
         self.pad_token_id = self.tokenizer.pad_token_id
-        self.share_prompts = cfg.train.share_prompt_forward
+        # Under FSDP2 every rank must run the same sequence of layer calls; the shared prompt pass runs the decoder
+        # once or twice depending on the batch, so it stays off there.
+        self.share_prompts = cfg.train.share_prompt_forward and self.strategy != "fsdp"
+        # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
+        self.temperature = cfg.rollout.temperature
         self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
         self.needs_old_log_probs = needs_old_log_probs(cfg)
         self.nonfinite_streak = 0
@@ -111,6 +154,15 @@ class Learner:
             self.output_dir, step, self.model, self.optimizer, state, keep=self.cfg.train.keep_checkpoints
         )
 
+    @torch.no_grad()
+    def refresh_inference_copy(self) -> None:
+        """FSDP2: gather the updated shards into the full copy that samples (a collective: every rank calls it)."""
+        if self.inference_model is self.model:
+            return
+        copies = dict(self.inference_model.named_parameters())
+        for name, parameter in self.model.named_parameters():
+            copies[name].copy_(parallel.full_tensor(parameter.detach()))
+
     def trainable_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of the trained weights (only the adapters with LoRA), for the generator's copy."""
         return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
@@ -135,15 +187,28 @@ class Learner:
         if self.needs_old_log_probs and data.old_log_probs is None:
             with timed(timings, "time/old_log_probs_s"), self.autocast():
                 data.old_log_probs = per_completion_log_probs(
-                    self.model, data, shape.microbatch_size, self.pad_token_id, self.device, self.share_prompts
+                    self.inference_model,
+                    data,
+                    shape.microbatch_size,
+                    self.pad_token_id,
+                    self.device,
+                    self.share_prompts,
+                    self.temperature,
                 )
         if self.needs_reference:
             with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference, self.autocast():
                 data.ref_log_probs = per_completion_log_probs(
-                    reference, data, shape.microbatch_size, self.pad_token_id, self.device, self.share_prompts
+                    reference,
+                    data,
+                    shape.microbatch_size,
+                    self.pad_token_id,
+                    self.device,
+                    self.share_prompts,
+                    self.temperature,
                 )
         with timed(timings, "time/training_s"):
             metrics = self.update(data, step)
+            self.refresh_inference_copy()
         self.version = step
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
@@ -162,8 +227,9 @@ class Learner:
                 order = list(range(n))
                 if shape.optimizer_steps_per_rollout_batch > 1:
                     rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
-                for batch_start in range(0, n, shape.train_batch_size):
-                    batch_indices = order[batch_start : batch_start + shape.train_batch_size]
+                # This rank's share of each train batch (the whole batch in one process).
+                for batch_start in range(0, n, shape.train_batch_per_rank):
+                    batch_indices = order[batch_start : batch_start + shape.train_batch_per_rank]
                     computed_tokens += sum(
                         tokens_through_model(data, batch_indices[i : i + shape.microbatch_size], self.share_prompts)
                         for i in range(0, len(batch_indices), shape.microbatch_size)
@@ -195,49 +261,54 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        for mb_start in range(0, len(batch_indices), shape.microbatch_size):
+        starts = range(0, len(batch_indices), shape.microbatch_size)
+        for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
             mb = make_microbatch(data, indices, self.pad_token_id, self.device)
             mask = mb["response_mask"]
-            with self.autocast():
-                scored = response_log_probs(
-                    self.model,
-                    mb["input_ids"],
-                    mb["labels"],
-                    mask,
-                    return_token_entropy=True,
-                    share_prompts=self.share_prompts,
+            # DDP averages gradients across ranks once, after the last microbatch (the sums in between are local).
+            last = mb_start == starts[-1]
+            no_sync = self.scorer.no_sync if self.strategy == "ddp" and not last else contextlib.nullcontext
+            with no_sync():  # forward and backward (grpo_microbatch_train_step runs it)
+                with self.autocast():
+                    scored = self.scorer(mb["input_ids"], mb["labels"], mask, self.temperature, self.share_prompts)
+                policy_log_probs = scored["log_probs"]
+                old = mb.get("old_log_probs")
+                if old is not None:
+                    # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
+                    record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
+                if old is None and cfg.loss.type == "grpo_clip":
+                    old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
+                # train.mask_truncated: a left-out completion's row of the response mask is zeroed, so it adds 0 to
+                # the loss (the batch mean still divides by every completion); entropy and old-policy KL still
+                # measure every sampled token.
+                loss_mask = mask * mb["loss_mask"] if "loss_mask" in mb else mask
+                loss, meta = grpo_microbatch_train_step(
+                    policy_log_probs=policy_log_probs,
+                    response_mask=loss_mask,
+                    gradient_accumulation_steps=shape.gradient_accumulation_per_rank,
+                    loss_type=cfg.loss.type,
+                    raw_rewards=mb["raw_rewards"],
+                    advantages=mb["advantages"],
+                    old_log_probs=old,
+                    cliprange=cfg.loss.cliprange,
+                    length_normalization=cfg.normalization.length,
+                    normalize_constant=self.length_constant,
+                    ref_log_probs=mb.get("ref_log_probs"),
+                    kl_beta=cfg.kl.beta,
+                    kl_estimator=cfg.kl.estimator,
                 )
-            policy_log_probs = scored["log_probs"]
-            old = mb.get("old_log_probs")
-            if old is not None:
-                # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
-                record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
-            if old is None and cfg.loss.type == "grpo_clip":
-                old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
-            loss, meta = grpo_microbatch_train_step(
-                policy_log_probs=policy_log_probs,
-                response_mask=mask,
-                gradient_accumulation_steps=shape.gradient_accumulation_steps,
-                loss_type=cfg.loss.type,
-                raw_rewards=mb["raw_rewards"],
-                advantages=mb["advantages"],
-                old_log_probs=old,
-                cliprange=cfg.loss.cliprange,
-                length_normalization=cfg.normalization.length,
-                normalize_constant=self.length_constant,
-                ref_log_probs=mb.get("ref_log_probs"),
-                kl_beta=cfg.kl.beta,
-                kl_estimator=cfg.kl.estimator,
-            )
             batch_loss += float(loss)
             record("train/entropy", scored["token_entropy"][mask.bool()].mean())
             for key in ("kl", "clip_fraction", "ratio_mean"):
-                if key in meta:
+                if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
                     record(f"train/{key}", meta[key])
         with timed(timings, "time/optimizer_s"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)
-            finite = math.isfinite(batch_loss) and bool(torch.isfinite(grad_norm))
+            grad_norm = parallel.full_tensor(
+                torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)
+            )
+            # Every rank takes the same branch: one rank's NaN loss skips the step everywhere.
+            finite = not parallel.any_rank(not (math.isfinite(batch_loss) and bool(torch.isfinite(grad_norm))))
             if finite:
                 self.optimizer.step()
                 self.nonfinite_streak = 0

@@ -213,10 +213,21 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "n_train": 2000,
         "n_eval": 64,
         "data_seed": 1234,
-        "reward_weights": {"correctness": 1.0, "format": 0.0, "answer": 0.0, "numeric_close": 0.0},
+        "reward_weights": {
+            "correctness": 1.0,
+            "format": 0.0,
+            "answer": 0.0,
+            "numeric_close": 0.0,
+            "overlong": 0.0,
+            "repetition": 0.0,
+        },
         "reward_timeout_s": 10.0,
+        "eval_sets": {},
+        "overlong_buffer": None,
+        "repetition_ngram": 3,
         "keywords_per_prompt": 2,
     }
+    assert printed["eval"] == {"n_samples": 1, "pass_k": None}
     assert printed["rollout"] == {
         "engine": "hf",
         "temperature": 1.0,

@@ -38,6 +38,7 @@ def test_answer_component_gives_keyword_partial_credit():
         "reward": 0.5,
         "format_reward": 1.0,
         "answer_reward": 0.5,
+        "correctness": 0.0,  # the task's own reward: whether the answer is right (eval/pass@k reads it)
         "reward/answer": 0.5,
     }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKED = ["grpo_cli", "tests", "benchmarks"]
+CHECKED = ["grpo_cli", "hydra_plugins", "tests", "benchmarks"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -61,7 +61,7 @@ def assert_real_image(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """`grpo-run -m debug=smoke optim.lr=1e-6,3e-6,1e-5` with W&B offline: three tiny runs in one process."""
+    """`grpo-run -m debug=smoke optim.lr=1e-6,3e-6,1e-5` with W&B offline: three tiny runs, a process each."""
     tmp = tmp_path_factory.mktemp("sweep")
     wandb_dir = tmp / "wandb_dir"
     wandb_dir.mkdir()
@@ -95,6 +95,9 @@ def test_a_multirun_writes_one_readable_run_directory_per_value(sweep):
 
 def test_run_info_holds_what_reruns_the_run(sweep):
     multirun, _, _ = sweep
+    # hydra/launcher=processes: every job of the sweep ran in a new process
+    infos = [json.loads(p.read_text()) for p in multirun.glob("*/run_info.json")]
+    assert len({info["pid"] for info in infos}) == len(LEARNING_RATES) and all(info["host"] for info in infos)
     run = multirun / f"1_debug@smoke+optim.lr@{LEARNING_RATES[1]}"
     info = json.loads((run / "run_info.json").read_text())
     assert info["command"] == f"grpo-run debug=smoke logger=wandb logger.mode=offline optim.lr={LEARNING_RATES[1]}"

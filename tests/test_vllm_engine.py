@@ -273,3 +273,66 @@ def _vllm_log_probs(engine, prompt: list[int], completion: list[int]) -> torch.T
     output = engine.llm.generate([{"prompt_token_ids": prompt + completion}], params, use_tqdm=False)[0]
     entries = output.prompt_logprobs[len(prompt) :]
     return torch.tensor([entry[token].logprob for entry, token in zip(entries, completion, strict=True)])
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_the_probe_compares_log_probs_at_the_sampling_temperature():
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    with torch.no_grad():  # a peaked distribution, so T = 0.5 and T = 1 score the same tokens differently
+        model.get_input_embeddings().weight.mul_(10.0)
+    engine = start_engine(model, tokenizer, temperature=0.5)
+    try:
+        assert engine.probe_logprob_diff() < 1e-3  # vLLM's processed log-probs == log_softmax(logits / 0.5)
+        probe = SamplingSettings(n=1, temperature=0.5, top_p=1.0, max_tokens=8, seed=0)
+        params = engine._sampling_params(probe, seed=0, logprobs=0)
+        output = engine.llm.generate([{"prompt_token_ids": engine.probe_ids}], params, use_tqdm=False)[0].outputs[0]
+        ids = list(output.token_ids)
+        vllm_log_probs = torch.tensor([step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)])
+        at_half = engine.trainer_log_probs(engine.probe_ids, ids, temperature=0.5)
+        at_one = engine.trainer_log_probs(engine.probe_ids, ids, temperature=1.0)
+        assert (vllm_log_probs - at_half).abs().max() < 1e-3
+        assert (vllm_log_probs - at_one).abs().max() > 1e-2
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_resumed_run_samples_its_first_batch_from_the_resumed_weights(tmp_path):
+    from rich.console import Console
+
+    from grpo_cli.config import validate_config
+    from grpo_cli.drivers.loop import TrainingLoop
+    from tests.conftest import compose_config
+
+    # lipogram's answer reward differs across a random model's samples, so lr 1e-2 moves the weights at once.
+    overrides = [
+        "debug=smoke",
+        "rollout=vllm",
+        "task=lipogram",
+        "task.reward_weights.correctness=0",
+        "task.reward_weights.answer=1",
+        "optim.lr=1e-2",
+        "train.eval_every=0",
+        "train.checkpoint_every=1",
+    ]
+    first = compose_config([*overrides, "train.steps=1"], output_dir=str(tmp_path))
+    validate_config(first)
+    TrainingLoop(first, tmp_path, Console(quiet=True)).run()
+
+    console = Console(record=True, width=300)
+    resumed = compose_config([*overrides, "train.steps=2", "resume=true"], output_dir=str(tmp_path))
+    loop = TrainingLoop(resumed, tmp_path, console)
+    try:
+        engine = loop.executor.worker.engine
+        # The engine started from the initial weights; before the fix nothing pushed the checkpoint's into it.
+        assert engine.probe_logprob_diff() < 1e-3
+        assert "rollout engine now samples from step 1's weights" in console.export_text()
+        prompts = chat_prompts(loop.executor.learner.tokenizer)
+        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=8, min_tokens=8)
+        hf = HFRolloutEngine(loop.executor.learner.model, loop.executor.learner.tokenizer).generate(prompts, greedy)
+        assert engine.generate(prompts, greedy).completion_ids == hf.completion_ids
+    finally:
+        loop.close()

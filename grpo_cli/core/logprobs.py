@@ -183,7 +183,23 @@ def _logits_at(
         hidden = shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     else:
         hidden = decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
-    return model.get_output_embeddings()(hidden)
+    return apply_head_semantics(model.config, model.get_output_embeddings()(hidden))
+
+
+def apply_head_semantics(config: object, logits: torch.Tensor) -> torch.Tensor:
+    """What some architectures' forward does to the LM head's output before returning logits (the fast path
+    above calls the head itself, so it must do the same): Gemma-2/3 soft-capping, Cohere's `logit_scale`,
+    Granite's `logits_scaling`. Read from the model config, where those forwards read them."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, int | float):
+        logits = logits * scale
+    scaling = getattr(config, "logits_scaling", None)
+    if isinstance(scaling, int | float):
+        logits = logits / scaling
+    return logits
 
 
 def _recomputes_activations(model: nn.Module) -> bool:

@@ -28,8 +28,9 @@ class Executor(Protocol):
         """Load the newest usable checkpoint: (its step, the saved run state, messages for the console)."""
         ...
 
-    def start(self, start_step: int) -> None:
-        """The weights are final (fresh or resumed at start_step): make the generator sample from them."""
+    def start(self, start_step: int) -> dict[str, float]:
+        """The weights are final (fresh or resumed at start_step): make the generator sample from them. Returns
+        the metrics of the weight sync this took (empty when none was needed)."""
         ...
 
     def step(self, step: int) -> tuple[dict[str, float], int]:

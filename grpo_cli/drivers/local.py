@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from grpo_cli import parallel
 from grpo_cli.drivers.executor import step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
@@ -21,8 +22,10 @@ class InProcessExecutor:
     def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
         self.sampler = sampler
         self.learner = Learner(cfg, output_dir)
-        self.worker = RolloutWorker(cfg, self.learner.model, self.learner.tokenizer)
+        # The worker samples from the learner's weights: the policy itself, or its full copy under FSDP2.
+        self.worker = RolloutWorker(cfg, self.learner.inference_model, self.learner.tokenizer)
         self.prompts_per_step = self.learner.shape.prompts_per_rollout_batch
+        self.world = parallel.world()
         self.load_s = self.learner.load_s
         self.device_text = self.learner.describe()
 
@@ -33,17 +36,26 @@ class InProcessExecutor:
     def resume(self) -> tuple[int, dict[str, Any], list[str]]:
         return self.learner.resume()
 
-    def start(self, start_step: int) -> None:
-        self.worker.version = start_step
+    def start(self, start_step: int) -> dict[str, float]:
+        if start_step == 0:
+            return {}
+        # The engine was built from the initial weights and the checkpoint was loaded since: without this push a
+        # resumed rollout=vllm run would sample its first batch from the step-0 policy (the probe checks it).
+        return self.worker.sync_weights(version=start_step)
 
     def save_checkpoint(self, step: int) -> Path:
         return self.learner.save_checkpoint(step, {"sampler": self.sampler.state()})
 
     def step(self, step: int) -> tuple[dict[str, float], int]:
-        """Produce a scored rollout batch with the current weights, learn from it, let the engine catch up."""
+        """Produce a scored rollout batch with the current weights, learn from it, let the engine catch up.
+
+        With several ranks every rank draws the same prompts (the same seeded sampler) and takes its equal share
+        of whole groups; the metrics are then combined over all ranks (parallel.reduce_metrics)."""
         step_start = time.perf_counter()
         examples = self.sampler.next_batch(self.prompts_per_step)
-        data = self.worker.produce(examples, batch_number=step)
+        share = len(examples) // self.world.size
+        first = self.world.rank * share
+        data = self.worker.produce(examples[first : first + share], batch_number=step, first_prompt_index=first)
         # The learner sat idle for all of it: waiting == the producer's time, overlap 0.
         waiting_s = time.perf_counter() - step_start
         learned, nonfinite_streak = self.learner.learn(data, step)
@@ -55,7 +67,11 @@ class InProcessExecutor:
         }
         # Generation and training take turns on the same weights: every batch is trained on at lag 0.
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag(step - 1, data.policy_version)}
-        return step_metrics(data.metrics, learned, timing, {**sync, **versions}), nonfinite_streak
+        metrics = step_metrics(data.metrics, learned, timing, {**sync, **versions})
+        if self.world.distributed:
+            metrics["train/reward_std"] = parallel.reduce_std(data.raw_rewards)  # of the whole batch, not a mean
+            metrics = parallel.reduce_metrics(metrics)
+        return metrics, nonfinite_streak
 
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None

@@ -19,14 +19,16 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_cli import parallel
 from grpo_cli.config import DISAGGREGATED
 from grpo_cli.drivers.executor import Executor
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import RunStopped
 from grpo_cli.rollout import WeightSyncError
+from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.runtime import timed
-from grpo_cli.tasks import load_examples
-from grpo_cli.tracking import baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
+from grpo_cli.tasks import load_eval_sets, load_examples
+from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
     StepProgress,
     format_eval_line,
@@ -57,19 +59,32 @@ class TrainingLoop:
         self.console = console
         self.train_examples = load_examples(cfg.task, "train")
         self.eval_examples = load_examples(cfg.task, "eval")[: cfg.train.eval_examples or None]
+        # task.eval_sets: evaluated after the task's own set, each logged under eval/<name>/...
+        self.eval_sets = {
+            name: examples[: cfg.train.eval_examples or None] for name, examples in load_eval_sets(cfg.task).items()
+        }
         self.sampler = PromptSampler(self.train_examples, seed=cfg.seed)
         self.nonfinite_streak = 0  # as the learner counts it, after the last step
         self.stop_signal: str | None = None
+        self.warned_truncation = False
         self.metrics_sink = None
         self.executor: Executor | None = None
+        self.world = parallel.world()
         try:
             self.executor = build_executor(cfg, output_dir, self.sampler)
             # A resumed run restores weights, optimizer, RNG and data position, and forgets the metrics logged
             # after its checkpoint (they are logged again, identically) before the metrics sink opens the file.
             self.start_step = self._resume() if cfg.resume else 0
-            self.executor.start(self.start_step)
-            # metrics.jsonl always, plus W&B with logger=wandb; closed in run()'s `finally`.
-            self.metrics_sink = build_metrics_sink(cfg, output_dir, console)
+            synced = self.executor.start(self.start_step)
+            if self.start_step and "sync/logprob_max_diff" in synced:
+                console.print(
+                    f"rollout engine now samples from step {self.start_step}'s weights "
+                    f"(probe: max |log-prob difference| {synced['sync/logprob_max_diff']:.2e})",
+                    highlight=False,
+                )
+            # metrics.jsonl always, plus W&B with logger=wandb; closed in run()'s `finally`. Rank 0 logs for all
+            # (the metrics are already combined over ranks).
+            self.metrics_sink = build_metrics_sink(cfg, output_dir, console) if self.world.is_main else FanOutSink([])
         except BaseException:
             self.close()
             raise
@@ -87,7 +102,11 @@ class TrainingLoop:
         for message in messages:
             self.console.print(message, highlight=False)
         self.sampler.load_state(state["sampler"])
-        truncate_metrics(self.output_dir / "metrics.jsonl", step)
+        if self.world.is_main:
+            repaired = truncate_metrics(self.output_dir / "metrics.jsonl", step)
+            if repaired is not None:
+                self.console.print(repaired, highlight=False, markup=False)
+        parallel.barrier()
         return step
 
     def _checkpoint_due(self, step: int) -> bool:
@@ -146,6 +165,10 @@ class TrainingLoop:
     def _stop_if_asked(self, step: int) -> None:
         """After a whole step (the safe point): checkpoint when due, and stop on a signal or on divergence."""
         limit = self.cfg.train.max_nonfinite_steps
+        # A signal may reach the ranks at different moments: they agree here, at the same step, or the next
+        # collective would wait forever for a rank that left.
+        if parallel.any_rank(self.stop_signal is not None) and self.stop_signal is None:
+            self.stop_signal = "SIGTERM"
         stopping = self.stop_signal is not None or self.nonfinite_streak >= limit
         if stopping or self._checkpoint_due(step):
             path = self.executor.save_checkpoint(step)
@@ -183,11 +206,27 @@ class TrainingLoop:
 
     # --- evaluation ---------------------------------------------------------------------------------------
     def run_eval(self, step: int, progress: StepProgress | None = None) -> dict[str, float]:
+        """Rank 0 evaluates (with every rank's weights the same, one evaluation is the evaluation); the other
+        ranks wait for it at the barrier."""
+        if not self.world.is_main:
+            parallel.barrier()
+            return {}
+        try:
+            return self._evaluate(step, progress)
+        finally:
+            parallel.barrier()
+
+    def _evaluate(self, step: int, progress: StepProgress | None) -> dict[str, float]:
         timings: dict[str, float] = {}
         with timed(timings, "time/eval_s"):
             description = f"eval @ {step}"
-            with generation_progress(self.console, len(self.eval_examples), description, within=progress) as advance:
+            total = len(self.eval_examples) + sum(map(len, self.eval_sets.values()))
+            with generation_progress(self.console, total, description, within=progress) as advance:
                 metrics, records = self.executor.evaluate(self.eval_examples, on_generated=advance)
+                for name, examples in self.eval_sets.items():
+                    set_metrics, set_records = self.executor.evaluate(examples, on_generated=advance)
+                    metrics.update(prefixed(set_metrics, name))
+                    records += [{"eval_set": name, **record} for record in set_records]
         metrics.update(timings)
         self.metrics_sink.log_samples(records, step)  # eval/step_<step>.jsonl, and a W&B table
         self.metrics_sink.log(metrics, step)
@@ -196,6 +235,13 @@ class TrainingLoop:
             progress.print(line)
         else:
             self.console.print(line, highlight=False)
+        warning = truncation_warning(metrics, self.cfg.rollout.max_tokens)
+        if warning is not None and not self.warned_truncation:
+            self.warned_truncation = True  # once a run: the eval line shows the fraction every time
+            if progress is not None and progress.enabled:
+                progress.print(f"warning: {warning}")
+            else:
+                self.console.print(f"warning: {warning}", highlight=False, markup=False)
         return metrics
 
 

@@ -67,20 +67,21 @@ def actor_resources(cfg: Any, local_cpus: int, has_cuda: bool) -> tuple[int, flo
 def split_trajectories(data: RolloutData) -> list[tuple]:
     """One scored rollout batch as per-completion tuples, for the replay buffer."""
     old = data.old_log_probs or [None] * len(data.completion_ids)
-    return list(
-        zip(data.prompt_ids, data.completion_ids, data.raw_rewards.tolist(), data.advantages.tolist(), old, strict=True)
-    )
+    keep = data.loss_mask.tolist() if data.loss_mask is not None else [1.0] * len(data.completion_ids)
+    columns = (data.prompt_ids, data.completion_ids, data.raw_rewards.tolist(), data.advantages.tolist(), old, keep)
+    return list(zip(*columns, strict=True))
 
 
 def join_trajectories(items: list[tuple], versions: list[int]) -> RolloutData:
     """A train batch assembled from replay-buffer trajectories (advantages as computed in their own group)."""
-    prompt_ids, completion_ids, rewards, advantages, old = (list(column) for column in zip(*items, strict=True))
+    prompt_ids, completion_ids, rewards, advantages, old, keep = (list(column) for column in zip(*items, strict=True))
     return RolloutData(
         prompt_ids=prompt_ids,
         completion_ids=completion_ids,
         raw_rewards=torch.tensor(rewards, dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
         old_log_probs=None if any(o is None for o in old) else old,
+        loss_mask=None if all(k == 1.0 for k in keep) else torch.tensor(keep, dtype=torch.float32),
         policy_version=min(versions),
     )
 
@@ -174,11 +175,11 @@ class RayExecutor:
     def learner_version(self) -> int:
         return self.version
 
-    def start(self, start_step: int) -> None:
+    def start(self, start_step: int) -> dict[str, float]:
         # The generator's copy starts from the learner's weights (fresh, or the resumed checkpoint's).
         self.version = start_step
         self.batch_counter = start_step
-        self.publish(self.version)
+        return {"time/sync_s": self.publish(self.version)}
 
     def close(self) -> None:
         """Stop both actors and the local Ray: no process may outlive the run, whatever ended it."""

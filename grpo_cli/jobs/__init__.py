@@ -17,10 +17,12 @@ class Job:
     # Splits of the task's data the job reads; None: it loads no model and no data (no preflight, no
     # run_info.json).
     splits: tuple[str, ...] | None
+    # Runs on distributed.* ranks (the other jobs run in one process whatever distributed.* says).
+    distributed: bool = False
 
 
 JOBS: dict[str, Job] = {
-    "train": Job("grpo_cli.jobs.train", ("train", "eval")),
+    "train": Job("grpo_cli.jobs.train", ("train", "eval"), distributed=True),
     "baseline_eval": Job("grpo_cli.jobs.baseline_eval", ("eval",)),
     "benchmark": Job("grpo_cli.jobs.benchmark", ("train", "eval")),
     "report": Job("grpo_cli.jobs.report", None),
@@ -34,5 +36,10 @@ def run_job(name: str, cfg: Any, output_dir: Path, console: Any, overrides: list
     if job.splits is not None:
         from grpo_cli.jobs.preflight import preflight
 
-        preflight(cfg, job.splits, output_dir, overrides)
+        for warning in preflight(cfg, job.splits, output_dir, overrides):
+            console.print(f"warning: {warning}", highlight=False, markup=False)
+    if job.distributed and cfg.distributed.strategy != "none":
+        from grpo_cli.launch import run_distributed  # torch.distributed's launcher, only when asked for
+
+        return run_distributed(job.module, cfg, output_dir, console)
     return importlib.import_module(job.module).run(cfg, output_dir, console)

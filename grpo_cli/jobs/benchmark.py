@@ -37,7 +37,7 @@ from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout import render_prompts
 from grpo_cli.rollout.worker import sampling_settings
-from grpo_cli.runtime import autocast_factory, resolve_device, resolve_dtype, timed
+from grpo_cli.runtime import compute_dtype, resolve_device, resolve_dtype, timed
 from grpo_cli.tasks import load_examples
 
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.
@@ -123,9 +123,9 @@ def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     if cfg.job.steps < 1:
         raise UserFacingError(f"job.steps={cfg.job.steps} must be >= 1 (measured steps per engine)")
     device = resolve_device(cfg.model.device)
-    compute_dtype = torch.bfloat16 if _uses_bf16(cfg, device) else resolve_dtype(cfg.model.dtype, device)
-    peak = matmul_peak_gflops(device, compute_dtype)
-    console.print(f"matmul peak on {device} ({str(compute_dtype).removeprefix('torch.')}): {peak:.0f} GFLOP/s")
+    matmul_dtype = compute_dtype(device, cfg.model.mixed_precision) or resolve_dtype(cfg.model.dtype, device)
+    peak = matmul_peak_gflops(device, matmul_dtype)
+    console.print(f"matmul peak on {device} ({str(matmul_dtype).removeprefix('torch.')}): {peak:.0f} GFLOP/s")
     results: dict[str, Any] = {"device": str(device), "matmul_peak_gflops": peak, "engines": {}}
     for engine in engines:
         run_cfg = _with_engine(cfg, engine, cfg.job.warmup_steps + cfg.job.steps)
@@ -137,11 +137,6 @@ def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     console.print(benchmark_table(results, cfg))
     console.print(f"wrote {output_dir / 'benchmark.json'}", highlight=False)
     return results
-
-
-def _uses_bf16(cfg: Any, device: torch.device) -> bool:
-    with autocast_factory(device, cfg.model.mixed_precision)():
-        return torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == torch.bfloat16
 
 
 def _with_engine(cfg: Any, engine: str, steps: int) -> Any:

@@ -17,7 +17,18 @@ from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import SanityCase, get_task, make_reward_fn, reward_weights
-from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, TimeLimitedReward
+from grpo_cli.tasks.rewards import (
+    DEFAULT_WEIGHTS,
+    SHAPING_CASE_BUFFER,
+    SHAPING_CASE_MAX_TOKENS,
+    SHAPING_CASE_NGRAM,
+    SHAPING_CASES,
+    SHAPING_COMPONENTS,
+    Shaping,
+    TimeLimitedReward,
+    shaping_case_value,
+    uses_n_tokens,
+)
 
 
 def _show(value: Any) -> str:
@@ -26,9 +37,11 @@ def _show(value: Any) -> str:
 
 
 def score_case(reward_fn: Any, case: SanityCase) -> tuple[float | None, str]:
-    """(reward, note): the reward of the case's response, or None and the error a crash raised."""
+    """(reward, note): the reward of the case's response, or None and the error a crash raised. A reward with
+    the overlong term scores the case as a short completion (0 tokens: no overlong penalty)."""
     try:
-        return float(reward_fn(case.response, case.ground_truth)["reward"]), ""
+        kwargs = {"n_tokens": 0} if uses_n_tokens(reward_fn) else {}
+        return float(reward_fn(case.response, case.ground_truth, **kwargs)["reward"]), ""
     except Exception as e:  # noqa: BLE001 - a crashing reward is exactly what this job is here to show
         return None, f"{type(e).__name__}: {e}"
 
@@ -41,7 +54,7 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
         raise UserFacingError(f"task={task.name} ships no sanity cases for prompt={cfg.task.prompt}")
     # The cases pin down the task's own rule (the correctness component); a custom weighting is shown beside it.
     own_reward = TimeLimitedReward(task.reward_for(cfg.task.prompt), cfg.task.reward_timeout_s or None)
-    weighted = make_reward_fn(cfg.task) if reward_weights(cfg.task) != DEFAULT_WEIGHTS else None
+    weighted = make_reward_fn(cfg.task, cfg.rollout.max_tokens) if reward_weights(cfg.task) != DEFAULT_WEIGHTS else None
 
     table = Table(title=f"reward sanity cases: task={task.name} prompt={cfg.task.prompt}", title_justify="left")
     for name in ("#", "ground truth", "response", "expected", "got", "", "why"):
@@ -68,10 +81,55 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
             row.append("error" if total is None else f"{total:.3g}")
         table.add_row(*row)
     console.print(table)
+    shaping_disagree = check_shaping_terms(cfg, console)
     if disagreements:
         raise UserFacingError(
             f"{len(disagreements)} of {len(cases)} reward sanity cases of task={task.name} disagree "
             f"(rows {', '.join(map(str, disagreements))}): the reward does not do what the task's cases expect"
         )
+    if shaping_disagree:
+        raise UserFacingError(
+            f"{len(shaping_disagree)} shaping-term sanity cases disagree (rows {', '.join(map(str, shaping_disagree))})"
+        )
     console.print(f"all {len(cases)} cases agree with task={task.name}'s reward rule", highlight=False)
     return {"n": len(cases), "n_disagree": 0}
+
+
+def check_shaping_terms(cfg: Any, console: Console) -> list[int]:
+    """The sanity cases of the shaping terms the run weights (task.reward_weights.overlong / repetition), in a
+    second table, then what this run's settings make of them. Returns the rows that disagree."""
+    weighted = [term for term in SHAPING_COMPONENTS if reward_weights(cfg.task).get(term)]
+    if not weighted:
+        return []
+    table = Table(
+        title=f"shaping-term sanity cases (max_tokens {SHAPING_CASE_MAX_TOKENS}, overlong buffer "
+        f"{SHAPING_CASE_BUFFER}, {SHAPING_CASE_NGRAM}-grams)",
+        title_justify="left",
+    )
+    for name in ("#", "term", "response", "expected", "got", "", "why"):
+        table.add_column(name, overflow="fold")
+    disagreements = []
+    cases = [case for case in SHAPING_CASES if case.term in weighted]
+    for index, case in enumerate(cases, start=1):
+        got = shaping_case_value(case)
+        ok = abs(got - case.expected) < 1e-9
+        if not ok:
+            disagreements.append(index)
+        row = [str(index), case.term, escape(repr(case.response)), f"{case.expected:.3g}", f"{got:.3g}"]
+        table.add_row(*row, "[green]ok[/]" if ok else "[bold red]DIFFERS[/]", escape(case.why))
+    console.print(table)
+    settings = Shaping(cfg.rollout.max_tokens, cfg.task.overlong_buffer, cfg.task.repetition_ngram)
+    if "overlong" in weighted:
+        start = cfg.rollout.max_tokens - settings.buffer()
+        console.print(
+            f"this run: overlong is 0 up to {start} tokens, then falls to -1 at rollout.max_tokens="
+            f"{cfg.rollout.max_tokens} (x weight {reward_weights(cfg.task)['overlong']:g})",
+            highlight=False,
+        )
+    if "repetition" in weighted:
+        console.print(
+            f"this run: repetition counts {settings.repetition_ngram}-grams "
+            f"(x weight {reward_weights(cfg.task)['repetition']:g})",
+            highlight=False,
+        )
+    return disagreements

@@ -3,16 +3,19 @@ extra (vLLM, TensorBoard) must fail in a second, not after a minute of loading. 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.errors import UserFacingError
 from grpo_cli.models import check_model_source, check_quantization
-from grpo_cli.runtime import resolve_device
-from grpo_cli.tasks import load_examples
+from grpo_cli.runtime import pure_half_precision_warning, resolve_device
+from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
 
-def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> None:
+def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> list[str]:
+    """Raise UserFacingError for what cannot work; return warning lines for what works worse than it could."""
     check_model_source(cfg.model.name_or_path)
     check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
     if cfg.rollout.engine == "vllm":
@@ -24,4 +27,25 @@ def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: li
 
         require_tensorboard()
     examples = {split: load_examples(cfg.task, split) for split in splits}
-    write_run_info(output_dir, build_run_info(cfg, examples, overrides), resumed=bool(cfg.resume))
+    if "eval" in splits:
+        load_eval_sets(cfg.task)  # a bad file or split of task.eval_sets fails here, before the model loads
+    check_devices_for_ranks(cfg)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this; one run_info.json is written
+        write_run_info(output_dir, build_run_info(cfg, examples, overrides), resumed=bool(cfg.resume))
+    warning = pure_half_precision_warning(cfg.model.dtype)
+    return [warning] if warning is not None else []
+
+
+def check_devices_for_ranks(cfg: Any) -> None:
+    """On CUDA each rank of a node takes one GPU: more ranks per node than GPUs is a one-line error."""
+    d = cfg.distributed
+    if d.strategy == "none" or resolve_device(cfg.model.device).type != "cuda":
+        return
+    import torch
+
+    available = torch.cuda.device_count()
+    if d.nproc_per_node > available:
+        raise UserFacingError(
+            f"distributed.nproc_per_node={d.nproc_per_node} ranks need as many GPUs on each node, and this node "
+            f"has {available}: use distributed.nproc_per_node={available}"
+        )

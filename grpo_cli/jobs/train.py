@@ -16,6 +16,8 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
     shape = BatchShape.from_config(cfg)
     console.print(shape_table(shape.rows(), title=f"batch shapes ({cfg.sync.strategy}, {cfg.loss.type})"))
     summary = TrainingLoop(cfg, output_dir, console).run()
+    if "eval/reward" not in summary:  # a rank other than 0: rank 0 evaluates and reports
+        return summary
     console.print(
         f"done: eval reward {summary['baseline/eval_reward']:.3f} (step 0) -> {summary['eval/reward']:.3f} "
         f"(step {cfg.train.steps}); metrics in {output_dir / 'metrics.jsonl'}",

@@ -27,6 +27,10 @@ class SamplingSettings:
     max_tokens: int = 48
     stop: tuple[str, ...] = ()  # stop strings, kept in the output
     seed: int = 0
+    # The index, within the whole step's prompt list, of the first prompt of this generate() call (a data-parallel
+    # rank passes its share's offset): each completion's random stream depends on (seed, prompt index,
+    # completion index) only, so neither the split across ranks nor the batch composition changes it.
+    first_prompt_index: int = 0
 
 
 @dataclass

@@ -4,15 +4,40 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
-from grpo_cli.tasks import Example, RewardFn
+from grpo_cli.tasks import Example, RewardFn, TaskSpec
 
-# Held-out prompts per generate() call: a progress bar can move between calls on large eval sets (MATH-500),
-# while the default 64-example set is still one call.
+# Held-out completions per generate() call: a progress bar can move between calls on large eval sets
+# (MATH-500), while the default 64-example set is still one call.
 EVAL_CHUNK_PROMPTS = 64
+
+
+@dataclass(frozen=True)
+class Voting:
+    """How eval/maj@n groups answers: the answer of a response (None: it abstains) and whether two agree."""
+
+    answer: Callable[[str], str | None]
+    same: Callable[[str, str], bool] | None = None  # None: equal strings
+
+
+def voting_for(task: TaskSpec, prompt_style: str) -> Voting:
+    """The task's answers (math: the graded answer, equivalent under math-verify), or for a task without one
+    (keyword) the normalized response text."""
+    if task.extract_answer is None:
+        return Voting(normalized_text)
+    extract = task.extract_answer
+    return Voting(lambda response: extract(response, prompt_style), task.same_answer)
+
+
+def is_correct(reward: dict[str, float]) -> bool:
+    """A sample is correct when the task's own reward is 1: "correctness" when the reward is weighted (shaping
+    terms do not make an answer right or wrong), else "reward"."""
+    return reward.get("correctness", reward["reward"]) >= 1.0
 
 
 def evaluate(
@@ -22,33 +47,52 @@ def evaluate(
     examples: list[Example],
     settings: SamplingSettings,
     on_generated: Callable[[int], None] | None = None,
+    voting: Voting | None = None,
+    pass_ks: list[int] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Generate one completion per held-out example and score it.
+    """Generate settings.n completions per held-out example and score them.
 
-    on_generated(n) is called after each chunk of n completions (a progress bar).
-    Returns (metrics named eval/*, one record per example for the eval JSONL).
+    eval/reward and the other reward metrics are means over every completion. With settings.n > 1 the metrics
+    add eval/mean@n, eval/pass@k (k in `pass_ks`, default 1 and n) and eval/maj@n (votes grouped by `voting`,
+    default: the normalized text), and each record its sample number and whether it holds the majority answer.
+    on_generated(k) is called after each chunk of k prompts (a progress bar).
+    Returns (metrics named eval/*, one record per completion for the eval JSONL, prompt-major).
     """
+    n = settings.n
     prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
     rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
-    truths = [e.ground_truth for e in examples]
-    scores = score_responses(reward_fn, rollout.texts, truths)
-    metrics = reward_metrics(scores, "eval")
+    truths = [e.ground_truth for e in examples for _ in range(n)]
     lengths = [len(ids) for ids in rollout.completion_ids]
+    scores = score_responses(reward_fn, rollout.texts, truths, lengths)
+    metrics = reward_metrics(scores, "eval")
     metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
     metrics["eval/truncated_frac"] = sum(rollout.truncated) / len(lengths)
+    prompts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompt_ids]
     records = [
         {
-            "prompt": tokenizer.decode(p, skip_special_tokens=False),
+            "prompt": prompts[i // n],
             "response": text,
             "ground_truth": truth,
             **reward,
-            "n_tokens": len(ids),
+            "n_tokens": n_tokens,
             "truncated": truncated,
         }
-        for p, text, truth, reward, ids, truncated in zip(
-            prompt_ids, rollout.texts, truths, scores.rewards, rollout.completion_ids, rollout.truncated, strict=True
+        for i, (text, truth, reward, n_tokens, truncated) in enumerate(
+            zip(rollout.texts, truths, scores.rewards, lengths, rollout.truncated, strict=True)
         )
     ]
+    if n > 1:
+        voting = voting or Voting(normalized_text)
+        correct, votes = [], []
+        for start in range(0, len(records), n):
+            group = records[start : start + n]
+            correct.append([is_correct(r) for r in group])
+            winners = majority_group([voting.answer(r["response"]) for r in group], voting.same)
+            votes.append(winners[0] if winners else None)  # the first holder of the majority answer is graded
+            for j, record in enumerate(group):
+                record["sample"] = j
+                record["majority"] = j in winners
+        metrics.update(multi_sample_metrics(correct, votes, default_pass_ks(n, pass_ks)))
     return metrics, records
 
 
@@ -58,15 +102,23 @@ def generate_in_chunks(
     settings: SamplingSettings,
     on_generated: Callable[[int], None] | None = None,
 ) -> RolloutBatch:
-    """engine.generate over EVAL_CHUNK_PROMPTS prompts at a time, concatenated in prompt order."""
+    """engine.generate over about EVAL_CHUNK_PROMPTS completions at a time (EVAL_CHUNK_PROMPTS / n prompts),
+    concatenated in prompt order; on_generated gets the number of prompts of each chunk."""
     out = RolloutBatch([], [], [], [])
-    for start in range(0, len(prompt_ids), EVAL_CHUNK_PROMPTS):
-        part = engine.generate(prompt_ids[start : start + EVAL_CHUNK_PROMPTS], settings)
+    per_call = max(1, EVAL_CHUNK_PROMPTS // settings.n)
+    for start in range(0, len(prompt_ids), per_call):
+        chunk = prompt_ids[start : start + per_call]
+        part = engine.generate(chunk, settings)
         for name in ("prompt_ids", "completion_ids", "texts", "truncated"):
             getattr(out, name).extend(getattr(part, name))
         if on_generated is not None:
-            on_generated(len(part.texts))
+            on_generated(len(chunk))
     return out
+
+
+def prefixed(metrics: dict[str, float], set_name: str) -> dict[str, float]:
+    """An extra eval set's metrics under its own prefix: eval/reward -> eval/<set_name>/reward."""
+    return {key.replace("eval/", f"eval/{set_name}/", 1): value for key, value in metrics.items()}
 
 
 def summarize_records(records: list[dict[str, Any]], n_examples_per_category: int = 3) -> dict[str, Any]:
@@ -91,3 +143,15 @@ def summarize_records(records: list[dict[str, Any]], n_examples_per_category: in
             for name, rows in categories.items()
         },
     }
+
+
+def truncation_warning(metrics: dict[str, float], max_tokens: int) -> str | None:
+    """One warning line when over half of the evaluated answers were cut at rollout.max_tokens (a reasoning task
+    at a CPU-sized limit scores 0 on every cut answer, and nothing else would say why)."""
+    fraction = metrics.get("eval/truncated_frac", 0.0)
+    if fraction <= 0.5:
+        return None
+    return (
+        f"{fraction:.0%} of the evaluation's answers hit rollout.max_tokens={max_tokens} before they ended: "
+        "raise rollout.max_tokens, or their rewards measure the limit rather than the policy"
+    )

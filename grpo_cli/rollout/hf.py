@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from transformers import GenerationConfig
 
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
+
+
+@contextmanager
+def _only_our_sampling_settings(model: torch.nn.Module) -> Iterator[None]:
+    """Hide the checkpoint's generation_config while generate() runs.
+
+    generate() fills every setting a call leaves unset from the model's generation_config (Qwen2.5-Instruct ships
+    repetition_penalty, top_k, top_p, ...), so completions would come from another distribution than the one the
+    trainer scores, and rollout=hf would train differently from rollout=vllm. A blank config leaves only what
+    SamplingSettings says.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the HF model
+    shipped = base.generation_config
+    base.generation_config = GenerationConfig(
+        bos_token_id=shipped.bos_token_id, eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id
+    )
+    try:
+        yield
+    finally:
+        base.generation_config = shipped
 
 
 def cut_completion(ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer) -> tuple[list[int], bool]:
@@ -95,9 +119,10 @@ class HFRolloutEngine:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if settings.stop:
             kwargs.update(stop_strings=list(settings.stop), tokenizer=self.tokenizer)
-        sequences = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-        )
+        with _only_our_sampling_settings(self.model):
+            sequences = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+            )
         new_tokens = sequences[:, width:].tolist()
         batch = RolloutBatch([], [], [], [])
         for row, ids in enumerate(new_tokens):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, RewardFn, RewardTimeout
+from grpo_cli.tasks.rewards import uses_n_tokens
 
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
 
@@ -32,13 +33,19 @@ def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
     return kept
 
 
-def score_responses(reward_fn: RewardFn, responses: list[str], ground_truths: list[Any]) -> Scores:
+def score_responses(
+    reward_fn: RewardFn, responses: list[str], ground_truths: list[Any], n_tokens: list[int] | None = None
+) -> Scores:
     """Call the reward function on every response; a crash or a timeout scores 0 and is counted, never kills
-    the run."""
+    the run. `n_tokens` (each completion's generated token count) reaches a reward that reads it (the overlong
+    shaping term) as `n_tokens=`: the engine's own count, never a re-tokenization of the text."""
+    lengths: list[int | None] = list(n_tokens) if n_tokens is not None else [None] * len(responses)
+    with_length = n_tokens is not None and uses_n_tokens(reward_fn)
     rewards, n_errors, n_timeouts = [], 0, 0
-    for response, truth in zip(responses, ground_truths, strict=True):
+    for response, truth, length in zip(responses, ground_truths, lengths, strict=True):
         try:
-            rewards.append(_kept_keys(reward_fn(response, truth)))
+            result = reward_fn(response, truth, n_tokens=length) if with_length else reward_fn(response, truth)
+            rewards.append(_kept_keys(result))
         except RewardTimeout:
             rewards.append(dict(ZERO_REWARD))
             n_timeouts += 1

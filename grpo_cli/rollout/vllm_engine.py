@@ -35,6 +35,7 @@ from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
+from grpo_cli.runtime import compute_dtype
 
 INSTALL_HINT = (
     'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '
@@ -145,7 +146,9 @@ def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
 class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int = 0) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int = 0, dtype: torch.dtype | None = None
+    ) -> None:
         """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented)."""
         require_vllm()
         # In-process engine: weight pushes are cheap tensor copies (docs/design.md section 7). Set before vllm is
@@ -160,7 +163,9 @@ class VLLMRolloutEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.rollout = rollout
-        dtype = next(model.parameters()).dtype
+        # The engine computes in the run's compute dtype (bf16 under autocast) while the policy keeps fp32 master
+        # weights: every push casts them (vLLM's weight loaders copy into its own parameters).
+        dtype = dtype or next(model.parameters()).dtype
         self.tolerance = sync_tolerance(rollout, dtype)
         eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
         eos = eos if isinstance(eos, list) else [eos]
@@ -180,6 +185,12 @@ class VLLMRolloutEngine:
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 tensor_parallel_size=rollout.tensor_parallel_size,
                 enable_sleep_mode=rollout.enable_sleep_mode and not self.on_cpu,
+                # Log-probs of the distribution tokens are sampled from (after temperature), which is what the
+                # trainer scores; only the sync probe asks for log-probs.
+                logprobs_mode="processed_logprobs",
+                # Sample from SamplingSettings alone, never from defaults in the checkpoint's generation_config
+                # (the transformers engine ignores them too, so both engines train alike).
+                generation_config="vllm",
             )
             kv_gb = rollout.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
             if kv_gb:
@@ -206,7 +217,8 @@ class VLLMRolloutEngine:
 
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
-        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed)
+        device = next(model.parameters()).device
+        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed, dtype=compute_dtype(device, cfg.model.mixed_precision))
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
@@ -275,17 +287,19 @@ class VLLMRolloutEngine:
         return metrics
 
     def probe_logprob_diff(self) -> float:
-        """Largest |log p_vLLM - log p_trainer| over a few greedy tokens of the fixed probe prompt."""
-        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, seed=0)
-        params = self._sampling_params(greedy, seed=0, logprobs=0)
+        """Largest |log p_vLLM - log p_trainer| over a few sampled tokens of the fixed probe prompt, both at the
+        training temperature (top_p 1, so vLLM's processed log-probs are log softmax(logits / T))."""
+        temperature = self.rollout.temperature
+        probe = SamplingSettings(n=1, temperature=temperature, top_p=1.0, max_tokens=PROBE_TOKENS, seed=0)
+        params = self._sampling_params(probe, seed=0, logprobs=0)
         output = self.llm.generate([{"prompt_token_ids": self.probe_ids}], params, use_tqdm=False)[0].outputs[0]
         ids = list(output.token_ids)
         engine_log_probs = torch.tensor([step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)])
-        trainer_log_probs = self.trainer_log_probs(self.probe_ids, ids)
+        trainer_log_probs = self.trainer_log_probs(self.probe_ids, ids, temperature)
         return float((engine_log_probs - trainer_log_probs).abs().max())
 
     @torch.no_grad()
-    def trainer_log_probs(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    def trainer_log_probs(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> torch.Tensor:
         """log p(completion | prompt) per token under the trainer's model, computed by the very function training
         uses (grpo_cli.core.response_log_probs), so the probe checks the path that trains."""
         device = next(self.model.parameters()).device
@@ -294,7 +308,8 @@ class VLLMRolloutEngine:
         self.model.eval()
         try:
             mask = batch["response_mask"].to(device)
-            out = response_log_probs(self.model, batch["input_ids"].to(device), batch["labels"].to(device), mask)
+            input_ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
+            out = response_log_probs(self.model, input_ids, labels, mask, temperature=temperature)
         finally:
             self.model.train(was_training)
         return out["log_probs"][mask.bool()].cpu()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,10 +22,10 @@ from grpo_cli.core.advantages import fraction_of_zero_std_groups
 from grpo_cli.models import build_policy
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.engines import build_rollout_engine
-from grpo_cli.rollout.evaluation import evaluate
+from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.tasks import Example, make_reward_fn, stop_strings
+from grpo_cli.tasks import Example, get_task, make_reward_fn, stop_strings
 
 
 def sampling_settings(cfg: Any, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
@@ -59,7 +60,7 @@ class RolloutWorker:
             seed_everything(cfg.seed)
             model, tokenizer = build_policy(cfg.model, self.device)
         self.model, self.tokenizer = model, tokenizer
-        self.reward_fn = make_reward_fn(cfg.task)
+        self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens)
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
@@ -68,20 +69,31 @@ class RolloutWorker:
     def describe(self) -> str:
         return f"{self.device} ({next(self.model.parameters()).dtype})"
 
-    def produce(self, examples: list[Example], batch_number: int, with_old_log_probs: bool = False) -> RolloutData:
+    def produce(
+        self,
+        examples: list[Example],
+        batch_number: int,
+        with_old_log_probs: bool = False,
+        first_prompt_index: int = 0,
+    ) -> RolloutData:
         """Generate, score and compute advantages for one rollout batch; its metrics hold rollout statistics and
-        the time of each phase. batch_number fixes the sampling seed (the step number for one batch per step)."""
+        the time of each phase. batch_number fixes the sampling seed (the step number for one batch per step);
+        first_prompt_index places `examples` in the step's whole prompt list (a data-parallel rank's share)."""
         cfg, shape = self.cfg, self.shape
         timings: dict[str, float] = {}
         busy_start = time.perf_counter()
         prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer)
         with timed(timings, "time/generation_s"), self.autocast():
-            sampling = sampling_settings(cfg, shape.group_size, seed=rollout_seed(cfg.seed, batch_number))
+            sampling = replace(
+                sampling_settings(cfg, shape.group_size, seed=rollout_seed(cfg.seed, batch_number)),
+                first_prompt_index=first_prompt_index,
+            )
             rollout = self.engine.generate(prompt_ids, sampling)
 
         with timed(timings, "time/scoring_s"):
             truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
-            scores = score_responses(self.reward_fn, rollout.texts, truths)
+            lengths = [len(ids) for ids in rollout.completion_ids]
+            scores = score_responses(self.reward_fn, rollout.texts, truths, lengths)
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
             advantages = normalize_group_rewards(
                 raw_rewards,
@@ -91,13 +103,22 @@ class RolloutWorker:
             )
         data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
         data.policy_version = self.version
+        if cfg.train.mask_truncated:
+            # DAPO's overlong filtering: a cut-off completion's reward says little about its tokens, so it stays
+            # in its group's advantage statistics but leaves the loss.
+            data.loss_mask = torch.tensor([0.0 if cut else 1.0 for cut in rollout.truncated])
 
         # The behaviour policy's log-probs, by the exact weights that sampled (the learner may have moved on).
         with timed(timings, "time/old_log_probs_s"):
             if with_old_log_probs:
                 with self.autocast():
                     data.old_log_probs = per_completion_log_probs(
-                        self.model, data, shape.microbatch_size, self.tokenizer.pad_token_id, self.device
+                        self.model,
+                        data,
+                        shape.microbatch_size,
+                        self.tokenizer.pad_token_id,
+                        self.device,
+                        temperature=sampling.temperature,
                     )
 
         lengths = [len(ids) for ids in rollout.completion_ids]
@@ -108,6 +129,8 @@ class RolloutWorker:
             "train/response_length_mean": sum(lengths) / len(lengths),
             "train/response_length_max": max(lengths),
             "train/truncated_frac": sum(rollout.truncated) / len(lengths),
+            # Completions left out of the loss (train.mask_truncated), as a fraction of the batch.
+            "train/masked_frac": sum(rollout.truncated) / len(lengths) if cfg.train.mask_truncated else 0.0,
             **timings,
             "time/weight_load_s": self.load_s,
             "time/produce_s": time.perf_counter() - busy_start + self.load_s,
@@ -143,10 +166,17 @@ class RolloutWorker:
         self, examples: list[Example], on_generated: Callable[[int], None] | None = None
     ) -> tuple[dict[str, float], list[dict[str, Any]], int]:
         """Held-out evaluation of the weights this worker holds: (metrics, records, policy version)."""
-        sampling = sampling_settings(self.cfg, 1, seed=self.cfg.seed, for_eval=True)
+        sampling = sampling_settings(self.cfg, self.cfg.eval.n_samples, seed=self.cfg.seed, for_eval=True)
         with self.autocast():
             metrics, records = evaluate(
-                self.engine, self.tokenizer, self.reward_fn, examples, sampling, on_generated=on_generated
+                self.engine,
+                self.tokenizer,
+                self.reward_fn,
+                examples,
+                sampling,
+                on_generated=on_generated,
+                voting=voting_for(get_task(self.cfg.task.name), self.cfg.task.prompt),
+                pass_ks=self.cfg.eval.pass_k,
             )
         return metrics, records, self.version
 

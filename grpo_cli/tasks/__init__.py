@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,7 @@ from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
 from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
-from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, build_reward_fn, check_weights
+from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 
 TASKS: dict[str, TaskSpec] = {
@@ -106,6 +107,48 @@ def load_examples(task_cfg: Any, split: str) -> list[Example]:
         raise UserFacingError(str(e)) from None
 
 
+# Metric names under eval/ that a set name would collide with (eval/<set>/... beside eval/reward/<component>).
+RESERVED_EVAL_SET_NAMES = frozenset(
+    ("reward", "format_reward", "answer_reward", "unparseable_rate", "response_length_mean", "truncated_frac")
+)
+_EVAL_SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def eval_set_config(task_cfg: Any, name: str, source: str) -> Any:
+    """The task config that reads eval set `name` as its eval split: `source` is a local JSONL file
+    (`*.jsonl`, read like task.eval_path), a split of the task's hub dataset (`test`), or another hub dataset's
+    split (`<dataset>:<split>` or `<dataset>:<config>:<split>`)."""
+    if source.endswith(".jsonl"):
+        return dataclasses.replace(task_cfg, eval_path=source)
+    if not hasattr(task_cfg, "hub_eval_split"):
+        raise UserFacingError(
+            f"task.eval_sets.{name}={source}: task={task_cfg.name} has no hub dataset, so an eval set is a local "
+            "JSONL file (a path ending in .jsonl)"
+        )
+    parts = source.split(":")
+    if len(parts) == 1:
+        hub = {"hub_eval_split": parts[0]}
+    elif len(parts) in (2, 3):
+        hub = {
+            "hub_dataset": parts[0],
+            "hub_config": parts[1] if len(parts) == 3 else None,
+            "hub_eval_split": parts[-1],
+        }
+    else:
+        raise UserFacingError(
+            f"task.eval_sets.{name}={source}: give a .jsonl file, a split of task.hub_dataset, "
+            "<dataset>:<split> or <dataset>:<config>:<split>"
+        )
+    return dataclasses.replace(task_cfg, eval_path=None, **hub)
+
+
+def load_eval_sets(task_cfg: Any) -> dict[str, list[Example]]:
+    """task.eval_sets: {name: examples} of the extra held-out sets, each read by the task's own loaders
+    (task.n_eval caps each); empty when none is configured."""
+    sources = getattr(task_cfg, "eval_sets", None) or {}
+    return {name: load_examples(eval_set_config(task_cfg, name, str(src)), "eval") for name, src in sources.items()}
+
+
 def get_task(name: str) -> TaskSpec:
     try:
         return TASKS[name]
@@ -151,21 +194,37 @@ def validate_task_config(task_cfg: Any) -> None:
     timeout = task_cfg.reward_timeout_s
     if timeout < 0 or not math.isfinite(timeout):
         raise UserFacingError(f"task.reward_timeout_s={timeout} must be >= 0 (0: no time limit)")
+    for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
+        if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
+            raise UserFacingError(
+                f"task.eval_sets.{name}: a set's name prefixes its metrics (eval/<name>/...), so use letters, "
+                f"digits, _ and - and none of {', '.join(sorted(RESERVED_EVAL_SET_NAMES))}"
+            )
+        eval_set_config(task_cfg, str(name), str(source))  # the source's form, before anything loads
+    if getattr(task_cfg, "repetition_ngram", 1) < 1:
+        raise UserFacingError(f"task.repetition_ngram={task_cfg.repetition_ngram} must be >= 1")
     tolerance = getattr(task_cfg, "numeric_tolerance", 0.0)  # the tasks with a numeric_close component
     if tolerance < 0:
         raise UserFacingError(f"task.numeric_tolerance={tolerance} must be >= 0")
 
 
-def make_reward_fn(task_cfg: Any) -> RewardFn:
+def make_reward_fn(task_cfg: Any, max_tokens: int | None = None) -> RewardFn:
     """The reward a run scores with: the task's reward for `task.prompt`, combined per `task.reward_weights`,
-    limited to `task.reward_timeout_s` per call (a timeout raises RewardTimeout, counted by the scorer)."""
+    limited to `task.reward_timeout_s` per call (a timeout raises RewardTimeout, counted by the scorer).
+    `max_tokens` (rollout.max_tokens) is what the overlong shaping term measures against."""
     task = get_task(task_cfg.name)
+    shaping = Shaping(
+        max_tokens=max_tokens,
+        overlong_buffer=getattr(task_cfg, "overlong_buffer", None),
+        repetition_ngram=getattr(task_cfg, "repetition_ngram", 3),
+    )
     return build_reward_fn(
         task,
         task_cfg.prompt,
         reward_weights(task_cfg),
         _reward_options(task, task_cfg),
         task_cfg.reward_timeout_s,
+        shaping,
     )
 
 
@@ -185,6 +244,7 @@ __all__ = [
     "TaskDataError",
     "call_with_time_limit",
     "get_task",
+    "load_eval_sets",
     "load_examples",
     "load_jsonl_examples",
     "make_reward_fn",

@@ -16,9 +16,10 @@ RewardFn = Callable[[str, Any], dict[str, float]]
 RewardComponent = Callable[[str, Any], float]
 
 # Every reward function returns these; it may add "unparseable" (1.0: no answer could be extracted or read)
-# and, when composed from weighted components, "reward/<component>" for each of them.
+# and, when composed from weighted components, "reward/<component>" for each weighted one and "correctness"
+# (the task's own reward, which decides whether an answer is right: eval/pass@k and maj@n read it).
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
-OPTIONAL_REWARD_KEYS = ("unparseable",)
+OPTIONAL_REWARD_KEYS = ("unparseable", "correctness")
 
 
 class TaskDataError(UserFacingError):
@@ -80,6 +81,11 @@ class TaskSpec:
     prompt_format: Callable[[str, str], Prompt] | None = None
     # The prompt styles the task's prompts and reward work under (validate_task_config rejects the others).
     prompt_styles: tuple[str, ...] = ("chat", "r1_zero", "question_only")
+    # Majority voting (eval/maj@n, docs/evaluation.md): (response, prompt style) -> the answer the reward grades
+    # (None: the response has none, and does not vote), and whether two such answers are the same. None: the
+    # task has no separate answer and the normalized response text votes, equal strings agreeing.
+    extract_answer: Callable[[str, str], str | None] | None = None
+    same_answer: Callable[[str, str], bool] | None = None
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""

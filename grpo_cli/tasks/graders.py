@@ -200,6 +200,26 @@ def grade_answer(answer: str | None, ground_truth: Any) -> tuple[bool, bool]:
     return match, not parsed
 
 
+def answers_equivalent(a: str, b: str) -> bool:
+    """Whether two extracted answers are the same answer under the grading rule (equal after normalization, or
+    equal for math-verify in its killable helper, within MATH_VERIFY_TIME_LIMIT_S): what majority voting groups
+    by, so "0.5", "1/2" and "\\frac{1}{2}" vote together."""
+    return grade_answer(a, b)[0]
+
+
+def vote_answer(response: str, prompt_style: str) -> str | None:
+    """The answer a math reward grades under `prompt_style`: r1_zero's tagged answer (its last \\boxed{} when
+    it holds one), else question_only's extraction. None when there is none (that response does not vote)."""
+    if prompt_style == "r1_zero":
+        answer = extract_r1_zero_answer(response)
+        if answer is None:
+            return None
+        answer = last_boxed(answer) or answer
+    else:
+        answer = extract_final_answer(response)
+    return answer if answer is not None and answer.strip() else None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Reward functions
 

@@ -9,7 +9,8 @@ same formats, one object per line:
     MATH-500 style   {"problem": "...", "answer": "...", ...}                    ("answer" wins over "solution")
     GSM8K            {"question": "...", "answer": "... #### 72"}                (answer = the text after ####)
 
-Any of them also accepts the generic {"question": ..., "ground_truth": ...}.
+Any of them also accepts the generic {"question": ..., "ground_truth": ...}, and `math` reads GSM8K lines too
+(so GSM8K can be one of a math run's `task.eval_sets`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any
 
 from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
 from grpo_cli.tasks.graders import (
+    answers_equivalent,
     extract_final_answer,
     extract_r1_zero_answer,
     last_boxed,
     parse_number,
     question_only_reward_fn,
     r1_zero_reward_fn,
+    vote_answer,
 )
 from grpo_cli.tasks.hub import load_hub_examples
 
@@ -45,6 +48,8 @@ def parse_math_row(row: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if "problem" not in row:
         if "question" in row and "ground_truth" in row:
             return _text_field(row, "question"), _text_field(row, "ground_truth"), {"question": row["question"]}
+        if "question" in row and "answer" in row:  # a GSM8K line: GSM8K can be an eval set of a math run
+            return parse_gsm8k_row(row)
         raise RowError(
             'missing field \'problem\' (MATH lines need "problem" plus "answer" or a "solution" with a '
             '\\boxed{} answer, or "question" and "ground_truth")'
@@ -156,6 +161,8 @@ MATH_TASK = TaskSpec(
     parse_row=parse_math_row,
     reward_fns_by_prompt={"r1_zero": r1_zero_reward_fn},
     sanity_cases_by_prompt={"r1_zero": R1_ZERO_CASES},
+    extract_answer=vote_answer,
+    same_answer=answers_equivalent,
 )
 
 GSM8K_TASK = TaskSpec(
@@ -169,4 +176,6 @@ GSM8K_TASK = TaskSpec(
     sanity_cases_by_prompt={"r1_zero": GSM8K_R1_ZERO_CASES},
     reward_components=numeric_close_components,
     reward_options=("numeric_tolerance",),
+    extract_answer=vote_answer,
+    same_answer=answers_equivalent,
 )

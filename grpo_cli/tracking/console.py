@@ -3,6 +3,7 @@ line per step. Bars are drawn only on a terminal; piped output keeps just the li
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -74,11 +75,28 @@ def format_step_line(step: int, metrics: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def sample_metrics_line(metrics: dict[str, Any], prefix: str) -> str:
+    """ "mean@4 0.500  pass@1 0.500  pass@4 0.750  maj@4 0.500" of one eval set (eval.n_samples > 1), else ""."""
+    names = [key[len(prefix) :] for key in metrics if re.fullmatch(re.escape(prefix) + r"(mean|pass|maj)@\d+", key)]
+    return "  ".join(f"{name} {metrics[prefix + name]:.3f}" for name in names)
+
+
 def format_eval_line(step: int, metrics: dict[str, Any]) -> str:
-    return (
+    """The main eval set's rewards (and its mean@n / pass@k / maj@n), then each task.eval_sets set's."""
+    line = (
         f"eval @ step {step}: reward {metrics['eval/reward']:.3f}  format {metrics['eval/format_reward']:.3f}  "
         f"answer {metrics['eval/answer_reward']:.3f}  len {metrics['eval/response_length_mean']:.1f}"
     )
+    if sampled := sample_metrics_line(metrics, "eval/"):
+        line += f"  {sampled}"
+    # Each extra set logs eval/<name>/truncated_frac (a reward component's eval/reward/<name> does not).
+    for key in metrics:
+        if found := re.fullmatch(r"eval/([A-Za-z0-9_-]+)/truncated_frac", key):
+            name = found.group(1)
+            line += f"  | {name}: reward {metrics[f'eval/{name}/reward']:.3f}"
+            if sampled := sample_metrics_line(metrics, f"eval/{name}/"):
+                line += f"  {sampled}"
+    return line
 
 
 class StepProgress:

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.errors import UserFacingError
+
 
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # 0-d tensors and numpy scalars
@@ -50,12 +52,35 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
             f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop metrics.jsonl lines logged after `last_step` (a resumed run logs them again)."""
+def truncate_metrics(path: Path, last_step: int) -> str | None:
+    """Drop metrics.jsonl lines logged after `last_step` (a resumed run logs them again).
+
+    A last line cut off mid-write (the process died, the disk filled) is dropped too: the file is truncated back
+    to its last complete line and the returned message says so (None when the file was intact). A damaged line
+    before the last one is not something a killed writer leaves behind: UserFacingError naming it.
+    """
     if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+        return None
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept, message = [], None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            step = int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                raise UserFacingError(
+                    f"{path}:{number} is not a metrics line (damaged file): remove that line, or start a new run "
+                    "without resume=..."
+                ) from None
+            message = f"{path}: dropped its last line, cut off mid-write ({len(line)} characters): {line[:40]!r}"
+            continue
+        if step <= last_step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return message
 
 
 def baseline_eval_reward(path: Path) -> float:

@@ -32,6 +32,32 @@ PLOTS = (
     ("train/entropy", "train_entropy.png", "entropy (response tokens)"),
     ("train/clip_fraction", "train_clip_fraction.png", "clip fraction"),
 )
+# Eval metrics beyond eval/reward that get a results column (their last value) and a plot when some run logs
+# them: mean@n, pass@k and maj@n (eval.n_samples > 1), and each task.eval_sets set's reward and the same three.
+EXTRA_EVAL_METRIC = re.compile(r"eval/(?:([A-Za-z0-9_-]+)/)?(reward|mean@\d+|pass@\d+|maj@\d+)")
+
+
+def extra_eval_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The EXTRA_EVAL_METRIC keys in these metric lines: the main set first, then each set in order of first
+    appearance; within a set reward, mean@n, pass@k by k, maj@n."""
+    sets: dict[str, list[tuple[int, int, str]]] = {}
+    order = {"reward": 0, "mean": 1, "pass": 2, "maj": 3}
+    for row in rows:
+        for key in row:
+            match = EXTRA_EVAL_METRIC.fullmatch(key)
+            if match is None or key == "eval/reward":
+                continue
+            name, _, k = match.group(2).partition("@")
+            sets.setdefault(match.group(1) or "", []).append((order[name], int(k or 0), key))
+    main = sets.pop("", [])
+    return [key for group in (main, *sets.values()) for *_, key in sorted(set(group))]
+
+
+def plot_file_name(key: str) -> str:
+    """eval/math500/pass@4 -> eval_math500_pass_at_4.png"""
+    return key.replace("@", "_at_").replace("/", "_") + ".png"
+
+
 # Mean seconds per training step; eval time is per evaluation. With one_behind and replay_buffer the
 # generator's phases (generation, scoring, old log-probs) run while the learner trains, so the phases add up
 # to more than the step; `waiting` is the learner idle, waiting for a rollout batch.
@@ -107,6 +133,8 @@ class RunSummary:
     best_eval_step: int | None
     wall_time_s: float
     time_means_s: dict[str, float] = field(default_factory=dict)
+    # The last value of each extra_eval_keys metric the run logged (pass@k, maj@n, eval sets).
+    final_eval: dict[str, float] = field(default_factory=dict)
 
 
 def _is_number(value: Any) -> bool:
@@ -170,6 +198,33 @@ def read_metric_lines(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+OBJECTIVES = ("final_eval_reward", "best_eval_reward")
+
+
+def eval_rewards(rows: list[dict[str, Any]]) -> list[float]:
+    return [float(row["eval/reward"]) for row in rows if _is_number(row.get("eval/reward"))]
+
+
+def objective_of(which: str, rewards: list[float]) -> float | None:
+    if not rewards:
+        return None
+    return max(rewards) if which == "best_eval_reward" else rewards[-1]
+
+
+def run_objective(which: str, run_dir: Path, summary: dict[str, Any] | None = None) -> float | None:
+    """What a run returns to a Hydra sweeper (`job.objective`): the eval reward of its last evaluation, or the
+    highest, from metrics.jsonl (job=train); else the summary's eval reward (job=baseline_eval); None for a job
+    that evaluates nothing."""
+    if which not in OBJECTIVES:
+        raise UserFacingError(f"job.objective={which}: use one of {', '.join(OBJECTIVES)}")
+    path = Path(run_dir) / "metrics.jsonl"
+    rewards = eval_rewards(read_metric_lines(path)) if path.exists() else []
+    if not rewards:
+        value = ((summary or {}).get("metrics") or {}).get("eval/reward")
+        return float(value) if _is_number(value) else None
+    return objective_of(which, rewards)
+
+
 def load_run(path: Path, name: str) -> RunData:
     config_path = path / "config.yaml"
     config = flatten(yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
@@ -222,6 +277,7 @@ def summarize(run: RunData, keys: list[str]) -> RunSummary:
         best_eval_step=steps[best] if best is not None else None,
         wall_time_s=sum(run.series("time/step_s")[1]) + sum(eval_times),
         time_means_s=times,
+        final_eval={key: run.series(key)[1][-1] for key in extra_eval_keys(run.evals) if run.series(key)[1]},
     )
 
 
@@ -261,7 +317,10 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def results_table(summaries: list[RunSummary], keys: list[str]) -> str:
-    header = ["run", *keys, "steps", "final eval reward", "best eval reward (step)", "wall time (s)"]
+    # Final pass@k / maj@n / eval-set columns, when some run logged them (eval/math500/pass@4 -> math500 pass@4).
+    extra = list(dict.fromkeys(key for s in summaries for key in s.final_eval))
+    extra_header = [f"final {key.removeprefix('eval/').replace('/', ' ')}" for key in extra]
+    header = ["run", *keys, "steps", "final eval reward", "best eval reward (step)", *extra_header, "wall time (s)"]
     rows = [
         [
             s.name,
@@ -269,6 +328,7 @@ def results_table(summaries: list[RunSummary], keys: list[str]) -> str:
             str(s.steps),
             _fmt(s.final_eval_reward, ".3f"),
             f"{_fmt(s.best_eval_reward, '.3f')} ({_fmt(s.best_eval_step, 'd')})",
+            *(_fmt(s.final_eval.get(key), ".3f") for key in extra),
             f"{s.wall_time_s:.1f}",
         ]
         for s in summaries
@@ -365,6 +425,65 @@ def seed_band(
     return common, means, lows, highs
 
 
+SEARCH_RESULTS_FILE = "optimization_results.yaml"  # written by hydra/sweeper=optuna in the sweep directory
+
+
+def searches(data: list[RunData]) -> list[dict[str, Any]]:
+    """The Optuna searches among the runs (a sweep directory holding optimization_results.yaml): each trial's
+    searched parameters and objective, best first, and the study's best as the sweeper saved it."""
+    found = []
+    for sweep_dir in dict.fromkeys(run.path.parent for run in data):
+        results_path = sweep_dir / SEARCH_RESULTS_FILE
+        if not results_path.is_file():
+            continue
+        results = yaml.safe_load(results_path.read_text()) or {}
+        params = list((results.get("best_params") or {}).keys())
+        trials = []
+        for run in (run for run in data if run.path.parent == sweep_dir):
+            number = re.match(r"(\d+)_", run.path.name)
+            which = run.config.get("job.objective") or OBJECTIVES[0]
+            objective = objective_of(which, eval_rewards(run.rows))
+            trials.append(
+                {
+                    "trial": int(number.group(1)) if number else None,
+                    "run": run.name,
+                    "params": {key: run.config.get(key) for key in params},
+                    "objective": objective,
+                    "objective_name": which,
+                }
+            )
+        trials.sort(key=lambda t: (t["objective"] is None, -(t["objective"] or 0.0), t["trial"] or 0))
+        found.append(
+            {
+                "sweep_dir": str(sweep_dir),
+                "best_params": results.get("best_params"),
+                "best_value": results.get("best_value"),
+                "trials": trials,
+            }
+        )
+    return found
+
+
+def search_section(search: dict[str, Any]) -> str:
+    trials = search["trials"]
+    names = sorted({t["objective_name"] for t in trials}) or [OBJECTIVES[0]]
+    best = ", ".join(f"{k}={format_value(v)}" for k, v in (search["best_params"] or {}).items())
+    header = ["trial", *(search["best_params"] or {}), f"objective ({', '.join(names)})"]
+    rows = [
+        [
+            f"{t['trial']}" + (" (best)" if t["params"] == search["best_params"] else ""),
+            *(format_value(v) for v in t["params"].values()),
+            _fmt(t["objective"], ".3f"),
+        ]
+        for t in trials
+    ]
+    intro = (
+        f"`hydra/sweeper=optuna` in `{search['sweep_dir']}`: {len(trials)} trial(s), highest objective first. "
+        f"Best (its {SEARCH_RESULTS_FILE}): {_fmt(search['best_value'], '.3f')} with {best or '-'}."
+    )
+    return "\n\n".join([intro, markdown_table(header, rows)])
+
+
 def shared_line(configs: list[dict[str, Any]], keys: list[str]) -> str:
     shared = [k for k in HEADLINE_KEYS if k not in keys and k in configs[0]]
     return ", ".join(f"`{k}={format_value(configs[0][k])}`" for k in shared)
@@ -379,7 +498,14 @@ def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
     groups = seed_groups(data, keys)
 
     out.mkdir(parents=True, exist_ok=True)
-    plots = [(name, label) for key, name, label in PLOTS if plot_metric(groups, keys, key, label, out / name)]
+    extra_plots = [
+        (key, plot_file_name(key), key) for key in extra_eval_keys([row for run in data for row in run.evals])
+    ]
+    plots = [
+        (name, label)
+        for key, name, label in (*PLOTS, *extra_plots)
+        if plot_metric(groups, keys, key, label, out / name)
+    ]
 
     sections = [
         "# GRPO run report",
@@ -393,10 +519,14 @@ def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
         results_table(summaries, keys),
         "Eval reward: on the held-out set (at `rollout.eval_temperature`, greedy by default), at step 0, every "
         "`train.eval_every` steps and at the end; best is the highest of those. Wall time: the sum of the step "
-        "and eval times (model loading excluded).",
+        "and eval times (model loading excluded). With `eval.n_samples` > 1 and `task.eval_sets`, the last "
+        "evaluation's mean@n, pass@k and maj@n and each set's numbers follow (docs/evaluation.md).",
     ]
     if seeds := seeds_table(groups, {s.name: s for s in summaries}):
         sections += ["## Across seeds", seeds]
+    studies = searches(data)
+    for search in studies:
+        sections += ["## Search (Optuna trials)", search_section(search)]
     sections += [
         "## Time per step (mean seconds; eval: per evaluation)",
         time_table(summaries),
@@ -413,8 +543,11 @@ def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
         "runs": [asdict(s) for s in summaries],
         "differing_keys": keys,
         "plots": [name for name, _ in plots],
+        "searches": studies,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     console.print(results_table(summaries, keys), highlight=False, markup=False)
+    for search in studies:
+        console.print(search_section(search), highlight=False, markup=False)
     console.print(f"wrote {out / 'report.md'}, report.json and {len(plots)} plot(s)", highlight=False)
     return report

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shlex
+import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -93,6 +95,9 @@ def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str
         "packages": package_versions(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        # Which process ran it, where: every job of a sweep has its own (hydra/launcher=processes, submitit).
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
         "seeds": {"seed": cfg.seed, "model.init_seed": cfg.model.init_seed, "task.data_seed": cfg.task.data_seed},
         "data": {split: {"n_examples": len(rows), "sha256": examples_sha256(rows)} for split, rows in examples.items()},
     }

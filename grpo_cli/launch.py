@@ -1,0 +1,157 @@
+"""Starting the ranks of a data-parallel job (distributed=ddp|fsdp) with torch.distributed's elastic launcher.
+
+`grpo-run distributed=ddp distributed.nproc_per_node=4` composes the config and picks the run directory once,
+then starts the ranks here (what torchrun does, from inside the job). Under an external `torchrun` or `srun`
+(RANK and WORLD_SIZE in the environment) nothing is started: each process joins the group as the rank it is.
+
+Each rank reports how it ended in <run dir>/ranks/rank<N>.json, so the launching process can print the one-line
+error a single process would print, whichever rank failed first. A rank that fails exits non-zero, and the
+elastic agent then stops every other rank (max_restarts=0); a rank also dies with the process that launched it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import logging
+import os
+import signal
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from grpo_cli import parallel
+from grpo_cli.config import BatchShape
+from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.runtime import resolve_device
+
+EXIT_INTERNAL_ERROR = 1
+_PR_SET_PDEATHSIG = 1
+
+
+def run_distributed(module: str, cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+    """Run job `module` (its `run(cfg, output_dir, console)`) on every rank; returns rank 0's summary."""
+    if parallel.launched_as_rank():
+        return _run_rank(module, cfg, output_dir, console)
+    return _launch_ranks(module, cfg, output_dir)
+
+
+def launch_config(cfg: Any, run_id: str) -> Any:
+    """The elastic launcher's settings for distributed.*: c10d rendezvous at master_addr:master_port, no
+    restarts. On one node the rendezvous and the ranks' MASTER_ADDR stay on the loopback address (the host's
+    name may resolve to an address other processes cannot reach, or one outside this machine)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    d = cfg.distributed
+    return LaunchConfig(
+        min_nodes=d.nnodes,
+        max_nodes=d.nnodes,
+        nproc_per_node=d.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{d.master_addr}:{d.master_port}",
+        rdzv_configs={"rank": d.node_rank} if d.nnodes > 1 else {},
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+        # On SIGINT/SIGTERM the agent forwards the signal and gives the ranks this long to finish the step and
+        # write its checkpoint (they agree to stop after the same step) before it kills them.
+        shutdown_timeout=300,
+        local_addr=d.master_addr if d.nnodes == 1 else None,
+    )
+
+
+def _launch_ranks(module: str, cfg: Any, output_dir: Path) -> dict[str, Any]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    # The agent logs a multi-page report for every failed rank; the rank's own one line is what users need.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    reports = output_dir / "ranks"
+    reports.mkdir(parents=True, exist_ok=True)
+    for old in reports.glob("rank*.json"):  # a resumed run's earlier outcome is not this one's
+        old.unlink()
+    try:
+        results = elastic_launch(launch_config(cfg, uuid.uuid4().hex[:8]), _rank_main)(module, cfg, str(output_dir))
+    except (ChildFailedError, Exception) as error:  # noqa: BLE001 - the ranks' own reports say what happened
+        _raise_rank_outcome(reports, error)
+    return results[0]
+
+
+def _rank_main(module: str, cfg: Any, output_dir: str) -> dict[str, Any]:
+    """One rank, started by the elastic agent: the job, with its outcome written down for the launcher."""
+    _die_with_parent()
+    # Out of the terminal's process group: a Ctrl-C reaches the ranks once, forwarded by the agent, instead of
+    # twice (directly and forwarded), which would read as "press Ctrl-C again to stop at once".
+    os.setpgrp()
+    world_rank = int(os.environ["RANK"])
+    console = Console(highlight=False, soft_wrap=True, quiet=world_rank != 0)
+    report = Path(output_dir) / "ranks" / f"rank{world_rank}.json"
+    try:
+        return _run_rank(module, cfg, Path(output_dir), console)
+    except UserFacingError as error:
+        _report(report, "error", str(error), 2)
+        raise SystemExit(2) from None
+    except RunStopped as error:
+        _report(report, "stopped", str(error), error.exit_code)
+        raise SystemExit(error.exit_code) from None
+    except BaseException as error:
+        log = report.with_suffix(".log")
+        log.write_text(traceback.format_exc())
+        message = f"rank {world_rank} failed ({type(error).__name__}: {str(error)[:200]}); traceback in {log}"
+        _report(report, "crash", message, EXIT_INTERNAL_ERROR)
+        raise
+
+
+def _run_rank(module: str, cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+    d = cfg.distributed
+    world = parallel.init_process_group(d.backend, resolve_device(cfg.model.device).type, d.timeout_min)
+    try:
+        expected = BatchShape.from_config(cfg).ranks
+        if world.size != expected:
+            raise UserFacingError(
+                f"the launcher started {world.size} ranks but distributed.nproc_per_node x distributed.nnodes = "
+                f"{expected}: set them to match (the step's work is split into that many equal shares)"
+            )
+        # Under torchrun each process composed its own config and may have picked its own run directory.
+        output_dir = Path(parallel.broadcast_object(str(output_dir)))
+        if not world.is_main:
+            console = Console(quiet=True)
+        return importlib.import_module(module).run(cfg, output_dir, console)
+    finally:
+        parallel.destroy_process_group()
+
+
+def _report(path: Path, kind: str, message: str, exit_code: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": kind, "message": message, "exit_code": exit_code}))
+
+
+def _raise_rank_outcome(reports: Path, error: BaseException) -> None:
+    """The one line a single process would have ended with: a rank's own error or stop first (the ranks that
+    only failed because a peer left report a crash at their collective), else the earliest crash."""
+    outcomes = [json.loads(path.read_text()) | {"mtime": path.stat().st_mtime} for path in reports.glob("rank*.json")]
+    if not outcomes:
+        first_line = (str(error).splitlines() or [""])[0][:200]
+        raise RunStopped(
+            f"the ranks stopped without a report ({type(error).__name__}: {first_line})",
+            exit_code=EXIT_INTERNAL_ERROR,
+        ) from None
+    outcome = min(outcomes, key=lambda o: (o["kind"] == "crash", o["mtime"]))
+    if outcome["kind"] == "error":
+        raise UserFacingError(outcome["message"]) from None
+    raise RunStopped(outcome["message"], exit_code=int(outcome["exit_code"])) from None
+
+
+def _die_with_parent() -> None:
+    """Linux: this rank gets SIGKILL when the process that launched it dies (even by SIGKILL), so no rank
+    outlives its run waiting at a collective."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the agent's own shutdown still stops the ranks
+        pass

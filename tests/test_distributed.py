@@ -1,0 +1,259 @@
+"""distributed=ddp|fsdp on this CPU (gloo, fp32): the same steps as one process, checkpoints any number of ranks
+can resume, one-line errors, and no rank outliving its run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from grpo_cli import parallel
+from grpo_cli.config import BatchShape, validate_config
+from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.launch import launch_config, run_distributed
+from grpo_cli.tracking import read_metrics
+from tests.conftest import compose_config, run_grpo
+from tests.test_reliability import start_grpo, wait_for
+
+# The acceptance setting: 3 steps, 16 rollouts in groups of 4, 2 microbatches, fp32, a reward that varies on a
+# random model (lipogram's answer reward), so the updates are not zero.
+SETTING = [
+    "model=tiny_random",
+    "model.mixed_precision=no",
+    "task=lipogram",
+    "task.reward_weights.correctness=0",
+    "task.reward_weights.answer=1",
+    "task.n_train=32",
+    "task.n_eval=4",
+    "train.steps=3",
+    "train.rollout_batch_size=16",
+    "train.group_size=4",
+    "train.train_batch_size=16",
+    "train.gradient_accumulation_steps=2",
+    "train.eval_every=0",
+    "rollout.max_tokens=8",
+    "optim.lr=1e-2",
+]
+COMPARED = ("train/reward", "train/loss", "train/grad_norm")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- configuration: one line, before anything loads -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["distributed=ddp", "sync=one_behind"], "does not combine with distributed=ddp"),
+        (["distributed=ddp", "rollout=vllm"], "rollout=vllm with distributed=ddp"),
+        (
+            [
+                "distributed=ddp",
+                "train.rollout_batch_size=12",
+                "train.group_size=4",
+                "train.train_batch_size=12",
+                "train.gradient_accumulation_steps=2",
+            ],
+            "do not split equally among 2 ranks",
+        ),
+        (["distributed=fsdp", "train.gradient_accumulation_steps=1"], "microbatches per optimizer step"),
+        (["distributed.nproc_per_node=2"], "need distributed=ddp or distributed=fsdp"),
+    ],
+)
+def test_combinations_that_cannot_work_are_one_line(overrides, message):
+    cfg = compose_config(["debug=smoke", "train.rollout_batch_size=8", "train.train_batch_size=8", *overrides])
+    with pytest.raises(UserFacingError, match=message) as info:
+        validate_config(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_rank_shares_keep_the_one_process_microbatch():
+    cfg = compose_config([*SETTING, "distributed=ddp"])
+    shape = BatchShape.from_config(cfg)
+    assert (shape.ranks, shape.prompts_per_rank, shape.train_batch_per_rank) == (2, 2, 8)
+    assert (shape.microbatch_size, shape.gradient_accumulation_per_rank) == (8, 1)
+
+
+def test_one_node_rendezvous_stays_on_the_loopback_address():
+    cfg = compose_config(["distributed=ddp"])
+    config = launch_config(cfg, "test")
+    assert config.rdzv_endpoint.startswith("127.0.0.1:") and config.local_addr == "127.0.0.1"
+    assert config.max_restarts == 0 and config.nproc_per_node == 2
+
+
+# --- the collectives, on a real two-process gloo group ----------------------------------------------------------
+
+
+def _collectives(rank: int, port: int, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        metrics = {
+            "train/reward": [0.25, 0.75][rank],
+            "train/response_length_max": [5.0, 9.0][rank],
+            "time/step_s": [1.0, 3.0][rank],
+            "train/reward_errors": [1.0, 2.0][rank],
+        }
+        values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]][rank])
+        results[rank] = (
+            parallel.reduce_metrics(metrics),
+            parallel.reduce_std(values),
+            parallel.any_rank(rank == 1),
+            parallel.broadcast_object(f"dir-of-rank-{rank}"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_metrics_combine_over_ranks_as_one_batch_would():
+    port = free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_collectives, args=(port, results), nprocs=2)
+        results = dict(results)
+    for metrics, std, anyone, broadcast in results.values():
+        assert metrics == {
+            "train/reward": 0.5,  # mean of equal shares
+            "train/response_length_max": 9.0,  # the largest
+            "time/step_s": 3.0,  # the slowest rank sets the pace
+            "train/reward_errors": 3.0,  # counts add up
+        }
+        assert std == pytest.approx(torch.arange(1.0, 7.0).std().item())
+        assert anyone is True and broadcast == "dir-of-rank-0"
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def _fsdp_gradient(rank: int, port: int, strategy: str, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = parallel.wrap_for_training(TwoLayers(), strategy, torch.device("cpu"), None)
+        x = torch.arange(32.0).reshape(8, 4) / 10
+        model(x[rank * 4 : (rank + 1) * 4]).pow(2).mean().backward()  # this rank's half of the batch
+        inner = getattr(model, "module", model)  # DDP wraps, FSDP2 shards in place
+        results[rank] = parallel.full_tensor(inner.layers[0].weight.grad).clone()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_averaged_gradient_over_two_gloo_ranks_is_the_one_process_gradient(strategy):
+    # PyTorch issue 162338: FSDP2 over gloo summed gradients instead of averaging them in some versions (a
+    # silent 2x); this fails on such a version.
+    torch.manual_seed(0)
+    single = TwoLayers()
+    single(torch.arange(32.0).reshape(8, 4) / 10).pow(2).mean().backward()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_fsdp_gradient, args=(free_port(), strategy, results), nprocs=2)
+        results = dict(results)
+    for gradient in results.values():
+        torch.testing.assert_close(gradient, single.layers[0].weight.grad)
+
+
+# --- real runs through grpo-run ---------------------------------------------------------------------------------
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+
+
+def run_setting(tmp_path: Path, name: str, extra: list[str]) -> list[dict]:
+    run_dir = tmp_path / name
+    result = run_grpo([*SETTING, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return train_rows(run_dir)
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp_take_the_same_steps_as_one_process(tmp_path):
+    single = run_setting(tmp_path, "single", [])
+    for strategy in ("ddp", "fsdp"):
+        rows = run_setting(tmp_path, strategy, [f"distributed={strategy}", f"distributed.master_port={free_port()}"])
+        assert [r["step"] for r in rows] == [1, 2, 3]  # each step logged once, by rank 0
+        for one, many in zip(single, rows, strict=True):
+            for key in COMPARED:
+                assert many[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), (strategy, one["step"], key)
+    assert any(r["train/grad_norm"] > 0 for r in single)  # the comparison is not of zeros
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_run_resumes_on_one_rank_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*SETTING, "train.steps=4", "train.checkpoint_every=1", "distributed=ddp", f"hydra.run.dir={run_dir}"]
+    process = start_grpo([*args, f"distributed.master_port={free_port()}"], cwd=tmp_path)
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000002" / "COMPLETE").exists(), timeout=600)
+        ranks = children_of(process.pid)
+        assert len([p for p in ranks if "python" in p.name().lower()]) >= 2
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, f"ranks outlived the killed run: {[p.pid for p in alive]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # A full, one-process checkpoint: resume it without distributed (a different number of ranks).
+    result = run_grpo(["resume=" + str(run_dir), "distributed=none"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = [r["step"] for r in train_rows(run_dir)]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_every_rank_with_its_one_line_error(tmp_path):
+    cfg = compose_config(["debug=smoke", "distributed=ddp", f"distributed.master_port={free_port()}"])
+    started = time.monotonic()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(UserFacingError) as info:
+        run_distributed("tests.distributed_jobs", cfg, tmp_path, None)
+    assert str(info.value) == "task.train_path=/data/missing.jsonl does not exist: give an existing JSONL file"
+    assert time.monotonic() - started < 120  # rank 0 did not wait for its collective's timeout
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    # multiprocessing's resource tracker stays for the life of this (test) process: it is not a rank.
+    ranks = [p.pid for p in left if not any("resource_tracker" in part for part in p.cmdline())]
+    assert not ranks, f"ranks outlived the failed run: {ranks}"
+    report = json.loads((tmp_path / "ranks" / "rank1.json").read_text())
+    assert report["kind"] == "error" and report["exit_code"] == 2
+
+
+def test_run_stopped_reports_keep_their_exit_code(tmp_path):
+    from grpo_cli.launch import _raise_rank_outcome, _report
+
+    _report(tmp_path / "rank0.json", "stopped", "stopped by SIGTERM after step 2; continue with: ...", 143)
+    with pytest.raises(RunStopped) as info:
+        _raise_rank_outcome(tmp_path, RuntimeError("ChildFailedError"))
+    assert info.value.exit_code == 143

@@ -5,8 +5,9 @@ reward (grpo-cli's own task code), 4 prompts x 4 completions per step, <= 48 new
 lr 1e-5, no KL, fp32 on the CPU, one optimizer step per rollout batch. TRL's other defaults are left as they
 are (notably gradient checkpointing on). Prints seconds per step (median, min) and writes them as JSON.
 
-    pip install torch==2.13.0 "trl==1.16.*" && pip install -e .      # in a separate environment
+    pip install -r benchmarks/requirements.txt        # TRL 1.16, beside grpo-cli
     python benchmarks/trl_keyword_baseline.py --steps 6 --out trl.json
+    python benchmarks/compare_trl.py                   # this and grpo-cli back to back, with the ratio
 """
 
 from __future__ import annotations

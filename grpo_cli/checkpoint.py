@@ -67,9 +67,7 @@ def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named_parameters lists a tied weight once, which safetensors needs (it refuses shared storage); frozen
     weights are not saved because the run rebuilds them from model.name_or_path.
     """
-    return {
-        name: full_tensor(p.detach()).contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad
-    }
+    return {name: full_tensor(p.detach()).contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

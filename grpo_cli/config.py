@@ -174,12 +174,12 @@ class HubTaskConfig(TaskConfig):
 
 @dataclass
 class MathTaskConfig(HubTaskConfig):
-    pass
+    """task=math: the hub keys, nothing of its own."""
 
 
 @dataclass
 class GSM8KTaskConfig(NumericCloseOptions, HubTaskConfig):
-    pass
+    """task=gsm8k: the hub keys and the numeric tolerance."""
 
 
 @dataclass
@@ -203,7 +203,7 @@ class RegexSumTaskConfig(NumericCloseOptions, TaskConfig):
 
 @dataclass
 class AdditionTaskConfig(TaskConfig):
-    pass
+    """task=addition: synthetic data from task.data_seed, nothing of its own."""
 
 
 @dataclass
@@ -311,7 +311,11 @@ class SamplingConfig:
 
 @dataclass
 class HFRolloutConfig(SamplingConfig):
-    """rollout=hf: transformers generate() on the policy itself; the sampling keys only."""
+    """rollout=hf: the policy itself samples (static KV cache, grpo_cli/rollout/decode.py)."""
+
+    # torch.compile the decode step: auto = on CUDA only (on the measured 2-core CPU it was no faster and took
+    # minutes to compile; docs/performance.md).
+    compile: str = choice("auto", ("auto", "always", "never"))
 
 
 @dataclass
@@ -332,6 +336,9 @@ class VLLMRolloutConfig(SamplingConfig):
     # Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16.
     sync_tolerance: float | None = None
     sync_probe: bool = True
+    # Probe every this many steps (a multiple of it), and always at the first push of a process (a fresh or a
+    # resumed run) and after the last step. 1: after every push (~1 s each on a 2-core CPU at 135M parameters).
+    sync_probe_every: int = 10
     # A weight sync taking longer than this stops the run instead of hanging it.
     sync_timeout_s: float = 300.0
     # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
@@ -420,8 +427,14 @@ class JobConfig:
     # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
     # measured steps per engine.
     engines: list[str] = field(default_factory=lambda: ["auto"])
-    warmup_steps: int = 1
-    steps: int = 5
+    warmup_steps: int = 0
+    steps: int = 6
+    # benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and with the
+    # completion length (at train.rollout_batch_size; every completion forced to max_tokens), scaling_steps each.
+    scaling: bool = False
+    scaling_batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    scaling_max_tokens: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    scaling_steps: int = 2
     # What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the last
     # evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).
     objective: str = choice("final_eval_reward", ("final_eval_reward", "best_eval_reward"))
@@ -924,6 +937,8 @@ def validate_config(cfg: Any) -> None:
         "logger.init_timeout_s": cfg.logger.init_timeout_s,
         "logger.samples_rows": cfg.logger.samples_rows,
     }
+    if isinstance(cfg.rollout, VLLMRolloutConfig):
+        positive["rollout.sync_probe_every"] = cfg.rollout.sync_probe_every
     for key, value in positive.items():
         if value <= 0:
             raise UserFacingError(f"{key}={value} must be positive")

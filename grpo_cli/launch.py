@@ -11,6 +11,7 @@ elastic agent then stops every other rank (max_restarts=0); a rank also dies wit
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -150,8 +151,6 @@ def _raise_rank_outcome(reports: Path, error: BaseException) -> None:
 def _die_with_parent() -> None:
     """Linux: this rank gets SIGKILL when the process that launched it dies (even by SIGKILL), so no rank
     outlives its run waiting at a collective."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the agent's own shutdown still stops the ranks
-        pass
+    # Not Linux: no prctl, and the agent's own shutdown still stops the ranks.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

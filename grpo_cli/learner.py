@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from grpo_cli import parallel
 from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_probs, tokens_through_model
 from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.core import grpo_microbatch_train_step, masked_mean, response_log_probs
-from grpo_cli import parallel
 from grpo_cli.models import build_policy
 from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
 
@@ -179,39 +179,36 @@ class Learner:
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
         """Old and reference log-probs, then the updates. Returns (metrics, consecutive non-finite updates)."""
-        shape = self.shape
         self.model.train()
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
         if self.needs_old_log_probs and data.old_log_probs is None:
-            with timed(timings, "time/old_log_probs_s"), self.autocast():
-                data.old_log_probs = per_completion_log_probs(
-                    self.inference_model,
-                    data,
-                    shape.microbatch_size,
-                    self.pad_token_id,
-                    self.device,
-                    self.share_prompts,
-                    self.temperature,
-                )
+            with timed(timings, "time/old_log_probs_s"):
+                data.old_log_probs = self.log_probs_under(self.inference_model, data)
         if self.needs_reference:
-            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference, self.autocast():
-                data.ref_log_probs = per_completion_log_probs(
-                    reference,
-                    data,
-                    shape.microbatch_size,
-                    self.pad_token_id,
-                    self.device,
-                    self.share_prompts,
-                    self.temperature,
-                )
+            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference:
+                data.ref_log_probs = self.log_probs_under(reference, data)
         with timed(timings, "time/training_s"):
             metrics = self.update(data, step)
             self.refresh_inference_copy()
         self.version = step
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
+
+    def log_probs_under(self, model: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+        """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
+        sampling temperature."""
+        with self.autocast():
+            return per_completion_log_probs(
+                model,
+                data,
+                self.shape.microbatch_size,
+                self.pad_token_id,
+                self.device,
+                self.share_prompts,
+                self.temperature,
+            )
 
     def update(self, data: RolloutData, step: int) -> dict[str, float]:
         """epochs x train batches of optimizer steps over `data`; the metrics are means over the steps."""

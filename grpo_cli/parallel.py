@@ -58,9 +58,7 @@ def init_process_group(backend: str, device_type: str, timeout_min: float) -> Wo
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=resolve_backend(backend, device_type), timeout=timedelta(minutes=timeout_min)
-        )
+        dist.init_process_group(backend=resolve_backend(backend, device_type), timeout=timedelta(minutes=timeout_min))
     return world()
 
 

@@ -8,9 +8,18 @@ import pytest
 import torch
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.jobs.benchmark import matmul_peak_gflops, parameter_counts, resolve_engines, training_flops
+from grpo_cli.jobs.benchmark import (
+    _scaling_config,
+    decode_matmul_floor_s,
+    matmul_peak_gflops,
+    parameter_counts,
+    plot_scaling,
+    resolve_engines,
+    scaling_points,
+    training_flops,
+)
 from grpo_cli.models import TINY_RANDOM, load_policy
-from tests.conftest import run_grpo
+from tests.conftest import compose_config, run_grpo
 
 
 def test_parameter_counts_leave_out_the_tied_embedding_once():
@@ -39,19 +48,66 @@ def test_matmul_peak_is_a_measurement():
     assert matmul_peak_gflops(torch.device("cpu"), torch.float32, size=256, seconds=0.05) > 0.1
 
 
+def test_decode_floor_times_every_linear_layer():
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    assert 0 < decode_matmul_floor_s(model, rows=4, device=torch.device("cpu"), repeats=1) < 5
+
+
+def test_scaling_points_and_their_configs():
+    cfg = compose_config(["job=benchmark", "job.scaling=true"])
+    points = scaling_points(cfg)
+    assert points[:4] == [("batch", b, 48) for b in (8, 16, 32, 64)]
+    assert points[4:] == [("max_tokens", 16, t) for t in (32, 64, 128, 256)]
+    run_cfg = _scaling_config(cfg, "hf", batch=64, max_tokens=256)
+    # one optimizer step per batch, microbatches no larger than the base setting's (16), lengths forced
+    assert (run_cfg.train.rollout_batch_size, run_cfg.train.train_batch_size) == (64, 64)
+    assert run_cfg.train.gradient_accumulation_steps == 4
+    assert run_cfg.rollout.max_tokens == run_cfg.rollout.min_tokens == 256 and run_cfg.rollout.stop == []
+    assert _scaling_config(cfg, "hf", batch=8, max_tokens=32).train.gradient_accumulation_steps == 1
+    assert cfg.train.rollout_batch_size == 16  # the base config is left alone
+
+
+def test_scaling_plot_is_one_png(tmp_path):
+    cfg = compose_config(["job=benchmark"])
+    rows = [
+        {
+            "axis": axis,
+            "batch": b,
+            "max_tokens": t,
+            "step_s": 1.0 + b / 8,
+            "generation_s": 0.5,
+            "generation_tokens_per_s": 100.0 * b,
+            "training_tokens_per_s": 50.0,
+        }
+        for axis, b, t in [("batch", 8, 48), ("batch", 16, 48), ("max_tokens", 16, 32), ("max_tokens", 16, 64)]
+    ]
+    plot_scaling({"hf": rows, "vllm": rows}, cfg, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.slow
-def test_benchmark_job_end_to_end(tmp_path):
+def test_benchmark_job_end_to_end_with_scaling_runs(tmp_path):
     run_dir = tmp_path / "bench"
+    scaling = ["job.scaling=true", "job.scaling_batches=[4,8]", "job.scaling_max_tokens=[8]", "job.scaling_steps=1"]
     result = run_grpo(
-        ["job=benchmark", "model=tiny_random", "job.engines=[hf]", "job.steps=2", f"hydra.run.dir={run_dir}"],
+        ["job=benchmark", "model=tiny_random", "job.engines=[hf]", "job.steps=2", *scaling, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "seconds per step, median" in result.stdout and "training GFLOP/s achieved" in result.stdout
     report = json.loads((run_dir / "benchmark.json").read_text())
     hf = report["engines"]["hf"]
-    assert len(hf["steps"]) == 2  # measured steps, the warm-up left out
+    assert len(hf["steps"]) == 2  # every step of the fresh process (no warm-up left out by default)
     assert hf["step_s_min"] <= hf["step_s_median"]
     assert hf["training_gflops"] > 0 and hf["rollout_only_tokens"] == 16 * 48  # forced to max_tokens
     parts = sum(hf["breakdown_s"].values())
     assert 0 < parts <= hf["step_s_median"] * 1.5
+    phases = hf["generation_phases"]  # the decode loop's own split of generation
+    assert phases["decode_steps"] >= 1 and phases["forward_s"] > 0 and hf["decode_matmul_floor_ms"] > 0
+    assert "decode step's matmuls alone (ms)" in result.stdout
+
+    assert "How a step's cost grows" in result.stdout
+    rows = report["scaling"]["hf"]
+    assert [(r["batch"], r["max_tokens"]) for r in rows] == [(4, 48), (8, 48), (16, 8)]
+    assert all(r["step_s"] > 0 and r["generation_tokens_per_s"] > 0 for r in rows)
+    assert (run_dir / "scaling.png").exists()

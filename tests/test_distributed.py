@@ -95,6 +95,20 @@ def test_one_node_rendezvous_stays_on_the_loopback_address():
     assert config.max_restarts == 0 and config.nproc_per_node == 2
 
 
+def test_each_ranks_share_samples_the_completions_one_process_samples():
+    from grpo_cli.rollout.worker import RolloutWorker
+    from grpo_cli.tasks import load_examples
+
+    cfg = compose_config([*SETTING, "rollout.max_tokens=12"])
+    worker = RolloutWorker(cfg)
+    examples = load_examples(cfg.task, "train")[:4]
+    whole = worker.produce(examples, batch_number=3)
+    # Two ranks: each takes half of the step's prompts and says where its share starts.
+    shares = [worker.produce(examples[r * 2 : r * 2 + 2], batch_number=3, first_prompt_index=r * 2) for r in (0, 1)]
+    assert [ids for share in shares for ids in share.completion_ids] == whole.completion_ids
+    assert len({tuple(ids) for ids in whole.completion_ids}) > 1  # real samples, not one repeated completion
+
+
 # --- the collectives, on a real two-process gloo group ----------------------------------------------------------
 
 

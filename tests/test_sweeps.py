@@ -99,8 +99,9 @@ def test_each_job_runs_in_a_new_process_and_a_failed_job_does_not_stop_the_other
     # gets Hydra's HYDRA_FULL_ERROR hint after it; grpo-run's main() prints the line alone)
     (summary,) = [line for line in result.stderr.splitlines() if line.startswith("toy: ")]
     assert summary.startswith("toy: 2 of 4 sweep jobs failed, the others completed: ")
-    assert "#1 (exit 1) ValueError: thirteen is unlucky" in summary and f"[{dirs[1] / 'job.log'}]" in summary
-    assert "#3 (exit 9) " in summary and f"[{dirs[3] / 'job.log'}]" in summary
+    # (the job logs' paths are relative to the working directory, as the sweep directory is below it)
+    assert "#1 (exit 1) ValueError: thirteen is unlucky [sweep/1/job.log]" in summary
+    assert "#3 (exit 9) its process exited with code 9 [sweep/3/job.log]" in summary
     assert "Error executing job" not in result.stderr
     # each job's output, and a failed job's traceback, in its own directory (and on the console)
     assert "job x=1 running" in (dirs[0] / "job.log").read_text() and "job x=1 running" in result.stdout
@@ -228,7 +229,8 @@ def test_grpo_run_multirun_goes_on_after_a_failed_job_and_ends_with_one_line(tmp
     error = "train.train_batch_size=4 is not divisible by train.gradient_accumulation_steps=3: pick a divisor of 4"
     assert f"grpo-run: error: {error}" in (failed / "job.log").read_text()
     assert result.stderr.strip().splitlines()[-1] == (
-        f"grpo-run: 1 of 2 sweep jobs failed, the others completed: #0 (exit 2) {error} [{failed / 'job.log'}]"
+        "grpo-run: 1 of 2 sweep jobs failed, the others completed: "
+        f"#0 (exit 2) {error} [multirun/{failed.name}/job.log]"
     )
     assert groups(sweep) == {f"sweep-{sweep.name}"}  # one W&B group, written into each job's config
 

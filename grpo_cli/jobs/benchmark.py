@@ -1,17 +1,25 @@
 """`job=benchmark`: seconds per GRPO step and where they go, per rollout engine, against the machine's limits.
 
 For each engine (`job.engines`; `auto` = transformers, plus vLLM when it is installed) the job builds the
-real trainer for the configured setting, runs `job.warmup_steps` unmeasured steps and `job.steps` measured
-ones through the same `train_step` a run uses, then prints one table:
+real trainer for the configured setting in this fresh process and runs `job.steps` steps through the same
+`train_step` a run uses (`job.warmup_steps` more first, left out of the figures; 0 by default, so the median
+includes the first step's warm-up and any compilation, as a run pays them), then prints one table:
 
 - seconds per step (median, min) and the breakdown the trainer logs (generation, scoring, old/reference
-  log-probs, forward+backward, optimizer, weight sync);
+  log-probs, forward+backward, optimizer, weight sync and its probe); for rollout=hf generation is split into
+  prefill, decode steps and sampling, and the decode step's time sits beside its floor: the same matmuls
+  (every linear layer of the model at the step's rows) timed alone on this device;
 - rollout-only generation speed on one fixed batch with every completion forced to `rollout.max_tokens`
-  (identical token counts for every engine), and generation tokens/s inside the steps;
+  (identical token counts for every engine), measured after the steps, and generation tokens/s inside the steps;
 - training tokens/s and achieved training GFLOP/s (FLOPs of forward+backward over the tokens the model really
   processed — a prompt shared by its G completions counts once — 6 x non-embedding parameters per token +
   6 x vocab x hidden per scored response token) beside the
   measured peak of a large matmul on this device, so the distance from the physical limit is visible.
+
+`job.scaling=true` adds how the cost grows: seconds per step and tokens/s as the rollout batch grows
+(`job.scaling_batches`, at rollout.max_tokens) and as the completion length grows (`job.scaling_max_tokens`, at
+train.rollout_batch_size), every completion forced to max_tokens so the work is what the axis says; a table and
+`scaling.png`.
 
 Figures are medians over the measured steps and land in `benchmark.json` beside the table. This is a
 measuring tool, not a test: run it on a quiet machine.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -49,7 +58,10 @@ BREAKDOWN = (
     ("forward+backward", "time/forward_backward_s"),
     ("optimizer", "time/optimizer_s"),
     ("weight sync", "time/sync_s"),
+    ("weight sync probe", "time/sync_probe_s"),
 )
+# rollout=hf only: the generation time by phase (the engine's decoder times its last call).
+GENERATION_PHASES = (("prefill", "prefill_s"), ("decode steps", "forward_s"), ("sampling", "sampling_s"))
 
 
 def resolve_engines(requested: list[str]) -> list[str]:
@@ -113,6 +125,27 @@ def training_flops(non_embedding: int, vocab: int, hidden: int, tokens: int, res
     return 6.0 * non_embedding * tokens + 6.0 * vocab * hidden * response_tokens
 
 
+def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.device, repeats: int = 3) -> float:
+    """Seconds the matmuls of one decode step take alone: every linear layer of the model (the LM head included),
+    in model order, applied to `rows` rows of one token. The best of `repeats` passes; the weights are streamed
+    as the real step streams them, so on a CPU this is the memory-bandwidth floor of a decode step."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    weights = [m.weight for m in base.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=w.dtype) for w in weights}
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 1):  # the first pass warms up
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
 def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     engines = resolve_engines(list(cfg.job.engines))
     if cfg.sync.strategy not in ("on_policy", "multi_epoch"):
@@ -120,8 +153,10 @@ def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
             f"job=benchmark measures the in-process strategies (on_policy, multi_epoch), not sync={cfg.sync.strategy}:"
             " compare the time/* columns of job=report for it"
         )
-    if cfg.job.steps < 1:
-        raise UserFacingError(f"job.steps={cfg.job.steps} must be >= 1 (measured steps per engine)")
+    if cfg.job.steps < 1 or cfg.job.warmup_steps < 0:
+        raise UserFacingError(
+            f"job.steps={cfg.job.steps} must be >= 1 and job.warmup_steps={cfg.job.warmup_steps} >= 0 (per engine)"
+        )
     device = resolve_device(cfg.model.device)
     matmul_dtype = compute_dtype(device, cfg.model.mixed_precision) or resolve_dtype(cfg.model.dtype, device)
     peak = matmul_peak_gflops(device, matmul_dtype)
@@ -135,6 +170,14 @@ def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
         results["engines"][engine] = _measure_engine(run_cfg, engine_dir, console, peak)
     (output_dir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
     console.print(benchmark_table(results, cfg))
+    if cfg.job.scaling:
+        results["scaling"] = {
+            engine: _scaling_runs(cfg, engine, output_dir / f"scaling-{engine}", console) for engine in engines
+        }
+        (output_dir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
+        console.print(scaling_table(results["scaling"], cfg))
+        plot_scaling(results["scaling"], cfg, output_dir / "scaling.png")
+        console.print(f"wrote {output_dir / 'scaling.png'}", highlight=False)
     console.print(f"wrote {output_dir / 'benchmark.json'}", highlight=False)
     return results
 
@@ -147,6 +190,15 @@ def _with_engine(cfg: Any, engine: str, steps: int) -> Any:
     return run_cfg
 
 
+def _generation_phases(engine: Any) -> dict[str, float] | None:
+    """The HF engine's decoder timings of its last generate() call, None for engines without them."""
+    decoder = getattr(engine, "decoder", None)
+    if decoder is None:
+        return None
+    timings = decoder.timings
+    return {key: getattr(timings, key) for _label, key in GENERATION_PHASES} | {"decode_steps": float(timings.steps)}
+
+
 def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> dict:
     """The real in-process executor a run uses, its steps timed exactly as a run logs them."""
     started = time.perf_counter()
@@ -156,31 +208,34 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
     try:
         non_embedding, vocab, hidden = parameter_counts(executor.learner.model)
         shape = executor.learner.shape
-        # Rollout only: one fixed batch, every completion forced to max_tokens, so engines generate equal work.
-        prompt_ids = render_prompts(
-            [e.prompt for e in examples[: shape.prompts_per_rollout_batch]], executor.worker.tokenizer
-        )
-        fixed = replace(
-            sampling_settings(cfg, shape.group_size, seed=cfg.seed), min_tokens=cfg.rollout.max_tokens, stop=()
-        )
         engine = executor.worker.engine
-        engine.generate(prompt_ids, fixed)  # warm-up
-        timings: dict[str, float] = {}
-        with timed(timings, "rollout_s"):
-            fixed_batch = engine.generate(prompt_ids, fixed)
-        rollout_s = timings["rollout_s"]
-
-        steps = []
+        steps, phases = [], []
         for step in range(1, cfg.train.steps + 1):
             metrics, _nonfinite = executor.step(step)
             if step > cfg.job.warmup_steps:
                 steps.append(metrics)
+                phases.append(_generation_phases(engine))
             console.print(
                 f"rollout={cfg.rollout.engine}: step {step}{' (warm-up)' if step <= cfg.job.warmup_steps else ''} "
                 f"{metrics['time/step_s']:.2f}s",
                 highlight=False,
                 markup=False,
             )
+
+        # Rollout only, after the steps (they are measured from a fresh process): one fixed batch, every
+        # completion forced to max_tokens, so engines generate equal work.
+        prompt_ids = render_prompts(
+            [e.prompt for e in examples[: shape.prompts_per_rollout_batch]], executor.worker.tokenizer
+        )
+        fixed = replace(
+            sampling_settings(cfg, shape.group_size, seed=cfg.seed), min_tokens=cfg.rollout.max_tokens, stop=()
+        )
+        timings: dict[str, float] = {}
+        with timed(timings, "rollout_s"), executor.worker.autocast():
+            fixed_batch = engine.generate(prompt_ids, fixed)
+        rollout_s = timings["rollout_s"]
+        rows = shape.completions_per_rollout_batch
+        floor_s = decode_matmul_floor_s(executor.worker.model, rows, executor.worker.device)
     finally:
         executor.close()
 
@@ -192,11 +247,18 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
     # Both token counts already cover every epoch of the step.
     flops = training_flops(non_embedding, vocab, hidden, int(train_tokens), int(response_tokens))
     fwd_bwd_s = median("time/forward_backward_s")
+    generation = None
+    if all(p is not None for p in phases):
+        generation = {key: statistics.median(p[key] for p in phases) for p in phases[:1] for key in p}
+        decode_calls = max(generation["decode_steps"] - 1, 1)  # the first token comes from the prefill
+        generation["decode_step_ms"] = 1e3 * generation["forward_s"] / decode_calls
     return {
         "startup_s": startup_s,
         "step_s_median": median("time/step_s"),
         "step_s_min": min(m["time/step_s"] for m in steps),
         "breakdown_s": {label: median(key) for label, key in BREAKDOWN},
+        "generation_phases": generation,
+        "decode_matmul_floor_ms": 1e3 * floor_s,
         "rollout_only_tokens": fixed_batch.n_generated_tokens,
         "rollout_only_tokens_per_s": fixed_batch.n_generated_tokens / rollout_s,
         "generation_tokens_per_s": median("throughput/generation_tokens_per_s"),
@@ -210,23 +272,32 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
 
 def benchmark_table(results: dict[str, Any], cfg: Any) -> Table:
     engines = results["engines"]
+    measured = f"{cfg.job.steps} steps" + (f" after {cfg.job.warmup_steps} warm-up" if cfg.job.warmup_steps else "")
     table = Table(
         title=(
             f"GRPO step benchmark: {cfg.model.name}, {cfg.task.name}, {cfg.train.rollout_batch_size} completions "
-            f"x <= {cfg.rollout.max_tokens} tokens, {cfg.job.steps} measured steps"
+            f"x <= {cfg.rollout.max_tokens} tokens, {measured} in a fresh process"
         )
     )
     table.add_column("")
     for name in engines:
         table.add_column(f"rollout={name}", justify="right")
 
-    def row(label: str, fmt: str, values: list[float]) -> None:
-        table.add_row(label, *(format(v, fmt) for v in values))
+    def row(label: str, fmt: str, values: list[float | None]) -> None:
+        table.add_row(label, *("-" if v is None else format(v, fmt) for v in values))
+
+    def phase(engine: dict, key: str) -> float | None:
+        return None if engine["generation_phases"] is None else engine["generation_phases"][key]
 
     row("seconds per step, median", ".2f", [e["step_s_median"] for e in engines.values()])
     row("seconds per step, min", ".2f", [e["step_s_min"] for e in engines.values()])
     for label, _key in BREAKDOWN:
         row(f"  {label} (s)", ".2f", [e["breakdown_s"][label] for e in engines.values()])
+        if label == "generation":
+            for phase_label, key in GENERATION_PHASES:
+                row(f"    {phase_label} (s)", ".2f", [phase(e, key) for e in engines.values()])
+    row("decode step (ms)", ".0f", [phase(e, "decode_step_ms") for e in engines.values()])
+    row("decode step's matmuls alone (ms)", ".0f", [e["decode_matmul_floor_ms"] for e in engines.values()])
     row("rollout only, tokens/s (fixed batch)", ".0f", [e["rollout_only_tokens_per_s"] for e in engines.values()])
     row("generation tokens/s (in steps)", ".0f", [e["generation_tokens_per_s"] for e in engines.values()])
     row("training tokens/s", ".0f", [e["training_tokens_per_s"] for e in engines.values()])
@@ -234,3 +305,128 @@ def benchmark_table(results: dict[str, Any], cfg: Any) -> Table:
     row("matmul peak GFLOP/s (measured)", ".1f", [e["matmul_peak_gflops"] for e in engines.values()])
     row("engine + trainer start (s)", ".1f", [e["startup_s"] for e in engines.values()])
     return table
+
+
+# --- how the cost grows ---------------------------------------------------------------------------------------
+
+
+def scaling_points(cfg: Any) -> list[tuple[str, int, int]]:
+    """(axis, rollout batch, max_tokens) of every scaling run: the batch axis at rollout.max_tokens, the length
+    axis at train.rollout_batch_size."""
+    points = [("batch", batch, cfg.rollout.max_tokens) for batch in cfg.job.scaling_batches]
+    points += [("max_tokens", cfg.train.rollout_batch_size, tokens) for tokens in cfg.job.scaling_max_tokens]
+    return points
+
+
+def _scaling_config(cfg: Any, engine: str, batch: int, max_tokens: int) -> Any:
+    """The benchmark setting at another rollout batch and length: one optimizer step per batch in microbatches of
+    at most the base setting's, every completion exactly max_tokens long."""
+    run_cfg = _with_engine(cfg, engine, cfg.job.scaling_steps)
+    group = cfg.train.group_size
+    if batch % group:
+        raise UserFacingError(f"job.scaling_batches holds {batch}, not a multiple of train.group_size={group}")
+    microbatch = cfg.train.train_batch_size // cfg.train.gradient_accumulation_steps
+    run_cfg.train.rollout_batch_size = run_cfg.train.train_batch_size = batch
+    run_cfg.train.gradient_accumulation_steps = batch // math.gcd(batch, microbatch)
+    run_cfg.rollout.max_tokens = run_cfg.rollout.min_tokens = max_tokens
+    run_cfg.rollout.stop = []
+    if hasattr(run_cfg.task, "stop"):
+        run_cfg.task.stop = []
+    return run_cfg
+
+
+def _scaling_runs(cfg: Any, engine: str, output_dir: Path, console: Any) -> list[dict[str, Any]]:
+    rows = []
+    for axis, batch, max_tokens in scaling_points(cfg):
+        run_cfg = _scaling_config(cfg, engine, batch, max_tokens)
+        run_dir = output_dir / f"b{batch}-t{max_tokens}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        examples = load_examples(run_cfg.task, "train")
+        executor = InProcessExecutor(run_cfg, run_dir, PromptSampler(examples, seed=run_cfg.seed))
+        try:
+            steps = [executor.step(step)[0] for step in range(1, run_cfg.train.steps + 1)]
+        finally:
+            executor.close()
+
+        def median(key: str, steps: list[dict] = steps) -> float:
+            return statistics.median(m.get(key, 0.0) for m in steps)
+
+        row = {
+            "axis": axis,
+            "batch": batch,
+            "max_tokens": max_tokens,
+            "step_s": median("time/step_s"),
+            "generation_s": median("time/generation_s"),
+            "training_s": median("time/forward_backward_s") + median("time/optimizer_s"),
+            "sync_s": median("time/sync_s") + median("time/sync_probe_s"),
+            "generation_tokens_per_s": median("throughput/generation_tokens_per_s"),
+            "training_tokens_per_s": median("throughput/train_tokens") / max(median("time/forward_backward_s"), 1e-9),
+        }
+        rows.append(row)
+        console.print(
+            f"rollout={engine} scaling: batch {batch} x {max_tokens} tokens: {row['step_s']:.2f}s per step "
+            f"(generation {row['generation_s']:.2f}s, {row['generation_tokens_per_s']:.0f} tokens/s)",
+            highlight=False,
+            markup=False,
+        )
+    return rows
+
+
+def scaling_table(scaling: dict[str, list[dict[str, Any]]], cfg: Any) -> Table:
+    table = Table(
+        title=(
+            f"How a step's cost grows: {cfg.model.name}, every completion forced to max_tokens, median of "
+            f"{cfg.job.scaling_steps} steps"
+        )
+    )
+    # Short headers: the table must fit an 80-column terminal.
+    for column in ("engine", "batch", "tokens", "s/step", "gen s", "train s", "sync s", "gen tok/s", "train tok/s"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for engine, rows in scaling.items():
+        for r in rows:
+            table.add_row(
+                engine,
+                str(r["batch"]),
+                str(r["max_tokens"]),
+                f"{r['step_s']:.2f}",
+                f"{r['generation_s']:.2f}",
+                f"{r['training_s']:.2f}",
+                f"{r['sync_s']:.2f}",
+                f"{r['generation_tokens_per_s']:.0f}",
+                f"{r['training_tokens_per_s']:.0f}",
+            )
+    return table
+
+
+def plot_scaling(scaling: dict[str, list[dict[str, Any]]], cfg: Any, path: Path) -> None:
+    """One PNG: seconds per step (top) and generation / training tokens/s (bottom) against the rollout batch
+    (left) and max_tokens (right), one colour per engine."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 7.5), dpi=110)
+    axes = fig.subplots(2, 2)
+    for column, (axis, label) in enumerate((("batch", "rollout batch (completions)"), ("max_tokens", "max_tokens"))):
+        for index, (engine, rows) in enumerate(scaling.items()):
+            points = [r for r in rows if r["axis"] == axis]
+            x = [r[axis] for r in points]
+            style = {"color": f"C{index}"}
+            top, bottom = axes[0, column], axes[1, column]
+            top.plot(x, [r["step_s"] for r in points], "o-", **style, label=f"rollout={engine}: step")
+            top.plot(x, [r["generation_s"] for r in points], "s--", **style, alpha=0.6, label=f"{engine}: generation")
+            bottom.plot(x, [r["generation_tokens_per_s"] for r in points], "o-", **style, label=f"{engine}: generation")
+            bottom.plot(x, [r["training_tokens_per_s"] for r in points], "^:", **style, label=f"{engine}: training")
+        ticks = sorted({r[axis] for rows in scaling.values() for r in rows if r["axis"] == axis})
+        for row, ylabel in enumerate(("seconds per step", "tokens/s")):
+            ax = axes[row, column]
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel(label)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fixed = f"at max_tokens={cfg.rollout.max_tokens}", f"at {cfg.train.rollout_batch_size} completions"
+    axes[0, 0].set_title(f"growing the rollout batch ({fixed[0]})")
+    axes[0, 1].set_title(f"growing the completion length ({fixed[1]})")
+    fig.suptitle(f"{cfg.model.name}: cost per GRPO step as it grows")
+    fig.savefig(path, bbox_inches="tight")

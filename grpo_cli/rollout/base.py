@@ -52,8 +52,9 @@ class RolloutEngine(Protocol):
         """Sample settings.n completions for every prompt."""
         ...
 
-    def sync_weights(self) -> dict[str, float]:
-        """Make the engine sample from the policy's current weights.
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        """Make the engine sample from the policy's current weights (`version`: the policy version they are,
+        i.e. the learner's step; engines with a probe schedule use it).
 
         Returns metrics to log: at least `time/sync_s`; engines with their own copy of the weights also
         report `sync/logprob_max_diff` from a probe that compares their log-probs with the policy's.

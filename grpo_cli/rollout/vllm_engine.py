@@ -8,10 +8,15 @@ which reprocesses checkpoint-format tensors into vLLM's kernel layout (on CPU th
 so the model's own `load_weights` would not do). vLLM's `reload_weights` *without* an iterator reloads the
 original checkpoint from disk, which would silently revert the policy: we never call it that way.
 
-After every push, a probe samples a few greedy tokens of a fixed prompt with vLLM and scores the same tokens
-with the trainer's model; the largest log-prob difference is logged as `sync/logprob_max_diff`, and a
-difference beyond `rollout.sync_tolerance` stops the run (the engine would otherwise sample from stale or
-corrupted weights while the loss assumes the policy's).
+After a push, a probe samples a few tokens of a fixed prompt with vLLM and scores the same tokens with the
+trainer's model; the largest log-prob difference is logged as `sync/logprob_max_diff`, and a difference beyond
+`rollout.sync_tolerance` stops the run (the engine would otherwise sample from stale or corrupted weights while
+the loss assumes the policy's). It costs about as much as the push, so it runs on a schedule
+(`rollout.sync_probe_every`): at the engine's first push (the dummy weights replaced), at the first step a
+process pushes (a fresh or a resumed run), every `sync_probe_every` steps and after the last step.
+
+Sampling: one request per completion, seeded by `rollout.sampling.completion_seed` (step seed, prompt index in
+the step, completion index), so a completion's random stream does not depend on the batch it was sampled in.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,7 @@ from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
+from grpo_cli.rollout.sampling import completion_seed
 from grpo_cli.runtime import compute_dtype
 
 INSTALL_HINT = (
@@ -147,9 +154,16 @@ class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int = 0, dtype: torch.dtype | None = None
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        rollout: Any,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+        last_version: int | None = None,
     ) -> None:
-        """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented)."""
+        """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented);
+        `last_version`: the policy version of the run's last step (train.steps), always probed."""
         require_vllm()
         # In-process engine: weight pushes are cheap tensor copies (docs/design.md section 7). Set before vllm is
         # imported.
@@ -172,6 +186,8 @@ class VLLMRolloutEngine:
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
         self.on_cpu = next(model.parameters()).device.type == "cpu"
         self.asleep = False
+        self.last_version = last_version
+        self.versioned_pushes = 0  # pushes of a policy version in this process (the probe schedule counts them)
         self._skeleton = Path(tempfile.mkdtemp(prefix="grpo-cli-vllm-"))
         try:
             _write_model_skeleton(model, tokenizer, self._skeleton)
@@ -218,24 +234,32 @@ class VLLMRolloutEngine:
     @classmethod
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
         device = next(model.parameters()).device
-        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed, dtype=compute_dtype(device, cfg.model.mixed_precision))
+        dtype = compute_dtype(device, cfg.model.mixed_precision)
+        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed, dtype=dtype, last_version=cfg.train.steps)
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
         self._wake()
-        requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
-        # One seed per request; vLLM seeds its n samples seed, seed+1, ..., so requests are n seeds apart.
-        params = [self._sampling_params(settings, seed=settings.seed + i * settings.n) for i in range(len(prompt_ids))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        # One request per completion, each with its own seed (vLLM would seed the n samples of one request seed,
+        # seed + 1, ...): a completion's stream is fixed by its prompt's index in the step, not by its batch.
+        n, first = settings.n, settings.first_prompt_index
+        requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids for _ in range(n)]
+        one = replace(settings, n=1)
+        params = [
+            self._sampling_params(one, seed=completion_seed(settings.seed, first + i, j))
+            for i in range(len(prompt_ids))
+            for j in range(n)
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)  # in request order
         self.release_memory()
         batch = RolloutBatch([], [], [], [])
-        for prompt, output in zip(prompt_ids, outputs, strict=True):
-            for completion in output.outputs:  # vLLM returns the n samples of a request in index order
-                ids, finished = cut_completion(list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer)
-                batch.prompt_ids.append(list(prompt))
-                batch.completion_ids.append(ids)
-                batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
-                batch.truncated.append(not finished)
+        for index, output in enumerate(outputs):
+            completion = output.outputs[0]
+            ids, finished = cut_completion(list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer)
+            batch.prompt_ids.append(list(prompt_ids[index // n]))
+            batch.completion_ids.append(ids)
+            batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            batch.truncated.append(not finished)
         return batch
 
     def _sampling_params(self, settings: SamplingSettings, seed: int, **extra: Any) -> Any:
@@ -260,8 +284,10 @@ class VLLMRolloutEngine:
         )
 
     # --- weight sync ---------------------------------------------------------------------------------------
-    def sync_weights(self) -> dict[str, float]:
-        """Push the policy's current weights into the running engine, then probe that they arrived."""
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        """Push the policy's current weights into the running engine, then probe that they arrived when the
+        schedule says so (`probe_due`). `version`: the policy version pushed (the learner's step); None (the
+        engine's first push, a direct call) always probes."""
         self._wake()
 
         def push() -> None:
@@ -273,7 +299,11 @@ class VLLMRolloutEngine:
             self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
         metrics = {"time/sync_s": _run_with_time_limit(push, self.rollout.sync_timeout_s, "the weight sync")}
-        if self.rollout.sync_probe:
+        probe = self.rollout.sync_probe and self.probe_due(version)
+        if version is not None:
+            self.versioned_pushes += 1
+        metrics["time/sync_probe_s"] = 0.0
+        if probe:
             started = time.perf_counter()
             diff = self.probe_logprob_diff()
             metrics["sync/logprob_max_diff"] = diff
@@ -285,6 +315,17 @@ class VLLMRolloutEngine:
                     "not sampling from the policy's weights; raise the tolerance only if the dtypes differ"
                 )
         return metrics
+
+    def probe_due(self, version: int | None) -> bool:
+        """Whether the push of `version` is probed: unversioned pushes, the first versioned push of this process
+        (a fresh run's first step, a resumed run's restored weights), multiples of rollout.sync_probe_every and
+        the last step's."""
+        return (
+            version is None
+            or self.versioned_pushes == 0
+            or version % self.rollout.sync_probe_every == 0
+            or (self.last_version is not None and version >= self.last_version)
+        )
 
     def probe_logprob_diff(self) -> float:
         """Largest |log p_vLLM - log p_trainer| over a few sampled tokens of the fixed probe prompt, both at the

@@ -143,7 +143,7 @@ class RolloutWorker:
     def sync_weights(self, version: int) -> dict[str, float]:
         """In-process: the engine picks up the learner's updated weights (nothing to copy for rollout=hf)."""
         self.version = version
-        return self.engine.sync_weights()
+        return self.engine.sync_weights(version=version)
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
         """As a Ray actor: load the learner's trainable weights into this copy, then into the engine.
@@ -156,7 +156,7 @@ class RolloutWorker:
         with torch.no_grad():
             for name, value in tensors.items():
                 own[name].copy_(value)
-        self.engine.sync_weights()
+        self.engine.sync_weights(version=version)
         self.version = version
         seconds = time.perf_counter() - t0
         self.load_s += seconds

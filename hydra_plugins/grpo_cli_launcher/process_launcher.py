@@ -182,6 +182,8 @@ class ProcessLauncher(Launcher):
                     job = pending.popleft()
                     self._start(job, tmp)
                     running.append(job)
+                    if self._stop_signal == signal.SIGTERM:  # arrived while this job was starting
+                        job.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
                 if not running:
                     break
                 time.sleep(POLL_S)
@@ -298,10 +300,18 @@ def _failures(failed: list[_Job], log_file: str) -> str:
         return "no job failed"
     return "; ".join(
         f"#{job.num}{f' (exit {job.exit_code})' if (job.exit_code or 0) >= 0 else ''} {job.error} "
-        f"[{job.dir / log_file}]"
+        f"[{_shown(job.dir / log_file)}]"
         for job in failed
         if job.process is not None
     )
+
+
+def _shown(path: Path) -> str:
+    """A path as the user typed the sweep directory: relative when it is below the working directory."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _stop_process(process: subprocess.Popen[str]) -> None:

@@ -43,9 +43,11 @@ def test_grpo_climbs_the_reward_on_the_tiny_model(tmp_path, letter_e_task, loss)
     rows = run_trainer(tmp_path, [f"loss={loss}", *LEARNING_RUN], sharpen=10.0)
     rewards = [r["train/reward"] for r in rows if "train/reward" in r]
     assert len(rewards) == 30
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
-    # seen here: reinforce_with_baseline 0.09 -> 0.33, no_baseline 0.09 -> 0.80; a sign error would fall
-    assert last > first + 0.15, rewards
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-10:]) / 10
+    # Seen here (mean of the first 4 steps -> of the last 10), seeds 0-4: reinforce_with_baseline 0.03-0.08 ->
+    # 0.22-0.25 (with generate()'s sampler before: 0.06-0.09 -> 0.18-0.67); a sign error would fall. Averaged over
+    # 10 steps, as one step's 16 samples are noisy; without learning the reward stays within ~0.05 of the start.
+    assert last > first + 0.08, rewards
 
 
 def test_on_policy_grpo_clip_equals_reinforce_with_baseline(tmp_path, letter_e_task):

@@ -200,7 +200,10 @@ class Decoder:
         if not self.compile:
             return self._forward(input_ids, positions, mask, cache)
         if self._compiled is None:
-            self._compiled = torch.compile(self._forward, dynamic=False, fullgraph=False)
+            # On CUDA the eager step is bound by kernel launches: CUDA graphs replay the whole step at once (the
+            # static cache's tensors keep their addresses, as transformers' own compiled generation needs).
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled = torch.compile(self._forward, dynamic=False, fullgraph=False, mode=mode)
         try:
             return self._compiled(input_ids, positions, mask, cache).clone()
         except Exception as error:  # noqa: BLE001 - any compiler failure: decode eagerly instead
@@ -229,7 +232,10 @@ class Decoder:
         tensors can be copied; otherwise the prefill's own dynamic cache, repeated in place.
         """
         layers = prefix.layers
-        if self.static and layers and all(type(layer) is DynamicLayer for layer in layers):
+        # Under bf16 autocast the prefill's keys (after the fp32 rotary embedding) and a decode step's differ in
+        # dtype: a static cache copies into one dtype and refuses, the dynamic cache concatenates with promotion.
+        autocast = bool(layers) and torch.is_autocast_enabled(layers[0].keys.device.type)
+        if self.static and not autocast and layers and all(type(layer) is DynamicLayer for layer in layers):
             cache = self._static_cache(len(layers[0].keys) * n, length, layers[0].keys)
             if all(type(layer) is StaticLayer for layer in cache.layers) and len(cache.layers) == len(layers):
                 for target, source in zip(cache.layers, layers, strict=True):

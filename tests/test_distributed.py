@@ -59,7 +59,10 @@ def free_port() -> int:
     ("overrides", "message"),
     [
         (["distributed=ddp", "sync=one_behind"], "does not combine with distributed=ddp"),
-        (["distributed=ddp", "rollout=vllm"], "rollout=vllm with distributed=ddp"),
+        (
+            ["distributed=ddp", "rollout=vllm", "rollout.tensor_parallel_size=2"],
+            "each rank runs its own vLLM engine",
+        ),
         (
             [
                 "distributed=ddp",
@@ -271,3 +274,13 @@ def test_run_stopped_reports_keep_their_exit_code(tmp_path):
     with pytest.raises(RunStopped) as info:
         _raise_rank_outcome(tmp_path, RuntimeError("ChildFailedError"))
     assert info.value.exit_code == 143
+
+
+def test_nccl_for_ranks_on_the_cpu_is_one_line_before_anything_starts():
+    from grpo_cli.jobs.preflight import check_devices_for_ranks
+
+    cfg = compose_config(["debug=smoke", "distributed=ddp", "distributed.backend=nccl", "model.device=cpu"])
+    with pytest.raises(UserFacingError, match="distributed.backend=nccl connects GPUs") as info:
+        check_devices_for_ranks(cfg)
+    assert "\n" not in str(info.value)
+    check_devices_for_ranks(compose_config(["debug=smoke", "distributed=ddp", "model.device=cpu"]))  # gloo: fine

@@ -355,3 +355,22 @@ def test_a_resumed_run_samples_its_first_batch_from_the_resumed_weights(tmp_path
         assert engine.generate(prompts, greedy).completion_ids == hf.completion_ids
     finally:
         loop.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_one_vllm_engine_per_rank_takes_the_steps_one_process_takes(tmp_path):
+    # distributed=ddp with rollout=vllm: each rank builds its own engine inside the ranks' torch.distributed group
+    # (vLLM's external_launcher executor, here over gloo) and samples its share of the prompts with the
+    # per-completion seeds; the steps must be those of one process with one engine.
+    from tests.test_distributed import COMPARED, free_port, run_setting
+
+    vllm_setting = ["rollout=vllm", "train.steps=2"]
+    single = run_setting(tmp_path, "single", vllm_setting)
+    ranks = run_setting(tmp_path, "ddp", [*vllm_setting, "distributed=ddp", f"distributed.master_port={free_port()}"])
+    assert [r["step"] for r in ranks] == [1, 2]
+    for one, many in zip(single, ranks, strict=True):
+        for key in COMPARED:
+            assert many[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), (one["step"], key)
+    assert any(r["train/grad_norm"] > 0 for r in single)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from grpo_cli import parallel
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
@@ -109,6 +110,18 @@ def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         if name in deltas:
             tensor = tensor + deltas[name].to(tensor.dtype)
         yield name, tensor
+
+
+def per_rank_engine_kwargs() -> dict[str, Any]:
+    """vllm.LLM arguments for one engine per data-parallel rank (distributed=ddp|fsdp with rollout=vllm).
+
+    vLLM's `external_launcher` executor runs the engine inside this process and joins the torch.distributed group
+    the ranks already formed (RANK, LOCAL_RANK, MASTER_ADDR/PORT from the launcher) instead of starting its own:
+    with tensor_parallel_size=1 every rank is its own "external data-parallel" replica on its LOCAL_RANK's
+    device and generates its share of the prompts independently (the colocate recipe of TRL and verl).
+    The only collectives are at construction (every rank builds its engine at the same point of the run).
+    """
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 def _write_model_skeleton(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
@@ -208,6 +221,8 @@ class VLLMRolloutEngine:
                 # (the transformers engine ignores them too, so both engines train alike).
                 generation_config="vllm",
             )
+            if parallel.world().distributed:
+                kwargs.update(per_rank_engine_kwargs())
             kv_gb = rollout.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
             if kv_gb:
                 kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)

@@ -148,7 +148,9 @@ def verify_checkpoint(path: Path) -> str | None:
         return "it was never completed (no COMPLETE marker)"
     try:
         sizes = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: not JSON, not UTF-8
+        return "its COMPLETE marker is unreadable"
+    if not isinstance(sizes, dict):
         return "its COMPLETE marker is unreadable"
     for name in FILES:
         file = path / name
@@ -160,7 +162,14 @@ def verify_checkpoint(path: Path) -> str | None:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Checkpoint:
-    """Restore weights, optimizer and RNG states in place; returns the trainer state."""
+    """Restore weights, optimizer and RNG states in place; returns the trainer state.
+
+    Raises CheckpointError when the checkpoint does not match the model, and another error when a file is damaged
+    (the caller falls back to the previous checkpoint).
+    """
+    state = json.loads((path / "state.json").read_text())  # first: a damaged one leaves the model untouched
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "sampler" not in state:
+        raise ValueError("state.json lacks its step or sampler position")
     tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     if set(tensors) != trainable:
@@ -184,5 +193,4 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     }
     optimizer.load_state_dict(saved)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    state = json.loads((path / "state.json").read_text())
     return Checkpoint(path=path, step=int(state["step"]), state=state)

@@ -6,27 +6,41 @@ hands plain objects to the job functions.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
+import tempfile
+import traceback
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
+from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from grpo_cli import jobs
-from grpo_cli.config import GRPOConfig, load_saved_config, register_configs, unknown_key_hint, validate_config
+from grpo_cli.config import (
+    GRPOConfig,
+    SavedConfigError,
+    load_saved_config,
+    path_problem,
+    register_configs,
+    unknown_key_hint,
+    validate_config,
+)
 from grpo_cli.errors import RunStopped, UserFacingError
 from grpo_cli.tracking.report import run_objective
 
 EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+# HYDRA_FULL_ERROR=1 set by the user: tracebacks go to the terminal in full (main() sets it for itself too).
+_full_error_asked = bool(os.environ.get("HYDRA_FULL_ERROR"))
 
 
 def _fail(message: str) -> None:
@@ -100,17 +114,19 @@ def task(dict_cfg: DictConfig) -> float | None:
     an eval reward. Module-level and undecorated, so job processes unpickle it by reference, importing this module
     (and with it the registrations at its end)."""
     console = Console(highlight=False, soft_wrap=True)
-    multirun = False
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        hydra_cfg = HydraConfig.get()
-        multirun = hydra_cfg.mode == RunMode.MULTIRUN
         if multirun and dict_cfg.logger.group is None:
             dict_cfg.logger.group = sweep_group_name(hydra_cfg.sweep.dir, hydra_cfg.runtime.choices.get("sweep"))
         overrides = list(hydra_cfg.overrides.task)
         if dict_cfg.resume:
-            dict_cfg = resumed_config(dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides)
+            dict_cfg = resumed_config(dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console)
         # to_object resolves interpolations and checks types against the schema dataclasses.
-        cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
+        try:
+            cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
+        except OmegaConfBaseException as e:
+            raise UserFacingError(_one_line(e)) from None
         output_dir = Path(cfg.output_dir)
         _check_output_dir(output_dir)
         if not cfg.resume:
@@ -120,7 +136,40 @@ def task(dict_cfg: DictConfig) -> float | None:
         _stop(f"grpo-run: error: {e}", str(e), EXIT_USER_ERROR, multirun)
     except RunStopped as e:
         _stop(f"grpo-run: {e}", str(e), e.exit_code, multirun)
+    except Exception as e:
+        if multirun or _full_error_asked:  # a sweep job's process prints it; or asked for in full
+            raise
+        log = write_traceback(e, job_log_file() or Path(hydra_cfg.runtime.output_dir) / "grpo-run.log")
+        _stop(internal_error_line(e, log), str(e), EXIT_INTERNAL_ERROR, multirun)
     return run_objective(cfg.job.objective, output_dir, summary)
+
+
+def job_log_file() -> Path | None:
+    """The run directory's log that Hydra's job logging writes (<run dir>/<job name>.log), if any."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return Path(handler.baseFilename)
+    return None
+
+
+def write_traceback(error: BaseException, log: Path) -> Path:
+    """Append the full traceback of `error` to `log` (a temporary file when that cannot be written)."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    for path in (log, Path(tempfile.gettempdir()) / f"grpo-run-{os.getpid()}.log"):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(f"grpo-run: internal error\n{text}")
+            return path
+        except OSError:
+            continue
+    return log
+
+
+def internal_error_line(error: BaseException, log: Path) -> str:
+    """The one line a bug ends with: what went wrong and where the traceback is, to report it."""
+    message = " ".join(str(error).split())[:300]
+    return f"grpo-run: internal error: {type(error).__name__}: {message} (full traceback in {log})"
 
 
 _hydra_main = hydra.main(version_base="1.3", config_path="conf", config_name="config")(task)
@@ -135,26 +184,51 @@ def find_run_to_resume(resume: Any, new_run_dir: Path) -> Path:
             raise UserFacingError(f"resume=true found no run with checkpoints under {root}: give resume=<run dir>")
         return max(runs, key=lambda p: p.stat().st_mtime).parent
     run_dir = Path(str(resume)).expanduser()
-    if not (run_dir / "config.yaml").is_file() or not any((run_dir / "checkpoints").glob("step_*")):
-        raise UserFacingError(
-            f"resume={resume}: no run with checkpoints there (expected config.yaml and checkpoints/step_*): "
-            "give a run directory of an earlier grpo-run, or resume=true for the newest one"
-        )
+    problem = path_problem(str(resume), "run")  # the check GRPOConfig.resume declares
+    if problem is not None:
+        raise UserFacingError(f"resume={resume}: {problem}")
     return run_dir
 
 
-def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str]) -> DictConfig:
+def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str], console: Console | None = None) -> DictConfig:
     """The saved config of the run being resumed (so it continues exactly as it started).
 
-    Only train.steps may change on the resuming command line, to extend a finished run.
+    Only train.steps may change on the resuming command line, to extend a finished run. A damaged config.yaml
+    (a kill mid-write, a full disk, a bad edit) is rebuilt from the copy Hydra saved when the run started
+    (<run dir>/.hydra/config.yaml), with one message; without that copy it is a one-line error.
     """
     run_dir = find_run_to_resume(resume, new_run_dir)
-    saved = load_saved_config(run_dir / "config.yaml")  # under that run's task and rollout schemas
+    saved_path = run_dir / "config.yaml"
+    try:
+        saved = load_saved_config(saved_path)  # under that run's task and rollout schemas
+    except SavedConfigError as damaged:
+        saved = _config_from_hydra_copy(run_dir, damaged)
+        saved_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
+        if console is not None:
+            console.print(
+                f"{saved_path} was damaged ({damaged.reason}): rewritten from {run_dir / '.hydra' / 'config.yaml'}",
+                highlight=False,
+                markup=False,
+            )
     saved.output_dir = str(run_dir)
     saved.resume = True
     for override in overrides:
         if override.startswith("train.steps="):
             saved.train.steps = int(override.split("=", 1)[1])
+    return saved
+
+
+def _config_from_hydra_copy(run_dir: Path, damaged: SavedConfigError) -> DictConfig:
+    """The run's config from Hydra's own copy (.hydra/config.yaml, written before the run started; its
+    output_dir is still an interpolation, which resuming replaces). Else the one-line error of config.yaml."""
+    copy = run_dir / ".hydra" / "config.yaml"
+    if not copy.is_file():
+        raise damaged
+    try:
+        saved = load_saved_config(copy)
+    except SavedConfigError:
+        raise damaged from None
+    saved.output_dir = str(run_dir)
     return saved
 
 
@@ -182,7 +256,6 @@ def precheck_overrides(args: list[str]) -> None:
     -m with --cfg, which Hydra answers with a traceback.
     """
     from hydra import compose, initialize_config_module
-    from hydra.errors import HydraException
 
     flags = [arg.split("=", 1)[0] for arg in args if arg.startswith("-")]
     if {"-m", "--multirun"} & set(flags) and {"-c", "--cfg"} & set(flags):  # Hydra: a traceback
@@ -194,9 +267,15 @@ def precheck_overrides(args: list[str]) -> None:
         with initialize_config_module(config_module="grpo_cli.conf", version_base="1.3"):
             OmegaConf.to_object(compose(config_name="config", overrides=[*overrides, "output_dir=."]))
     except (HydraException, OmegaConfBaseException) as e:
-        hint = unknown_key_hint(e)  # an unknown key: the keys that node has (task=keyword's own, ...)
-        suffix = f": {hint}" if hint else " (grpo-run --help lists every group and its choices)"
-        _fail(f"{_one_line(e)}{suffix}")
+        _fail(config_error_line(e))
+
+
+def config_error_line(error: BaseException) -> str:
+    """The one line of a Hydra or OmegaConf error while composing: Hydra names the override (`Error merging
+    override train.steps=ten: ...`); an unknown key gets the keys that node has (task=keyword's own, ...)."""
+    hint = unknown_key_hint(error)
+    suffix = f": {hint}" if hint else " (grpo-run --help lists every group and its choices)"
+    return f"{_one_line(error)}{suffix}"
 
 
 # Choices that need a Hydra plugin from an extra: (group, choice) -> (plugin module, extra).
@@ -217,15 +296,37 @@ def check_plugin_extras(args: list[str]) -> None:
             _fail(f'{arg} needs the [{needed[1]}] extra: pip install -e ".[{needed[1]}]"')
 
 
+SWEEP_PRESETS_DIR = Path(__file__).parent / "conf" / "sweep"
+
+
+def check_sweep_preset(args: list[str]) -> None:
+    """`sweep` is an optional group, so Hydra would silently ignore an unknown preset, and a preset without -m
+    would run one job with the defaults: both stop with one line instead."""
+    presets = sorted(path.stem for path in SWEEP_PRESETS_DIR.glob("*.yaml"))
+    multirun = any(arg in ("-m", "--multirun") for arg in args)
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key != "sweep" or value in ("", "null"):
+            continue
+        if value not in presets:
+            _fail(f"sweep={value} is not a sweep preset: use one of {', '.join(presets)} (sweeps/<name>.yaml)")
+        if not multirun:
+            _fail(f"sweep={value} is a preset of values to sweep over: run it with -m (grpo-run -m sweep={value})")
+
+
 def main() -> None:
+    global _full_error_asked
     args = sys.argv[1:]
     check_plugin_extras(args)
+    check_sweep_preset(args)
     precheck_overrides(args)
-    if not {"-m", "--multirun"} & set(args) or os.environ.get("HYDRA_FULL_ERROR"):
+    _full_error_asked = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    if _full_error_asked:  # asked for every traceback in full (a developer)
         _hydra_main()
         return
-    # A sweep's errors reach us instead of Hydra's printer, which adds a HYDRA_FULL_ERROR hint or a traceback:
-    # a failed sweep ends with the launcher's one summary line, a bad sweep override with one line.
+    # Every error reaches us instead of Hydra's printer (which adds a HYDRA_FULL_ERROR hint or a traceback) and
+    # ends in one line. task() handles the run's own errors, so what arrives here is Hydra's or a sweep's:
+    # a failed sweep ends with the launcher's one summary line, a bad override, group or plugin with one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _hydra_main()
@@ -239,8 +340,19 @@ def main() -> None:
             print(f"grpo-run: error: {e}", file=sys.stderr)
             sys.exit(e.exit_code)
         _fail(f"{_one_line(e)} (grpo-run --help lists every group and its choices)")
-    except OmegaConfBaseException as e:
-        _fail(_one_line(e))
+    except (HydraException, OmegaConfBaseException) as e:
+        _fail(f"{_one_line(e)} (grpo-run --help lists every group and its choices)")
+    except OSError as e:  # Hydra creates the run directory (and .hydra/ in it) before the run starts
+        where = e.filename or "the run directory"
+        _fail(f"cannot create {where} ({e.strerror}): give a writable hydra.run.dir=... (hydra.sweep.dir=... with -m)")
+    except ImportError as e:  # a launcher or sweeper plugin whose package is not installed
+        _fail(f"a Hydra plugin cannot be imported ({_one_line(e)}): install it, or drop that hydra/... override")
+    except Exception as e:
+        log = write_traceback(e, Path(tempfile.gettempdir()) / f"grpo-run-{os.getpid()}.log")
+        print(internal_error_line(e, log), file=sys.stderr)
+        sys.exit(EXIT_INTERNAL_ERROR)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
 def register() -> None:

@@ -6,9 +6,10 @@ Hydra composes the config, before anything is loaded. Two groups have one schema
 has its own keys, `TASK_SCHEMAS`) and `rollout` (the sampling keys every engine shares, plus the vLLM keys
 for rollout=vllm, `ROLLOUT_SCHEMAS`), so `task=keyword task.min_words=3` fails as a typo would.
 
-A key with a fixed set of values is declared once with `choice(default, allowed)`; `validate_config`,
-`grpo-run --help` and `allowed_values(key)` all read that declaration. Cross-field rules that a type cannot
-express live in `validate_config`, which the CLI calls before any model loads.
+What each key accepts is declared once with its field: `choice(default, allowed)` for a fixed set of values
+(`grpo-run --help` and `allowed_values(key)` read it too), `positive`, `non_negative`, `unit_interval`,
+`in_range`, `finite`, `path(default, kind)`, or `any_value`. `validate_config`, which the CLI calls before any
+model loads, checks every field against its declaration, then the cross-field rules a declaration cannot express.
 
 Every option is documented where it is defined (as in TRL's GRPOConfig).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,14 +31,193 @@ from grpo_cli.errors import UserFacingError
 
 Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
+# ----------------------------------------------------------------------------------------------------------
+# Constraints: what each field accepts, declared once with the field (`steps: int = positive(30)`). The generic
+# check (`_check_fields`, called by validate_config) enforces them for every key, `grpo-run --help` lists them,
+# and tests/test_bad_input.py feeds every field the values its declaration rules out. A bool field and a nested
+# schema need none (the type says it all); every other field declares one, or says `any_value(...)`.
 
-def choice(default: str, allowed: Choices) -> Any:
-    """A plain `str` field whose value must be one of `allowed`: what users type and `--cfg job` prints.
+CONSTRAINT = "constraint"
+# path(kind=...): file: an existing file | dir: an existing directory | output: a directory that is or can be
+# made (not a file) | model: a local model directory or .gguf file when the value is a path (a hub id or a
+# built-in name is checked by models.check_model_source) | run: a run directory to resume (or true).
+PATH_KINDS = ("file", "dir", "output", "model", "run")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The values a config field accepts. For a list field it applies to each item; None (where the type allows
+    it) always passes."""
+
+    # range: a finite number in [low, high] (an end is open where *_open; None: unbounded) | choice: one of
+    # `choices` | path: a path of `path_kind` | any: any value of the field's type (checked where it is used,
+    # by a cross-field rule, or not at all).
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: Choices | None = None
+    path_kind: str | None = None
+    # Said after the rule in the error message: what the edge value means, or what to write instead.
+    hint: str = ""
+
+    def describe(self, integer: bool = False) -> str:
+        """'positive', '>= 1' (a positive integer), '>= 0', 'in (0, 1]', 'one of a, b', 'an existing file'."""
+        if self.kind == "choice":
+            return f"one of {', '.join(_resolve(self.choices or ()))}"
+        if self.kind == "path":
+            return {
+                "file": "an existing file",
+                "dir": "an existing directory",
+                "output": "a directory (existing or new)",
+                "model": "a model directory, a .gguf file, a hub id or a built-in model",
+                "run": "a run directory with checkpoints (or true)",
+            }[self.path_kind or "file"]
+        if self.kind == "any":
+            return "any value"
+        low, high = self.low, self.high
+        if integer and low is not None and self.low_open and float(low).is_integer():
+            low, low_open = low + 1, False  # an integer > 0 is an integer >= 1
+        else:
+            low_open = self.low_open
+        if high is None:
+            if low is None:
+                return "a finite number"
+            return "positive" if low == 0 and low_open else f"{'>' if low_open else '>='} {_number(low)}"
+        if low is None:
+            return f"{'<' if self.high_open else '<='} {_number(high)}"
+        return f"in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if self.high_open else ']'}"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` (one value, not a list) is not allowed ('must be positive', 'no such file or directory',
+        ...), None when it is."""
+        if self.kind == "choice":
+            values = _resolve(self.choices or ())
+            return None if value in values else f"is not one of {', '.join(values)}"
+        if self.kind == "path":
+            if isinstance(value, bool):  # resume=true: the newest run; resume=false: a new run
+                return None if self.path_kind == "run" else "must be a path"
+            return path_problem(str(value), self.path_kind or "file")
+        if self.kind == "range":
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            rule = self.describe(integer=isinstance(value, int))
+            if not number or not math.isfinite(value):
+                return f"must be {rule}" if rule == "a finite number" else f"must be finite and {rule}"
+            if not self._in_range(value):
+                return f"must be {rule}"
+        return None
+
+    def _in_range(self, value: float) -> bool:
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        high_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return low_ok and high_ok
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _declare(default: Any, constraint: Constraint, factory: Callable[[], Any] | None) -> Any:
+    metadata: dict[str, Any] = {CONSTRAINT: constraint}
+    if constraint.kind == "choice":
+        metadata["choices"] = constraint.choices
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def choice(default: Any, allowed: Choices, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A plain `str` field (or a list of them, given `factory`) whose value must be one of `allowed`: what users
+    type and `--cfg job` prints.
 
     `allowed` is a tuple, or a function returning one where the list lives elsewhere (the torch core, a registry
     defined below), so that the list is written once and importing this module stays free of torch.
     """
-    return field(default=default, metadata={"choices": allowed})
+    return _declare(default, Constraint("choice", choices=allowed), factory)
+
+
+def in_range(
+    default: Any = MISSING,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    hint: str = "",
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A number (or a list of numbers) in [low, high], an end open where asked; None means no bound."""
+    return _declare(default, Constraint("range", low, high, low_open, high_open, hint=hint), factory)
+
+
+def positive(default: Any = MISSING, *, hint: str = "", factory: Callable[[], Any] | None = None) -> Any:
+    """> 0 (for an integer field: >= 1)."""
+    return in_range(default, 0, low_open=True, hint=hint, factory=factory)
+
+
+def non_negative(default: Any = MISSING, *, hint: str = "") -> Any:
+    """>= 0."""
+    return in_range(default, 0, hint=hint)
+
+
+def unit_interval(default: Any = MISSING, *, hint: str = "") -> Any:
+    """In (0, 1]: a fraction that may not be 0."""
+    return in_range(default, 0, 1, low_open=True, hint=hint)
+
+
+def finite(default: Any = MISSING) -> Any:
+    """Any finite number (no nan, no inf)."""
+    return in_range(default)
+
+
+def path(default: Any, kind: str, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A path of `kind` (PATH_KINDS), or a list of them given `factory`; checked before anything loads."""
+    assert kind in PATH_KINDS, kind
+    return _declare(default, Constraint("path", path_kind=kind), factory)
+
+
+def any_value(default: Any = MISSING, *, factory: Callable[[], Any] | None = None) -> Any:
+    """Explicitly no constraint beyond the field's type (a name, a free text, a dict passed through)."""
+    return _declare(default, Constraint("any"), factory)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def path_problem(value: str, kind: str) -> str | None:
+    """What is wrong with path `value` for a field of `kind`, None when nothing is (see PATH_KINDS)."""
+    target = Path(value).expanduser()
+    if kind == "model":
+        looks_local = value.startswith(("/", ".", "~")) or value.endswith(".gguf") or value.count("/") > 1
+        if value.startswith(("embedded:", "random:")) or not (target.exists() or looks_local):
+            return None  # a built-in model or a hub id: models.check_model_source checks them before loading
+        if not target.exists():
+            return "no such file or directory: give a model directory, a .gguf file, a hub id, or model=smollm2_135m"
+        if target.is_dir() and not any(p.name.endswith(_WEIGHT_SUFFIXES) for p in target.iterdir()):
+            return "a directory without model weights (*.safetensors, *.bin or *.gguf): give the one holding them"
+        if target.is_file() and target.suffix != ".gguf":
+            return "a file but not a .gguf file: give a model directory or a .gguf file"
+        return None
+    if kind == "output":
+        existing = next((p for p in (target, *target.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            return f"{existing} is a file, so no directory can be made there: give a directory path"
+        return None
+    if kind == "run":
+        if not (target / "config.yaml").is_file() or not any((target / "checkpoints").glob("step_*")):
+            return (
+                "no run with checkpoints there (expected config.yaml and checkpoints/step_*): give a run "
+                "directory of an earlier grpo-run, or resume=true for the newest one"
+            )
+        return None
+    if not target.exists():
+        return "no such file or directory" + (": give an existing file" if kind == "file" else "")
+    if kind == "file" and not target.is_file():
+        return "a directory, not a file: give a file"
+    if kind == "dir" and not target.is_dir():
+        return "a file, not a directory: give a directory"
+    return None
 
 
 def _from_core(module: str, name: str) -> Callable[[], tuple[str, ...]]:
@@ -55,21 +236,21 @@ class LoraSettings:
     # Train low-rank adapters (peft) instead of every weight; the reference policy for KL is then the base
     # model with the adapters switched off, so no second copy is kept.
     enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    r: int = positive(16)
+    alpha: int = positive(32)
+    dropout: float = in_range(0.0, 0, 1, high_open=True)
+    target_modules: list[str] = any_value(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 
 
 @dataclass
 class ModelConfig:
     # Short name of the model choice, used in run names and reports.
-    name: str = MISSING
+    name: str = any_value(MISSING)
     # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
     # a local HF directory, or a .gguf file.
-    name_or_path: str = MISSING
+    name_or_path: str = path(MISSING, "model")
     # auto: bfloat16 on CUDA, float32 on CPU.
     dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
     # auto: CUDA when available.
@@ -77,7 +258,7 @@ class ModelConfig:
     # Recompute activations in the backward pass: less memory, ~30% more compute.
     gradient_checkpointing: bool = False
     # Seed for the weights of randomly initialised models (model=tiny_random).
-    init_seed: int = 0
+    init_seed: int = non_negative(0)
     # bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
     # auto: bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs
     # emulate bf16 matmuls hundreds of times slower than fp32).
@@ -92,19 +273,19 @@ class RewardWeightsConfig:
     """task.reward_weights: one weight per reward component (0: not used). grpo-run task.reward_weights.format=0.1"""
 
     # The task's own reward (r1_zero: format AND correct answer).
-    correctness: float = 1.0
+    correctness: float = finite(1.0)
     # The task's format_reward alone (shaping toward the format).
-    format: float = 0.0
+    format: float = finite(0.0)
     # The task's answer_reward alone (keyword: fraction of keywords present; json: fraction of right values).
-    answer: float = 0.0
+    answer: float = finite(0.0)
     # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth; medcalc: within an
     # absolute task.answer_atol.
-    numeric_close: float = 0.0
+    numeric_close: float = finite(0.0)
     # Shaping terms of every task, penalties in [-1, 0] (docs/evaluation.md#reward-shaping). overlong: DAPO's
     # soft linear penalty over the last task.overlong_buffer tokens before rollout.max_tokens (-1 at the limit).
-    overlong: float = 0.0
+    overlong: float = finite(0.0)
     # repetition: open-r1's n-gram repetition penalty, -(1 - distinct / total word n-grams), n = task.repetition_ngram.
-    repetition: float = 0.0
+    repetition: float = finite(0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -122,30 +303,30 @@ class TaskConfig:
     """task.*: the keys every task has."""
 
     # Task registry name (grpo_cli.tasks.TASKS).
-    name: str = MISSING
+    name: str = choice(MISSING, lambda: tuple(importlib.import_module("grpo_cli.tasks").TASKS))
     # chat: the tokenizer's chat template. With r1_zero, generation also stops at "</answer>" (kept in the output).
     prompt: str = choice("chat", PROMPT_STYLES)
     # Local JSONL files overriding the task's own data (null: the task's default source).
-    train_path: str | None = None
-    eval_path: str | None = None
+    train_path: str | None = path(None, "file")
+    eval_path: str | None = path(None, "file")
     # How many examples to build or read for each split (null: all the source has).
-    n_train: int | None = 2000
-    n_eval: int | None = 64
+    n_train: int | None = positive(2000)
+    n_eval: int | None = positive(64)
     # Seed of the synthetic data generator (independent of the training seed, so the eval set is stable).
-    data_seed: int = 1234
+    data_seed: int = non_negative(1234)
     # Weights of the reward components (RewardWeightsConfig); their weighted sum is the reward advantages use.
     reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
     # Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.
-    reward_timeout_s: float = 10.0
+    reward_timeout_s: float = non_negative(10.0, hint="0: no time limit")
     # Extra held-out sets, each evaluated beside the task's own and logged under eval/<name>/...: a local JSONL
     # file (*.jsonl), a split of the task's hub dataset, or <dataset>:<split> / <dataset>:<config>:<split>.
     # grpo-run task=math +task.eval_sets.math500=test +task.eval_sets.gsm8k=tests/fixtures/gsm8k_sample.jsonl
-    eval_sets: dict[str, str] = field(default_factory=dict)
+    eval_sets: dict[str, str] = any_value(factory=dict)
     # reward_weights.overlong: the penalty ramps from 0 to -1 over the last overlong_buffer tokens before
     # rollout.max_tokens (null: a quarter of rollout.max_tokens).
-    overlong_buffer: int | None = None
+    overlong_buffer: int | None = positive(None)
     # reward_weights.repetition: the n of the word n-grams whose repeats are penalized.
-    repetition_ngram: int = 3
+    repetition_ngram: int = positive(3)
 
 
 @dataclass
@@ -153,23 +334,23 @@ class NumericCloseOptions:
     """The numeric_close reward component's key (a mixin of the task schemas that offer numeric_close)."""
 
     # numeric_close: relative tolerance (0.01: within 1% of the truth).
-    numeric_tolerance: float = 0.01
+    numeric_tolerance: float = non_negative(0.01)
 
 
 @dataclass
 class KeywordTaskConfig(TaskConfig):
     # How many keywords each prompt asks for.
-    keywords_per_prompt: int = 2
+    keywords_per_prompt: int = positive(2)
 
 
 @dataclass
 class HubTaskConfig(TaskConfig):
     """A task read from a hub dataset through `datasets` when no local path is given."""
 
-    hub_dataset: str | None = None
-    hub_config: str | None = None
-    hub_train_split: str = "train"
-    hub_eval_split: str = "test"
+    hub_dataset: str | None = any_value(None)
+    hub_config: str | None = any_value(None)
+    hub_train_split: str = any_value("train")
+    hub_eval_split: str = any_value("test")
 
 
 @dataclass
@@ -185,20 +366,20 @@ class GSM8KTaskConfig(NumericCloseOptions, HubTaskConfig):
 @dataclass
 class LipogramTaskConfig(TaskConfig):
     # The fewest words an answer may have (with the topic word) to be rewarded.
-    min_words: int = 10
+    min_words: int = positive(10)
 
 
 @dataclass
 class JsonTaskConfig(TaskConfig):
     # How many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
-    fields_per_prompt: int = 3
+    fields_per_prompt: int = positive(3)
 
 
 @dataclass
 class RegexSumTaskConfig(NumericCloseOptions, TaskConfig):
     # Numbers per paragraph, each in 1..max_number.
-    numbers_per_prompt: int = 4
-    max_number: int = 99
+    numbers_per_prompt: int = positive(4)
+    max_number: int = positive(99)
 
 
 @dataclass
@@ -209,7 +390,7 @@ class AdditionTaskConfig(TaskConfig):
 @dataclass
 class MedcalcTaskConfig(HubTaskConfig):
     # numeric_close: largest absolute difference from the ground truth's number that still counts.
-    answer_atol: float = 0.5
+    answer_atol: float = non_negative(0.5)
 
 
 # task name -> its schema, stored as `<name>_schema` in group `task` (conf/task/<name>.yaml extends it).
@@ -230,24 +411,24 @@ class LossConfig:
     # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio.
     type: str = choice("reinforce_with_baseline", _from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
     # PPO clip range epsilon for grpo_clip: ratios are clipped to [1 - cliprange, 1 + cliprange].
-    cliprange: float = 0.2
+    cliprange: float = in_range(0.2, 0, 1, low_open=True, high_open=True)
 
 
 @dataclass
 class NormalizationConfig:
     # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO)
     advantage: str = choice("std", ("std", "mean"))
-    advantage_eps: float = 1e-6
+    advantage_eps: float = non_negative(1e-6)
     # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO)
     length: str = choice("sequence_mean", _from_core("train_step", "LENGTH_NORMALIZATIONS"))
     # The constant of length=constant; null means rollout.max_tokens.
-    length_constant: float | None = None
+    length_constant: float | None = positive(None)
 
 
 @dataclass
 class KLConfig:
     # Weight of the KL penalty to the frozen initial policy; 0 disables the penalty.
-    beta: float = 0.0
+    beta: float = non_negative(0.0)
     # k1: log p - log p_ref | k3: Schulman's non-negative estimator.
     estimator: str = choice("k3", _from_core("kl", "KL_ESTIMATORS"))
     # Measure KL every step even when beta == 0 (costs one reference forward per step).
@@ -265,7 +446,7 @@ class SyncConfig:
     #     on a uniform sample of it (Ray actors; needs grpo_clip).
     strategy: str = choice("on_policy", SYNC_STRATEGIES)
     # Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).
-    epochs_per_rollout_batch: int = 1
+    epochs_per_rollout_batch: int = positive(1)
     # Compute the old (behaviour) policy's log-probs once per rollout batch: null (default) when the loss needs
     # them, i.e. grpo_clip with an off-policy strategy; true also for other losses (logs train/old_policy_kl);
     # false never (then grpo_clip is only valid on-policy). With one_behind / replay_buffer the generator
@@ -273,17 +454,17 @@ class SyncConfig:
     old_log_probs: bool | None = None
     # replay_buffer: trajectories (completions) the buffer holds; the oldest are dropped when it is full.
     # At least train.rollout_batch_size, the sample each step trains on.
-    buffer_size: int = 64
+    buffer_size: int = positive(64)
     # replay_buffer: trajectories sampled more than this many policy versions ago are dropped unused.
-    max_staleness: int = 2
+    max_staleness: int = non_negative(2)
     # one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a
     # local Ray on this machine for the run and shuts it down afterwards.
-    ray_address: str | None = None
+    ray_address: str | None = any_value(None)
     # CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's
     # cores (at least 1), so the two actors do not fight over every core.
-    actor_cpus: int | None = None
+    actor_cpus: int | None = positive(None, hint="null: half this machine's cores")
     # GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0.
-    actor_gpus: float | None = None
+    actor_gpus: float | None = non_negative(None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -297,16 +478,17 @@ class SamplingConfig:
 
     # hf: transformers generate on the policy | vllm: vLLM's offline engine (its own keys: VLLMRolloutConfig).
     engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
-    temperature: float = 1.0
-    top_p: float = 1.0
-    min_tokens: int = 4
-    max_tokens: int = 48
+    # Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).
+    temperature: float = positive(1.0, hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy")
+    top_p: float = unit_interval(1.0)
+    min_tokens: int = non_negative(4)
+    max_tokens: int = positive(48)
     # Stop strings; the stop string is kept in the output. EOS always stops.
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = any_value(factory=list)
     # Evaluation decoding temperature: 0 is greedy.
-    eval_temperature: float = 0.0
+    eval_temperature: float = non_negative(0.0, hint="0 is greedy")
     # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
-    max_batch_prompts: int | None = None
+    max_batch_prompts: int | None = positive(None)
 
 
 @dataclass
@@ -323,26 +505,26 @@ class VLLMRolloutConfig(SamplingConfig):
     """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
 
     # Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well below 0.9.
-    gpu_memory_utilization: float = 0.4
+    gpu_memory_utilization: float = unit_interval(0.4)
     # KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with training).
-    kv_cache_memory_gb: float | None = None
+    kv_cache_memory_gb: float | None = positive(None)
     # Longest prompt + completion vLLM must hold; null: the model's own limit.
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
+    max_model_len: int | None = positive(None)
+    tensor_parallel_size: int = positive(1)
     # Free vLLM's KV cache while the trainer runs (GPU only; vLLM ignores it on CPU).
     enable_sleep_mode: bool = False
     # Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU.
     enforce_eager: bool = True
     # Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16.
-    sync_tolerance: float | None = None
+    sync_tolerance: float | None = non_negative(None)
     sync_probe: bool = True
     # Probe every this many steps (a multiple of it), and always at the first push of a process (a fresh or a
     # resumed run) and after the last step. 1: after every push (~1 s each on a 2-core CPU at 135M parameters).
-    sync_probe_every: int = 10
+    sync_probe_every: int = positive(10)
     # A weight sync taking longer than this stops the run instead of hanging it.
-    sync_timeout_s: float = 300.0
+    sync_timeout_s: float = positive(300.0)
     # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
-    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    vllm_kwargs: dict[str, Any] = any_value(factory=dict)
 
 
 # rollout.engine -> its schema (the allowed values of rollout.engine), stored as `<engine>_schema`.
@@ -360,29 +542,29 @@ def rollout_config_for(rollout: SamplingConfig, engine: str) -> SamplingConfig:
 @dataclass
 class TrainConfig:
     # Number of GRPO steps (rollout batches). CPU-sized: 30 steps take ~12 minutes on 2 cores.
-    steps: int = 30
+    steps: int = positive(30)
     # Completions per rollout batch (= prompts per batch * group_size).
-    rollout_batch_size: int = 16
+    rollout_batch_size: int = positive(16)
     # Completions sampled per prompt (G).
-    group_size: int = 4
+    group_size: int = positive(4)
     # Completions per optimizer step.
-    train_batch_size: int = 16
+    train_batch_size: int = positive(16)
     # Microbatches per optimizer step (train_batch_size / this = microbatch size).
-    gradient_accumulation_steps: int = 2
-    max_grad_norm: float = 1.0
+    gradient_accumulation_steps: int = positive(2)
+    max_grad_norm: float = positive(1.0)
     # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
     # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
     share_prompt_forward: bool = True
     # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
-    eval_every: int = 10
+    eval_every: int = non_negative(10, hint="0: evaluate only at the start and the end")
     # Held-out examples per evaluation (null: all of task.n_eval).
-    eval_examples: int | None = None
+    eval_examples: int | None = positive(None, hint="null: all of task.n_eval")
     # Save a checkpoint every N steps and at the end (0: only at the end); keep the newest K (K >= 2 leaves a
     # fallback if the newest is damaged).
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
+    checkpoint_every: int = non_negative(10, hint="0: only at the end")
+    keep_checkpoints: int = positive(2)
     # Skip an update whose loss or gradients are not finite; stop the run after this many in a row.
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: int = positive(3)
     # Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's
     # mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.
     mask_truncated: bool = False
@@ -391,9 +573,10 @@ class TrainConfig:
 @dataclass
 class OptimConfig:
     # 2e-5 suits the CPU-sized batch of 16 completions; the handouts use 1e-5 at 256.
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    lr: float = positive(2e-5)
+    weight_decay: float = non_negative(0.0)
+    # Adam's two betas, each in [0, 1).
+    betas: list[float] = in_range(low=0, high=1, high_open=True, factory=lambda: [0.9, 0.95])
 
 
 @dataclass
@@ -403,38 +586,38 @@ class LoggerConfig:
     backend: str = choice("none", ("none", "wandb", "tensorboard"))
     # W&B project, entity (user or team; null: your default) and group. A multirun fills a null group with
     # the sweep's name, so the runs of one sweep sit together.
-    project: str = "grpo-cli"
-    entity: str | None = None
-    group: str | None = None
-    tags: list[str] = field(default_factory=list)
+    project: str = any_value("grpo-cli")
+    entity: str | None = any_value(None)
+    group: str | None = any_value(None)
+    tags: list[str] = any_value(factory=list)
     # W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun).
-    name: str | None = None
+    name: str | None = any_value(None)
     # online without an API key, or without a server answering within init_timeout_s, logs offline instead
     # (upload later with `wandb sync`).
     mode: str = choice("offline", ("online", "offline", "disabled"))
-    init_timeout_s: float = 15.0
+    init_timeout_s: float = positive(15.0)
     # Log a W&B table (TensorBoard: a text entry) of eval completions at evaluations whose step is a multiple
     # of this (0: none), with at most samples_rows rows each.
-    samples_every: int = 1
-    samples_rows: int = 32
+    samples_every: int = non_negative(1, hint="0: no sample tables")
+    samples_rows: int = positive(32)
 
 
 @dataclass
 class JobConfig:
     name: str = choice("train", ("train", "baseline_eval", "report", "check_reward", "benchmark"))
     # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
-    n_examples: int | None = None
+    n_examples: int | None = positive(None, hint="null: all of task.n_eval")
     # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
     # measured steps per engine.
-    engines: list[str] = field(default_factory=lambda: ["auto"])
-    warmup_steps: int = 0
-    steps: int = 6
+    engines: list[str] = choice(MISSING, lambda: ("auto", *ROLLOUT_SCHEMAS), factory=lambda: ["auto"])
+    warmup_steps: int = non_negative(0)
+    steps: int = positive(6)
     # benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and with the
     # completion length (at train.rollout_batch_size; every completion forced to max_tokens), scaling_steps each.
     scaling: bool = False
-    scaling_batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
-    scaling_max_tokens: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
-    scaling_steps: int = 2
+    scaling_batches: list[int] = positive(factory=lambda: [8, 16, 32, 64])
+    scaling_max_tokens: list[int] = positive(factory=lambda: [32, 64, 128, 256])
+    scaling_steps: int = positive(2)
     # What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the last
     # evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).
     objective: str = choice("final_eval_reward", ("final_eval_reward", "best_eval_reward"))
@@ -447,18 +630,18 @@ class EvalConfig:
     # Completions per held-out prompt. 1: one answer each at rollout.eval_temperature (greedy by default), scored
     # as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n,
     # eval/pass@k and eval/maj@n.
-    n_samples: int = 1
+    n_samples: int = positive(1, hint="1: one answer per held-out prompt")
     # The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.
-    pass_k: list[int] | None = None
+    pass_k: list[int] | None = positive(None)
 
 
 @dataclass
 class ReportConfig:
     # job=report: run directories to compare, or one multirun directory (every run below it). A single path
     # may be given without brackets: report.runs=outputs/multirun/2026-11-22_07-00-00
-    runs: Any = field(default_factory=list)
+    runs: Any = path(None, "dir", factory=list)
     # Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).
-    out: str | None = None
+    out: str | None = path(None, "output")
 
 
 # distributed.strategy: how the learner spreads over devices (torch.distributed).
@@ -475,16 +658,16 @@ class DistributedConfig:
     strategy: str = choice("none", DISTRIBUTED_STRATEGIES)
     # Ranks (processes) per node that `grpo-run` starts (one per GPU on CUDA); ignored under an external torchrun
     # or srun, which set RANK/WORLD_SIZE themselves.
-    nproc_per_node: int = 1
+    nproc_per_node: int = positive(1)
     # Nodes, this node's index, and the rendezvous address of node 0 (loopback on one machine).
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29511
+    nnodes: int = positive(1)
+    node_rank: int = non_negative(0)
+    master_addr: str = any_value("127.0.0.1")
+    master_port: int = in_range(29511, 1, 65535)
     # auto: nccl on CUDA, gloo on CPU.
     backend: str = choice("auto", ("auto", "nccl", "gloo"))
     # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.
-    timeout_min: float = 60.0
+    timeout_min: float = positive(60.0)
 
 
 @dataclass
@@ -505,11 +688,11 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    seed: int = 0
+    seed: int = non_negative(0)
     # null: a new run | true: continue the newest run under the same output root | a run directory.
-    resume: Any = None
+    resume: Any = path(None, "run")
     # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
-    output_dir: str = MISSING
+    output_dir: str = path(MISSING, "output")
     # Print a per-step metrics line on the console.
     verbose: bool = True
 
@@ -611,11 +794,8 @@ def needs_old_log_probs(cfg: Any) -> bool:
 
 def _choices_of(cls: type, name: str) -> Choices | None:
     """The `choice(...)` declaration of field `name`, also when a subclass only changes its default."""
-    for klass in cls.__mro__:
-        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
-        if declared is not None and "choices" in declared.metadata:
-            return declared.metadata["choices"]
-    return None
+    constraint = constraint_of(cls, name)
+    return constraint.choices if constraint is not None and constraint.kind == "choice" else None
 
 
 def _resolve(allowed: Choices) -> tuple[str, ...]:
@@ -656,17 +836,39 @@ def allowed_values(key: str) -> tuple[str, ...]:
     return _resolve(declared[key])
 
 
+def constraint_of(cls: type, name: str) -> Constraint | None:
+    """The declared constraint of field `name` of schema `cls`, also when a subclass only changes its default."""
+    for klass in cls.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and CONSTRAINT in declared.metadata:
+            return declared.metadata[CONSTRAINT]
+    return None
+
+
+def _show(value: Any) -> str:
+    return str(list(value)) if isinstance(value, list | tuple) else str(value)
+
+
 def _check_fields(node: Any, prefix: str = "") -> None:
-    """Every choice field holds one of its values, and no key was added beside the schema's (`+task.foo=1`)."""
+    """Every field holds a value its declared constraint allows (each item of a list field), and no key was
+    added beside the schema's (`+task.foo=1`)."""
     extra = sorted(set(vars(node)) - _field_names(type(node)))
     if extra:
         hint = _keys_hint(prefix.rstrip("."), type(node), extra[0])
         raise UserFacingError(f"{prefix}{extra[0]} is not a key: {hint}")
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
-        allowed = _choices_of(type(node), f.name)
-        if allowed is not None and value not in (values := _resolve(allowed)):
-            raise UserFacingError(f"{prefix}{f.name}={value} is not one of {', '.join(values)}")
+        constraint = constraint_of(type(node), f.name)
+        if constraint is not None and value is not None:
+            items = value if isinstance(value, list | tuple) else [value]
+            for item in items:
+                problem = constraint.problem(item)
+                if problem is not None:
+                    # "k=0 must be >= 1", "k=[0] holds 0, which must be >= 1", "k=/a: no such file ..."
+                    where = f" holds {item}" if items is value else ""
+                    sep = ": " if constraint.kind == "path" else (", which " if where else " ")
+                    hint = f" ({constraint.hint})" if constraint.hint else ""
+                    raise UserFacingError(f"{prefix}{f.name}={_show(value)}{where}{sep}{problem}{hint}")
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             _check_fields(value, f"{prefix}{f.name}.")
 
@@ -778,17 +980,49 @@ def _schema_for(group: str, saved: Any, selector: str) -> type | None:
     return schemas.get(str(saved.get(selector))) or next(exact, None)
 
 
+class SavedConfigError(UserFacingError):
+    """A run directory's config.yaml that cannot be read as a config at all (not YAML, binary, empty, not a
+    mapping): `reason` says how; the message names the file and what to do."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"{path} is damaged ({reason}): restore it (Hydra keeps the run's original config in "
+            f"{path.parent / '.hydra' / 'config.yaml'}), or start a new run without resume=..."
+        )
+        self.reason = reason
+
+
+def _load_yaml_mapping(path: Path) -> DictConfig:
+    """OmegaConf.load of a config file that must hold a mapping; SavedConfigError when it cannot."""
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(path)
+    except UnicodeDecodeError:
+        raise SavedConfigError(path, "not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SavedConfigError(path, f"not valid YAML{where}") from None
+    except OSError as e:
+        raise SavedConfigError(path, f"unreadable: {e.strerror}") from None
+    if not isinstance(loaded, DictConfig) or not loaded:
+        raise SavedConfigError(path, "empty" if not loaded else "not a mapping of keys")
+    return loaded
+
+
 def load_saved_config(path: Path) -> DictConfig:
     """A run directory's config.yaml under the schemas (GRPOConfig, with the task and rollout schemas of that
-    run), so that resuming checks it as a fresh run would. A bad key or value is a UserFacingError (one line).
+    run), so that resuming checks it as a fresh run would. A file that is no config at all is a SavedConfigError
+    (which resuming recovers from, cli.resumed_config); a bad key or value a UserFacingError (one line).
 
     Keys of another choice's schema are dropped from `task` and `rollout`: a config.yaml written before the
     per-task schemas holds every task's keys, which that run's task never read.
     """
     from omegaconf.errors import OmegaConfBaseException
 
+    saved = _load_yaml_mapping(path)
     try:
-        saved = OmegaConf.load(path)
         base = OmegaConf.structured(GRPOConfig)
         for group, selector in (("task", "name"), ("rollout", "engine")):
             node = saved.get(group)
@@ -849,10 +1083,6 @@ def validate_sync(cfg: Any) -> None:
                 f"sync.max_staleness={sync.max_staleness}: the replay buffer needs at least 1 (the generator "
                 "samples the next batch while the learner updates); use sync=on_policy for on-policy training"
             )
-    if sync.actor_cpus is not None and sync.actor_cpus < 1:
-        raise UserFacingError(f"sync.actor_cpus={sync.actor_cpus} must be >= 1 (null: half this machine's cores)")
-    if sync.actor_gpus is not None and sync.actor_gpus < 0:
-        raise UserFacingError(f"sync.actor_gpus={sync.actor_gpus} must be >= 0")
 
 
 def validate_distributed(cfg: Any) -> None:
@@ -865,16 +1095,8 @@ def validate_distributed(cfg: Any) -> None:
                 "distributed=ddp or distributed=fsdp (one process otherwise)"
             )
         return
-    if d.nproc_per_node < 1 or d.nnodes < 1 or not 0 <= d.node_rank < d.nnodes:
-        raise UserFacingError(
-            f"distributed.nproc_per_node={d.nproc_per_node} and distributed.nnodes={d.nnodes} must be >= 1 and "
-            f"distributed.node_rank={d.node_rank} in [0, {d.nnodes})"
-        )
-    if not 0 < d.master_port < 65536 or d.timeout_min <= 0:
-        raise UserFacingError(
-            f"distributed.master_port={d.master_port} must be a port number and distributed.timeout_min="
-            f"{d.timeout_min} positive"
-        )
+    if d.node_rank >= d.nnodes:
+        raise UserFacingError(f"distributed.node_rank={d.node_rank} must be in [0, distributed.nnodes={d.nnodes})")
     shape = BatchShape.from_config(cfg)
     if shape.ranks == 1:
         return
@@ -883,10 +1105,11 @@ def validate_distributed(cfg: Any) -> None:
             f"sync={cfg.sync.strategy} runs its generator and learner as Ray actors and does not combine with "
             f"distributed={d.strategy} over {shape.ranks} ranks yet: use sync=on_policy or sync=multi_epoch"
         )
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size != 1:
         raise UserFacingError(
-            f"rollout=vllm with distributed={d.strategy} over {shape.ranks} ranks (one engine per rank) is not "
-            "supported yet: use rollout=hf, or distributed=none with rollout=vllm"
+            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} with distributed={d.strategy}: each "
+            "rank runs its own vLLM engine on its own device and samples its own prompts, so tensor parallelism "
+            "across ranks does not apply: use rollout.tensor_parallel_size=1"
         )
     if shape.prompts_per_rollout_batch % shape.ranks:
         raise UserFacingError(
@@ -902,7 +1125,8 @@ def validate_distributed(cfg: Any) -> None:
 
 
 def validate_config(cfg: Any) -> None:
-    """Check the rules a schema cannot express. Raises UserFacingError with a one-line message."""
+    """Check every field against its declared constraint, then the rules between fields. Raises
+    UserFacingError with a one-line message naming the key."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
     _check_fields(cfg)
@@ -919,38 +1143,9 @@ def validate_config(cfg: Any) -> None:
             "model.quantization=4bit freezes the quantized base weights, so only adapters can train: "
             "set model.lora.enabled=true"
         )
-    if cfg.model.lora.enabled and (cfg.model.lora.r <= 0 or not cfg.model.lora.target_modules):
-        raise UserFacingError(
-            f"model.lora.r={cfg.model.lora.r} must be positive and model.lora.target_modules non-empty"
-        )
+    if cfg.model.lora.enabled and not cfg.model.lora.target_modules:
+        raise UserFacingError("model.lora.target_modules=[] with model.lora.enabled=true: name the modules to adapt")
     t = cfg.train
-    positive = {
-        "train.steps": t.steps,
-        "train.rollout_batch_size": t.rollout_batch_size,
-        "train.group_size": t.group_size,
-        "train.train_batch_size": t.train_batch_size,
-        "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "sync.epochs_per_rollout_batch": cfg.sync.epochs_per_rollout_batch,
-        "sync.buffer_size": cfg.sync.buffer_size,
-        "rollout.max_tokens": cfg.rollout.max_tokens,
-        "optim.lr": cfg.optim.lr,
-        "logger.init_timeout_s": cfg.logger.init_timeout_s,
-        "logger.samples_rows": cfg.logger.samples_rows,
-    }
-    if isinstance(cfg.rollout, VLLMRolloutConfig):
-        positive["rollout.sync_probe_every"] = cfg.rollout.sync_probe_every
-    for key, value in positive.items():
-        if value <= 0:
-            raise UserFacingError(f"{key}={value} must be positive")
-    if t.checkpoint_every < 0 or t.keep_checkpoints < 1 or t.max_nonfinite_steps < 1:
-        raise UserFacingError(
-            f"train.checkpoint_every={t.checkpoint_every} must be >= 0, train.keep_checkpoints={t.keep_checkpoints} "
-            f"and train.max_nonfinite_steps={t.max_nonfinite_steps} >= 1"
-        )
-    if t.eval_every < 0:
-        raise UserFacingError(f"train.eval_every={t.eval_every} must be >= 0 (0: evaluate only at start and end)")
-    if cfg.logger.samples_every < 0:
-        raise UserFacingError(f"logger.samples_every={cfg.logger.samples_every} must be >= 0 (0: no sample tables)")
     if t.rollout_batch_size % t.group_size:
         raise UserFacingError(
             f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by train.group_size={t.group_size}: "
@@ -980,39 +1175,22 @@ def validate_config(cfg: Any) -> None:
         raise UserFacingError(
             f"rollout.min_tokens={cfg.rollout.min_tokens} exceeds rollout.max_tokens={cfg.rollout.max_tokens}"
         )
-    if not 0.0 < cfg.rollout.top_p <= 1.0:
-        raise UserFacingError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
-    if cfg.rollout.temperature < 0 or cfg.rollout.eval_temperature < 0:
-        raise UserFacingError("rollout.temperature and rollout.eval_temperature must be >= 0 (0 is greedy)")
-    if cfg.rollout.temperature == 0:
-        raise UserFacingError(
-            "rollout.temperature=0 makes every completion of a group identical (zero advantage): use a "
-            "temperature > 0 for training rollouts (rollout.eval_temperature controls evaluation)"
-        )
-    if not 0.0 < cfg.loss.cliprange < 1.0:
-        raise UserFacingError(f"loss.cliprange={cfg.loss.cliprange} must be in (0, 1)")
-    if cfg.kl.beta < 0:
-        raise UserFacingError(f"kl.beta={cfg.kl.beta} must be >= 0")
 
     validate_sync(cfg)
     validate_distributed(cfg)
-    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
-        raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
-    if cfg.normalization.length_constant is not None and cfg.normalization.length_constant <= 0:
-        raise UserFacingError(f"normalization.length_constant={cfg.normalization.length_constant} must be positive")
+    if len(cfg.optim.betas) != 2:
+        raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers (Adam's beta1 and beta2)")
     n_samples = cfg.eval.n_samples
-    if n_samples < 1:
-        raise UserFacingError(f"eval.n_samples={n_samples} must be >= 1 (1: one answer per held-out prompt)")
     if n_samples > 1 and cfg.rollout.eval_temperature <= 0:
         raise UserFacingError(
             f"eval.n_samples={n_samples} samples at rollout.eval_temperature={cfg.rollout.eval_temperature:g}, "
             "where every sample is the same greedy answer: set rollout.eval_temperature>0 (e.g. 1.0 or 0.6)"
         )
-    bad_k = [k for k in cfg.eval.pass_k or [] if not 1 <= k <= n_samples]
+    bad_k = [k for k in cfg.eval.pass_k or [] if k > n_samples]
     if bad_k:
         raise UserFacingError(f"eval.pass_k={list(cfg.eval.pass_k)}: each k must be in 1..eval.n_samples={n_samples}")
     buffer = cfg.task.overlong_buffer
-    if buffer is not None and not 1 <= buffer <= cfg.rollout.max_tokens:
+    if buffer is not None and buffer > cfg.rollout.max_tokens:
         raise UserFacingError(
             f"task.overlong_buffer={buffer} must be between 1 and rollout.max_tokens={cfg.rollout.max_tokens} "
             "(the overlong penalty ramps over that many tokens before the limit)"

@@ -91,16 +91,19 @@ def test_choice_walk_covers_every_choice_field():
 
 @pytest.mark.parametrize("key", sorted(choice_fields()))
 def test_an_unknown_choice_value_fails_in_one_line(key):
-    cfg = compose_config([f"{key}=bogus"])
+    listed = key in {"job.engines"}  # a list of choices: the item is named
+    cfg = compose_config([f"{key}=[bogus]" if listed else f"{key}=bogus"])
     with pytest.raises(UserFacingError) as info:
         validate_config(cfg)
-    assert str(info.value) == f"{key}=bogus is not one of {', '.join(allowed_values(key))}"
+    value = "['bogus'] holds bogus, which" if listed else "bogus"
+    assert str(info.value) == f"{key}={value} is not one of {', '.join(allowed_values(key))}"
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, values in choice_fields().items() for v in values])
 def test_every_allowed_value_passes_the_choice_check(key, value):
     group_choice = {"rollout.engine": f"rollout={value}"}.get(key)  # an engine comes with its schema
-    cfg = compose_config([group_choice or f"{key}={value}"])
+    listed = {"job.engines"}  # a list of choices
+    cfg = compose_config([group_choice or (f"{key}=[{value}]" if key in listed else f"{key}={value}")])
     try:
         validate_config(cfg)
     except UserFacingError as e:  # other rules may object (4bit without LoRA); the choice check may not
@@ -162,7 +165,7 @@ def test_rollout_hf_with_a_vllm_key_fails_in_one_line(capsys):
     ("overrides", "message"),
     [
         (["+task.min_words=3"], "task.min_words is not a key: task=keyword has the keys"),
-        (["task.name=no_such_task"], "task.name=no_such_task: unknown task"),
+        (["task.name=no_such_task"], "task.name=no_such_task is not one of keyword"),
         (["task=keyword", "task.name=math"], "task.name=math reads task.hub_dataset"),
         (["rollout.engine=vllm"], "rollout.engine=vllm with rollout=hf"),
     ],

@@ -290,3 +290,21 @@ def test_report_over_an_optuna_sweep_lists_its_trials(optuna_sweep, tmp_path):
     assert objectives == sorted(objectives, reverse=True)  # highest first
     assert "## Search (Optuna trials)" in (out / "report.md").read_text()
     assert "| trial | optim.lr | objective (final_eval_reward) |" in result.stdout and "(best)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "sweep=nope"], "sweep=nope is not a sweep preset: use one of baselines, group_size"),
+        (["sweep=lr"], "run it with -m (grpo-run -m sweep=lr)"),
+    ],
+)
+def test_an_unknown_sweep_preset_or_one_without_multirun_is_one_line(capsys, args, message):
+    # Before the fix, Hydra skipped the unknown optional preset and trained one run with the defaults.
+    with pytest.raises(SystemExit) as info:
+        cli.check_sweep_preset(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    cli.check_sweep_preset(["-m", "sweep=lr"])
+    cli.check_sweep_preset(["--multirun", "sweep=group_size", "seed=0"])

@@ -197,10 +197,12 @@ def test_every_search_preset_maximizes_over_valid_configs(preset):
     assert f"grpo-run -m sweep={preset}" in README.read_text()
 
 
-def test_job_report_composes_with_a_single_path_or_a_list():
+def test_job_report_composes_with_a_single_path_or_a_list(tmp_path):
     assert compose_config(["job=report", "report.runs=outputs/multirun/2026-11-22_07-00-00"]).report.runs == (
         "outputs/multirun/2026-11-22_07-00-00"
     )
-    cfg = compose_config(["job=report", "report.runs=[a,b]", "report.out=/tmp/r"])
+    a, b = tmp_path / "a", tmp_path / "b"  # report.runs must exist (its declared constraint)
+    a.mkdir(), b.mkdir()
+    cfg = compose_config(["job=report", f"report.runs=[{a},{b}]", "report.out=/tmp/r"])
     validate_config(cfg)
-    assert (cfg.job.name, list(cfg.report.runs), cfg.report.out) == ("report", ["a", "b"], "/tmp/r")
+    assert (cfg.job.name, list(cfg.report.runs), cfg.report.out) == ("report", [str(a), str(b)], "/tmp/r")

@@ -15,7 +15,9 @@ from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
 
 def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> list[str]:
-    """Raise UserFacingError for what cannot work; return warning lines for what works worse than it could."""
+    """Raise UserFacingError for what cannot work; return warning lines for what works worse than it could (and
+    for a damaged run_info.json that was rewritten)."""
+    warnings: list[str | None] = []
     check_model_source(cfg.model.name_or_path)
     check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
     if cfg.rollout.engine == "vllm":
@@ -31,15 +33,25 @@ def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: li
         load_eval_sets(cfg.task)  # a bad file or split of task.eval_sets fails here, before the model loads
     check_devices_for_ranks(cfg)
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this; one run_info.json is written
-        write_run_info(output_dir, build_run_info(cfg, examples, overrides), resumed=bool(cfg.resume))
-    warning = pure_half_precision_warning(cfg.model.dtype)
-    return [warning] if warning is not None else []
+        repaired = write_run_info(output_dir, build_run_info(cfg, examples, overrides), resumed=bool(cfg.resume))
+        warnings.append(repaired)
+    warnings.append(pure_half_precision_warning(cfg.model.dtype))
+    return [warning for warning in warnings if warning is not None]
 
 
 def check_devices_for_ranks(cfg: Any) -> None:
-    """On CUDA each rank of a node takes one GPU: more ranks per node than GPUs is a one-line error."""
+    """On CUDA each rank of a node takes one GPU: more ranks per node than GPUs is a one-line error; so is NCCL
+    (GPU-to-GPU only) for ranks on the CPU."""
     d = cfg.distributed
-    if d.strategy == "none" or resolve_device(cfg.model.device).type != "cuda":
+    if d.strategy == "none":
+        return
+    device = resolve_device(cfg.model.device)
+    if device.type != "cuda":
+        if d.backend == "nccl":
+            raise UserFacingError(
+                f"distributed.backend=nccl connects GPUs, and the ranks run on {device.type} "
+                f"(model.device={cfg.model.device}): use distributed.backend=gloo (or auto)"
+            )
         return
     import torch
 

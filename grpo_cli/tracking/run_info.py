@@ -103,15 +103,40 @@ def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str
     }
 
 
-def write_run_info(output_dir: Path, info: dict[str, Any], resumed: bool = False) -> Path:
+def write_run_info(output_dir: Path, info: dict[str, Any], resumed: bool = False) -> str | None:
     """Write run_info.json. A resumed run keeps the record of how the run started and appends its own
-    command, time, code and package versions to "resumes" (a resume may run on newer code)."""
+    command, time, code and package versions to "resumes" (a resume may run on newer code).
+
+    A damaged run_info.json (a kill mid-write, a full disk, a bad edit) is kept beside it as
+    run_info.json.damaged and written anew from this start: the returned message says so (None otherwise).
+    """
     path = output_dir / RUN_INFO_FILE
+    message = None
     if resumed and path.exists():
-        original = json.loads(path.read_text())
-        original.setdefault("resumes", []).append(
-            {key: info[key] for key in ("command", "created_utc", "git", "packages")}
-        )
-        info = original
-    path.write_text(json.dumps(info, indent=2) + "\n")
-    return path
+        original, problem = _read_run_info(path)
+        if original is not None:
+            original.setdefault("resumes", []).append(
+                {key: info[key] for key in ("command", "created_utc", "git", "packages")}
+            )
+            info = original
+        else:
+            kept = path.with_name(f"{RUN_INFO_FILE}.damaged")
+            os.replace(path, kept)
+            message = f"{path} was damaged ({problem}): kept as {kept.name} and written anew from this start"
+    temp = path.with_name(f".{RUN_INFO_FILE}.tmp")
+    temp.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(temp, path)  # whole or not at all: a kill mid-write leaves the previous file
+    return message
+
+
+def _read_run_info(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the record, "") or (None, what is wrong with it)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON at line {e.lineno}"
+    if not isinstance(record, dict) or not isinstance(record.get("resumes", []), list):
+        return None, "not a run_info record"
+    return record, ""

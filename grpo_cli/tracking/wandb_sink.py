@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import netrc
 import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -42,12 +43,25 @@ def choose_mode(requested: str, has_credentials: bool) -> tuple[str, str | None]
     return requested, None
 
 
-def read_run_id(output_dir: Path) -> str | None:
-    """The W&B run id saved by an earlier start in this run directory: a resumed run reattaches to it."""
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def read_run_id(output_dir: Path) -> tuple[str | None, str | None]:
+    """(the W&B run id saved by an earlier start in this run directory, None): a resumed run reattaches to it.
+
+    A damaged file (not one id: a kill mid-write, a bad edit) gives (None, a message): the run starts a new W&B
+    run, which rewrites the file; the earlier W&B run keeps what it logged.
+    """
     path = output_dir / RUN_ID_FILE
     if not path.exists():
-        return None
-    return path.read_text().strip() or None
+        return None, None
+    try:
+        run_id = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        run_id = "\0"
+    if _RUN_ID.fullmatch(run_id):
+        return run_id, None
+    return None, f"{path} is damaged (not a W&B run id): this run logs to a new W&B run, and the file is rewritten"
 
 
 def sample_table_rows(rows: list[dict[str, Any]], step: int, max_rows: int) -> list[list[Any]]:
@@ -80,7 +94,9 @@ class WandbSink:
         lg = cfg.logger
         base_url = wandb.Settings().base_url
         mode, notice = choose_mode(lg.mode, lg.mode != "online" or has_wandb_credentials(base_url))
-        run_id = read_run_id(output_dir)
+        run_id, damaged = read_run_id(output_dir)
+        if damaged is not None:
+            console.print(damaged, highlight=False, markup=False)
         init_kwargs = dict(
             project=lg.project,
             entity=lg.entity,

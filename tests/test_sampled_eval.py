@@ -16,7 +16,7 @@ from grpo_cli.batch import RolloutData
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
-from grpo_cli.rollout.evaluation import evaluate, prefixed, voting_for
+from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.tasks import get_task, load_eval_sets, make_reward_fn
@@ -146,13 +146,14 @@ def test_pass_at_k_reads_the_tasks_own_reward_when_shaping_terms_are_weighted():
     cfg = compose_config(["task.reward_weights.repetition=1"])
     from grpo_cli.tasks import Example
 
-    metrics, _ = evaluate(
+    metrics, records = evaluate(
         engine, ListTokenizer(), make_reward_fn(cfg.task), [Example("q", ["red", "apple"])], SamplingSettings(n=2)
     )
     # The right answer's reward is 1 - 1/3 (3-grams: red-apple-apple, apple-apple-apple twice: 2 distinct of 3) ...
     assert metrics["eval/reward"] == pytest.approx((1 - 1 / 3 + 0) / 2)
-    # ... but it is still a right answer.
+    # ... but it is still a right answer, for pass@k and for job=baseline_eval's accuracy (= mean@n).
     assert (metrics["eval/mean@2"], metrics["eval/pass@2"]) == (0.5, 1.0)
+    assert summarize_records(records)["accuracy"] == 0.5
 
 
 # --- shaping terms --------------------------------------------------------------------------------------------

@@ -122,7 +122,9 @@ def prefixed(metrics: dict[str, float], set_name: str) -> dict[str, float]:
 
 
 def summarize_records(records: list[dict[str, Any]], n_examples_per_category: int = 3) -> dict[str, Any]:
-    """Accuracy, format rate and the three outcome categories, with a few examples of each."""
+    """Accuracy, format rate and the three outcome categories, with a few examples of each. Accuracy is the mean
+    of the task's own reward ("correctness" when task.reward_weights weighs more components or shaping terms),
+    not of the weighted total: with a 0/1 reward it equals eval/mean@n."""
     categories = {
         "format_1_answer_1": [r for r in records if r["format_reward"] == 1 and r["answer_reward"] == 1],
         "format_1_answer_0": [r for r in records if r["format_reward"] == 1 and r["answer_reward"] != 1],
@@ -131,7 +133,7 @@ def summarize_records(records: list[dict[str, Any]], n_examples_per_category: in
     n = max(len(records), 1)
     return {
         "n": len(records),
-        "accuracy": sum(r["reward"] for r in records) / n,
+        "accuracy": sum(r.get("correctness", r["reward"]) for r in records) / n,
         "format_rate": sum(r["format_reward"] for r in records) / n,
         "answer_reward": sum(r["answer_reward"] for r in records) / n,
         "unparseable_rate": sum(r.get("unparseable", 0.0) for r in records) / n,

@@ -6,7 +6,8 @@
   fails the same test);
 - a completion's tokens depend on (seed, prompt index in the step, completion index) only: not on the other
   prompts of the batch, their padding, chunking, or where the loop stopped for stop strings;
-- torch.compile failing falls back to eager with one log line.
+- torch.compile failing falls back to eager with one log line;
+- the decode steps' linear layers on few rows compute F.linear's product, by the faster kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import transformers
 from transformers import GenerationConfig
 
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
-from grpo_cli.rollout.decode import CACHE_BUCKET, left_pad
+from grpo_cli.rollout.decode import CACHE_BUCKET, SKINNY_ROWS, SkinnyLinear, left_pad
 from grpo_cli.rollout.hf import cut_completion
 from grpo_cli.rollout.sampling import (
     completion_seed,
@@ -307,3 +308,22 @@ def test_the_compiled_decode_step_gives_eagers_tokens_without_recompiling_per_pr
         other_lengths = [[2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [2, 3], [2, 20, 21], [2, 30]]
         compiled = engine.generate(other_lengths, greedy).completion_ids
         assert compiled == eager.generate(other_lengths, greedy).completion_ids
+
+
+def test_skinny_linear_computes_f_linear_on_few_rows_and_leaves_everything_else_alone(monkeypatch):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(300, 40), torch.randn(300)
+    few, many = torch.randn(4, 1, 40), torch.randn(SKINNY_ROWS + 1, 40)
+    calls = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *args: calls.append(args[0].shape) or mm(*args))
+    with torch.no_grad(), SkinnyLinear():
+        out_few = torch.nn.functional.linear(few, weight, bias)
+        out_many = torch.nn.functional.linear(many, weight, bias)
+    assert calls == [(300, 40)]  # W @ x^T for the few rows only
+    assert out_few.shape == (4, 1, 300) and out_few.is_contiguous()
+    torch.testing.assert_close(out_few, torch.nn.functional.linear(few, weight, bias))
+    assert torch.equal(out_many, torch.nn.functional.linear(many, weight, bias))
+    with SkinnyLinear():  # with autograd on (a training forward): F.linear itself, never the rewrite
+        torch.nn.functional.linear(few, weight.requires_grad_(), bias)
+    assert len(calls) == 1

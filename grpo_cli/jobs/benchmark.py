@@ -27,6 +27,7 @@ measuring tool, not a test: run it on a quiet machine.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -45,6 +46,7 @@ from grpo_cli.drivers.local import InProcessExecutor
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout import render_prompts
+from grpo_cli.rollout.decode import SkinnyLinear
 from grpo_cli.rollout.worker import sampling_settings
 from grpo_cli.runtime import compute_dtype, resolve_device, resolve_dtype, timed
 from grpo_cli.tasks import load_examples
@@ -127,13 +129,15 @@ def training_flops(non_embedding: int, vocab: int, hidden: int, tokens: int, res
 
 def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.device, repeats: int = 3) -> float:
     """Seconds the matmuls of one decode step take alone: every linear layer of the model (the LM head included),
-    in model order, applied to `rows` rows of one token. The best of `repeats` passes; the weights are streamed
-    as the real step streams them, so on a CPU this is the memory-bandwidth floor of a decode step."""
+    in model order, applied to `rows` rows of one token, by the kernel the eager decode step uses on this device
+    (rollout/decode.py's SkinnyLinear on a CPU). The best of `repeats` passes; the weights are streamed as the
+    real step streams them."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     weights = [m.weight for m in base.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=w.dtype) for w in weights}
     best = float("inf")
-    with torch.no_grad():
+    skinny = SkinnyLinear() if device.type == "cpu" else contextlib.nullcontext()
+    with torch.no_grad(), skinny:
         for _ in range(repeats + 1):  # the first pass warms up
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -20,6 +20,7 @@ prompt width, L the cache length (W + max_tokens rounded up to CACHE_BUCKET), V 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -92,6 +94,37 @@ def decode_attention(
 
 AttentionInterface.register(DECODE_ATTENTION, decode_attention)
 AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # only reached for masks transformers builds itself
+
+
+# A decode step's linear layers multiply a few rows by each weight. On the CPU, (W @ x^T)^T computes the same
+# product 1.3-1.9x faster than x @ W^T (what F.linear runs) for such shapes: measured on the 2-core AMD EPYC,
+# 16 rows of SmolLM2-135M, 36 -> 21 ms for the 49k-vocabulary head and 49 -> 36 ms for the decoder's layers per
+# decode step. Row counts above this limit keep F.linear (a prefill, a large batch).
+SKINNY_ROWS = 64
+
+
+class SkinnyLinear(TorchFunctionMode):
+    """While active, F.linear on at most SKINNY_ROWS rows (CPU, no autograd) runs as (W @ x^T)^T: the same
+    product up to float rounding, computed by the faster kernel; every other call runs unchanged."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            rows = x.numel() // max(x.shape[-1], 1)
+            if (
+                weight.dim() == 2
+                and x.device.type == "cpu"
+                and rows <= SKINNY_ROWS
+                and weight.dtype == x.dtype
+                and not torch.is_grad_enabled()
+            ):
+                out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
+                if bias is not None:
+                    out = out + bias
+                return out.contiguous().view(*x.shape[:-1], weight.shape[0])
+        return func(*args, **kwargs)
 
 
 @contextmanager
@@ -279,7 +312,8 @@ class Decoder:
         self.timings = DecodeTimings(prefill_s=time.perf_counter() - started)
 
         steps = 0
-        with attention_implementation(self.config, DECODE_ATTENTION if self.grouped_attention else None):
+        skinny = SkinnyLinear() if self.device.type == "cpu" and not self.compile else contextlib.nullcontext()
+        with attention_implementation(self.config, DECODE_ATTENTION if self.grouped_attention else None), skinny:
             for step in range(max_tokens):
                 sampled_at = time.perf_counter()
                 if step < settings.min_tokens:

@@ -212,7 +212,7 @@ def path_problem(value: str, kind: str) -> str | None:
             )
         return None
     if not target.exists():
-        return "no such file or directory" + (": give an existing file" if kind == "file" else "")
+        return f"no such file or directory: give an existing {'file' if kind == 'file' else 'directory'}"
     if kind == "file" and not target.is_file():
         return "a directory, not a file: give a file"
     if kind == "dir" and not target.is_dir():

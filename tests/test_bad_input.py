@@ -358,3 +358,25 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
         printed = console.export_text()
         assert loop.start_step == 1, name
         assert f"skipping checkpoint {newest}" in printed and "resumed" in printed, (name, printed)
+
+
+@pytest.mark.slow
+def test_grpo_run_resumes_a_run_whose_config_run_info_and_metrics_were_damaged(tmp_path):
+    # The whole chain a user goes through: a real run stopped after step 1, its files damaged as a killed process
+    # or a bad edit leaves them, then `grpo-run resume=<dir>`: recovered with one message each, nothing lost.
+    run_dir = tmp_path / "run"
+    args = ["debug=smoke", "train.eval_every=0", "train.checkpoint_every=1", f"hydra.run.dir={run_dir}"]
+    first = run_grpo([*args, "train.steps=1"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (run_dir / "config.yaml").write_text("model: {name: [\n")
+    (run_dir / "run_info.json").write_text('{"command": "grpo-run", "overr')
+    with (run_dir / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"step": 2, "train/lo')  # a torn last line
+    resumed = run_grpo([f"resume={run_dir}", "train.steps=2"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Traceback" not in resumed.stdout + resumed.stderr
+    output = resumed.stdout + resumed.stderr
+    assert "config.yaml was damaged" in output and "run_info.json" in output
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "train/loss" in row] == [1, 2]  # step 1 kept, the torn line dropped
+    assert json.loads((run_dir / "run_info.json").read_text())["command"]

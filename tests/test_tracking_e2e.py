@@ -185,7 +185,10 @@ def test_report_over_the_multirun_matches_metrics_jsonl_and_draws_real_plots(swe
 def test_a_report_over_a_missing_directory_fails_with_one_line(tmp_path):
     result = run_grpo(["job=report", "report.runs=[/no/such/run]", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "grpo-run: error: report.runs: /no/such/run does not exist or is not a directory"
+    assert result.stderr.strip() == (
+        "grpo-run: error: report.runs=['/no/such/run'] holds /no/such/run: no such file or directory: "
+        "give an existing directory"
+    )
 
 
 @pytest.mark.parametrize("has_key", [False, True])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from grpo_cli.errors import UserFacingError
 from grpo_cli.jobs.benchmark import (
     _scaling_config,
+    _scaling_runs,
     decode_matmul_floor_s,
     matmul_peak_gflops,
     parameter_counts,
@@ -65,6 +68,19 @@ def test_scaling_points_and_their_configs():
     assert run_cfg.rollout.max_tokens == run_cfg.rollout.min_tokens == 256 and run_cfg.rollout.stop == []
     assert _scaling_config(cfg, "hf", batch=8, max_tokens=32).train.gradient_accumulation_steps == 1
     assert cfg.train.rollout_batch_size == 16  # the base config is left alone
+
+
+def _killed_point(run_cfg, axis, run_dir):
+    """A scaling point whose process the system kills (as the OOM killer did at 24 GB)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_scaling_point_killed_by_the_system_is_one_line_and_spares_the_job(tmp_path):
+    # Before: every point ran in the job's own process, so memory piled up point after point and the OOM killer
+    # took the whole job; each point now has its own process.
+    cfg = compose_config(["job=benchmark", "model=tiny_random", "job.scaling_batches=[4]", "job.scaling_max_tokens=[]"])
+    with pytest.raises(UserFacingError, match=r"hf batch 4 x 48 tokens died .*out of memory.*done: none"):
+        _scaling_runs(cfg, "hf", tmp_path, console=None, point=_killed_point)
 
 
 def test_scaling_plot_is_one_png(tmp_path):

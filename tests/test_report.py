@@ -92,10 +92,27 @@ def test_report_table_holds_final_and_best_eval_reward_and_only_the_differing_ke
     markdown = (out / "report.md").read_text()
     assert "| 0 | 1e-05 | 0 | 2 | 0.200 | 0.300 (1) | 12.0 |" in markdown
     assert "| 10 | 3e-05 | 1 | 2 | 0.700 | 0.700 (2) | 12.0 |" in markdown
-    # seeds 0 and 1 of lr 1e-5 end at 0.2 and 0.5: mean 0.35, sample std 0.212
-    assert "| optim.lr=1e-05 | 2 | 0.350 ± 0.212 | 0.400 |" in markdown
+    # seeds 0 and 1 of lr 1e-5 end at 0.2 and 0.5: mean 0.35, sample std 0.212, 0.25 above step 0's 0.1
+    assert "| optim.lr=1e-05 | 2 | 0.350 ± 0.212 | 0.400 | +0.250 | yes |" in markdown
     assert "sync" not in markdown.split("## Time")[1].split("\n")[2]  # a phase that never took time is left out
     assert "`model.name=tiny_random`" in markdown
+
+
+def test_a_gain_within_the_seed_spread_is_not_called_learning(tmp_path):
+    root = tmp_path / "multirun"
+    make_run(root / "0_optim.lr@3e-06+seed@0", 3e-6, 0, [0.5, 0.6, 0.6])  # +0.1
+    make_run(root / "1_optim.lr@3e-06+seed@1", 3e-6, 1, [0.5, 0.4, 0.4])  # -0.1: mean 0.5, std 0.141
+    make_run(root / "2_optim.lr@3e-05+seed@0", 3e-5, 0, [0.5, 0.6, 0.7])
+    make_run(root / "3_optim.lr@3e-05+seed@1", 3e-5, 1, [0.5, 0.7, 0.8])  # mean 0.75, std 0.071: +0.25
+    for seed in (0, 1):
+        run = make_run(root / f"{4 + seed}_optim.lr@1e-04+seed@{seed}", 1e-4, seed, [0.5, 0.9])
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        (run / "metrics.jsonl").write_text("\n".join(lines[1:]) + "\n")  # no evaluation at step 0
+    write_report(str(root), tmp_path / "out", Console(quiet=True))
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| optim.lr=3e-06 | 2 | 0.500 ± 0.141 | 0.550 | +0.000 | no |" in markdown
+    assert "| optim.lr=3e-05 | 2 | 0.750 ± 0.071 | 0.750 | +0.250 | yes |" in markdown
+    assert "| optim.lr=0.0001 | 2 | 0.900 ± 0.000 | 0.900 | - | - |" in markdown
 
 
 def test_report_draws_real_plots_and_skips_metrics_no_run_logged(sweep, tmp_path):

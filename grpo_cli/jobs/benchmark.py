@@ -32,8 +32,12 @@ import copy
 import importlib.util
 import json
 import math
+import multiprocessing
 import statistics
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -335,33 +339,28 @@ def _scaling_config(cfg: Any, engine: str, batch: int, max_tokens: int) -> Any:
     return run_cfg
 
 
-def _scaling_runs(cfg: Any, engine: str, output_dir: Path, console: Any) -> list[dict[str, Any]]:
+def _scaling_runs(
+    cfg: Any, engine: str, output_dir: Path, console: Any, point: Callable[..., dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Every scaling point of `engine`, each in a fresh process: an executor does not hand all its memory back
+    when it closes (an in-process vLLM engine's CPU KV cache above all), and 16 points run in one process
+    ran out of 24 GB at the last one (docs/results/2026-11-22-cpu-performance.md). `point`: what runs one point
+    (scaling_point)."""
     rows = []
+    spawn = multiprocessing.get_context("spawn")  # a fork would copy this process's torch and vLLM state
     for axis, batch, max_tokens in scaling_points(cfg):
         run_cfg = _scaling_config(cfg, engine, batch, max_tokens)
         run_dir = output_dir / f"b{batch}-t{max_tokens}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        examples = load_examples(run_cfg.task, "train")
-        executor = InProcessExecutor(run_cfg, run_dir, PromptSampler(examples, seed=run_cfg.seed))
-        try:
-            steps = [executor.step(step)[0] for step in range(1, run_cfg.train.steps + 1)]
-        finally:
-            executor.close()
-
-        def median(key: str, steps: list[dict] = steps) -> float:
-            return statistics.median(m.get(key, 0.0) for m in steps)
-
-        row = {
-            "axis": axis,
-            "batch": batch,
-            "max_tokens": max_tokens,
-            "step_s": median("time/step_s"),
-            "generation_s": median("time/generation_s"),
-            "training_s": median("time/forward_backward_s") + median("time/optimizer_s"),
-            "sync_s": median("time/sync_s") + median("time/sync_probe_s"),
-            "generation_tokens_per_s": median("throughput/generation_tokens_per_s"),
-            "training_tokens_per_s": median("throughput/train_tokens") / max(median("time/forward_backward_s"), 1e-9),
-        }
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            try:
+                row = pool.submit(point or scaling_point, run_cfg, axis, run_dir).result()
+            except BrokenProcessPool:
+                done = ", ".join(f"{r['batch']}x{r['max_tokens']}" for r in rows) or "none"
+                raise UserFacingError(
+                    f"job.scaling: the process of rollout={engine} batch {batch} x {max_tokens} tokens died "
+                    f"(killed by the system, most likely out of memory; points done: {done}): leave the point out of "
+                    "job.scaling_batches / job.scaling_max_tokens"
+                ) from None
         rows.append(row)
         console.print(
             f"rollout={engine} scaling: batch {batch} x {max_tokens} tokens: {row['step_s']:.2f}s per step "
@@ -370,6 +369,32 @@ def _scaling_runs(cfg: Any, engine: str, output_dir: Path, console: Any) -> list
             markup=False,
         )
     return rows
+
+
+def scaling_point(run_cfg: Any, axis: str, run_dir: Path) -> dict[str, Any]:
+    """Run one scaling point's steps (`_scaling_config`'s setting) and return its row of medians."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    examples = load_examples(run_cfg.task, "train")
+    executor = InProcessExecutor(run_cfg, run_dir, PromptSampler(examples, seed=run_cfg.seed))
+    try:
+        steps = [executor.step(step)[0] for step in range(1, run_cfg.train.steps + 1)]
+    finally:
+        executor.close()
+
+    def median(key: str) -> float:
+        return statistics.median(m.get(key, 0.0) for m in steps)
+
+    return {
+        "axis": axis,
+        "batch": run_cfg.train.rollout_batch_size,
+        "max_tokens": run_cfg.rollout.max_tokens,
+        "step_s": median("time/step_s"),
+        "generation_s": median("time/generation_s"),
+        "training_s": median("time/forward_backward_s") + median("time/optimizer_s"),
+        "sync_s": median("time/sync_s") + median("time/sync_probe_s"),
+        "generation_tokens_per_s": median("throughput/generation_tokens_per_s"),
+        "training_tokens_per_s": median("throughput/train_tokens") / max(median("time/forward_backward_s"), 1e-9),
+    }
 
 
 def scaling_table(scaling: dict[str, list[dict[str, Any]]], cfg: Any) -> Table:

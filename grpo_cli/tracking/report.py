@@ -128,6 +128,8 @@ class RunSummary:
     path: str
     hyperparameters: dict[str, Any]
     steps: int
+    # The eval reward of the untrained policy (the evaluation at step 0; None if the run did not log one).
+    initial_eval_reward: float | None
     final_eval_reward: float | None
     best_eval_reward: float | None
     best_eval_step: int | None
@@ -272,6 +274,7 @@ def summarize(run: RunData, keys: list[str]) -> RunSummary:
         path=str(run.path),
         hyperparameters={k: run.config.get(k) for k in keys},
         steps=max((row["step"] for row in run.train), default=0),
+        initial_eval_reward=rewards[0] if steps and steps[0] == 0 else None,
         final_eval_reward=rewards[-1] if rewards else None,
         best_eval_reward=rewards[best] if best is not None else None,
         best_eval_step=steps[best] if best is not None else None,
@@ -337,24 +340,44 @@ def results_table(summaries: list[RunSummary], keys: list[str]) -> str:
 
 
 def seeds_table(groups: list[tuple[str, list[RunData]]], summaries: dict[str, RunSummary]) -> str:
-    """Mean ± sample std over seeds of the final and best eval reward, per group of two runs or more."""
+    """Per group of two runs or more: mean ± sample std over seeds of the final eval reward, the mean best, and
+    whether the group learned: its mean final reward above its mean step-0 reward by more than the seeds' std of
+    the final reward (a gain within the seed spread is not evidence of learning)."""
     rows = []
     for label, runs in groups:
         finals = [summaries[r.name].final_eval_reward for r in runs]
         bests = [summaries[r.name].best_eval_reward for r in runs]
+        initials = [summaries[r.name].initial_eval_reward for r in runs]
         finals = [v for v in finals if v is not None]
         bests = [v for v in bests if v is not None]
         if len(runs) < 2 or not finals:
             continue
         spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        gain, learned = "-", "-"
+        if all(v is not None for v in initials):
+            difference = statistics.mean(finals) - statistics.mean(initials)  # type: ignore[arg-type]
+            gain, learned = f"{difference:+.3f}", "yes" if difference > spread else "no"
         rows.append(
-            [label, str(len(runs)), f"{statistics.mean(finals):.3f} ± {spread:.3f}", f"{statistics.mean(bests):.3f}"]
+            [
+                label,
+                str(len(runs)),
+                f"{statistics.mean(finals):.3f} ± {spread:.3f}",
+                f"{statistics.mean(bests):.3f}",
+                gain,
+                learned,
+            ]
         )
     if not rows:
         return ""
-    return markdown_table(
-        ["runs that differ only by seed", "seeds", "final eval reward (mean ± std)", "best eval reward (mean)"], rows
-    )
+    header = [
+        "runs that differ only by seed",
+        "seeds",
+        "final eval reward (mean ± std)",
+        "best eval reward (mean)",
+        "final - step 0 (mean)",
+        "learned (gain > std)",
+    ]
+    return markdown_table(header, rows)
 
 
 def time_table(summaries: list[RunSummary]) -> str:

@@ -11,7 +11,6 @@ import os
 import re
 import sys
 import tempfile
-import traceback
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,11 +33,16 @@ from grpo_cli.config import (
     unknown_key_hint,
     validate_config,
 )
-from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.errors import (
+    EXIT_INTERNAL_ERROR,
+    EXIT_USER_ERROR,
+    RunStopped,
+    UserFacingError,
+    error_summary,
+    write_traceback,
+)
 from grpo_cli.tracking.report import run_objective
 
-EXIT_USER_ERROR = 2
-EXIT_INTERNAL_ERROR = 1
 # HYDRA_FULL_ERROR=1 set by the user: tracebacks go to the terminal in full (main() sets it for itself too).
 _full_error_asked = bool(os.environ.get("HYDRA_FULL_ERROR"))
 
@@ -152,24 +156,9 @@ def job_log_file() -> Path | None:
     return None
 
 
-def write_traceback(error: BaseException, log: Path) -> Path:
-    """Append the full traceback of `error` to `log` (a temporary file when that cannot be written)."""
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    for path in (log, Path(tempfile.gettempdir()) / f"grpo-run-{os.getpid()}.log"):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as f:
-                f.write(f"grpo-run: internal error\n{text}")
-            return path
-        except OSError:
-            continue
-    return log
-
-
 def internal_error_line(error: BaseException, log: Path) -> str:
     """The one line a bug ends with: what went wrong and where the traceback is, to report it."""
-    message = " ".join(str(error).split())[:300]
-    return f"grpo-run: internal error: {type(error).__name__}: {message} (full traceback in {log})"
+    return f"grpo-run: internal error: {error_summary(error)} (full traceback in {log})"
 
 
 _hydra_main = hydra.main(version_base="1.3", config_path="conf", config_name="config")(task)

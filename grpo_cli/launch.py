@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import signal
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,16 @@ from rich.console import Console
 
 from grpo_cli import parallel
 from grpo_cli.config import BatchShape
-from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.errors import (
+    EXIT_INTERNAL_ERROR,
+    EXIT_USER_ERROR,
+    RunStopped,
+    UserFacingError,
+    error_summary,
+    write_traceback,
+)
 from grpo_cli.runtime import resolve_device
 
-EXIT_INTERNAL_ERROR = 1
 _PR_SET_PDEATHSIG = 1
 
 
@@ -95,16 +100,13 @@ def _rank_main(module: str, cfg: Any, output_dir: str) -> dict[str, Any]:
     try:
         return _run_rank(module, cfg, Path(output_dir), console)
     except UserFacingError as error:
-        _report(report, "error", str(error), 2)
-        raise SystemExit(2) from None
+        _report(report, "error", str(error), EXIT_USER_ERROR)
+        raise SystemExit(EXIT_USER_ERROR) from None
     except RunStopped as error:
         _report(report, "stopped", str(error), error.exit_code)
         raise SystemExit(error.exit_code) from None
     except BaseException as error:
-        log = report.with_suffix(".log")
-        log.write_text(traceback.format_exc())
-        message = f"rank {world_rank} failed ({type(error).__name__}: {str(error)[:200]}); traceback in {log}"
-        _report(report, "crash", message, EXIT_INTERNAL_ERROR)
+        _report_crash(report, world_rank, error)
         raise
 
 
@@ -130,6 +132,13 @@ def _run_rank(module: str, cfg: Any, output_dir: Path, console: Console) -> dict
 def _report(path: Path, kind: str, message: str, exit_code: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"kind": kind, "message": message, "exit_code": exit_code}))
+
+
+def _report_crash(report: Path, world_rank: int, error: BaseException) -> None:
+    """A rank's bug: its traceback in ranks/rank<N>.log beside the report, the report naming it."""
+    log = write_traceback(error, report.with_suffix(".log"))
+    message = f"rank {world_rank} failed ({error_summary(error, limit=200)}); traceback in {log}"
+    _report(report, "crash", message, EXIT_INTERNAL_ERROR)
 
 
 def _raise_rank_outcome(reports: Path, error: BaseException) -> None:

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from grpo_cli import parallel
 from grpo_cli.config import BatchShape, validate_config
-from grpo_cli.errors import RunStopped, UserFacingError
+from grpo_cli.errors import EXIT_INTERNAL_ERROR, RunStopped, UserFacingError
 from grpo_cli.launch import launch_config, run_distributed
 from grpo_cli.tracking import read_metrics
 from tests.conftest import compose_config, run_grpo
@@ -265,6 +265,21 @@ def test_a_failing_rank_stops_every_rank_with_its_one_line_error(tmp_path):
     assert not ranks, f"ranks outlived the failed run: {ranks}"
     report = json.loads((tmp_path / "ranks" / "rank1.json").read_text())
     assert report["kind"] == "error" and report["exit_code"] == 2
+
+
+def test_a_rank_crash_leaves_its_traceback_and_one_line(tmp_path):
+    from grpo_cli.launch import _raise_rank_outcome, _report_crash
+
+    try:
+        raise KeyError("policy.lm_head")
+    except KeyError as error:
+        _report_crash(tmp_path / "rank1.json", 1, error)
+    log = tmp_path / "rank1.log"
+    assert "Traceback (most recent call last)" in log.read_text() and "KeyError: 'policy.lm_head'" in log.read_text()
+    with pytest.raises(RunStopped) as info:
+        _raise_rank_outcome(tmp_path, RuntimeError("ChildFailedError"))
+    assert str(info.value) == f"rank 1 failed (KeyError: 'policy.lm_head'); traceback in {log}"
+    assert info.value.exit_code == EXIT_INTERNAL_ERROR
 
 
 def test_run_stopped_reports_keep_their_exit_code(tmp_path):

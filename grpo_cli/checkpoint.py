@@ -8,6 +8,7 @@ checkpoint that a kill interrupted, and loading falls back to the previous one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +31,10 @@ FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
 
 class CheckpointError(UserFacingError):
     """No usable checkpoint where the user pointed."""
+
+
+class CheckpointWriteError(UserFacingError):
+    """A checkpoint could not be written (a full disk, most often); the earlier ones and the metrics are kept."""
 
 
 @dataclass
@@ -96,11 +101,38 @@ def save_checkpoint(
     root = run_dir / CHECKPOINT_DIR
     final = root / checkpoint_name(step)
     if world().is_main:
-        _write(root, final, step, tensors, optimizer_state, state)
+        try:
+            _write(root, final, step, tensors, optimizer_state, state)
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+            raise CheckpointWriteError(_write_failure(run_dir, final, tensors, error)) from None
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     barrier()  # no rank goes on (or resumes from it) before the checkpoint is complete
     return final
+
+
+def _write_failure(run_dir: Path, final: Path, tensors: dict[str, torch.Tensor], error: BaseException) -> str:
+    """The one line of a checkpoint that could not be written (its half-written files are already gone)."""
+    weights = sum(t.numel() * t.element_size() for t in tensors.values())
+    try:
+        free = shutil.disk_usage(final.parent).free
+    except OSError:
+        free = None
+    full = getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 3 * weights)
+    previous = list_checkpoints(run_dir)
+    kept = f"checkpoint {previous[-1].name} and the metrics so far are kept" if previous else "the metrics are kept"
+    if full:
+        why = (
+            f"no space left on the device ({_gb(free)} free; a checkpoint of this run takes about "
+            f"{_gb(3 * weights)}): free space, or lower train.keep_checkpoints / raise train.checkpoint_every"
+        )
+    else:
+        why = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+    return f"could not write checkpoint {final}: {why}; {kept}: continue with: grpo-run resume={run_dir}"
+
+
+def _gb(size: int | None) -> str:
+    return "?" if size is None else f"{size / 1e9:.1f} GB"
 
 
 def _write(
@@ -115,6 +147,19 @@ def _write(
     temp = root / f".tmp_{checkpoint_name(step)}_{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
+    try:
+        _write_files(temp, step, tensors, optimizer_state, state)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)  # a half-written checkpoint only takes the space a retry needs
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(temp, final)
+
+
+def _write_files(
+    temp: Path, step: int, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any], state: dict[str, Any]
+) -> None:
     save_file(tensors, str(temp / "model.safetensors"))
     torch.save(optimizer_state, temp / "optimizer.pt")
     torch.save(rng_state(), temp / "rng.pt")
@@ -122,9 +167,6 @@ def _write(
     sizes = {name: (temp / name).stat().st_size for name in FILES}
     _fsync_dir_files(temp)
     (temp / MARKER).write_text(json.dumps(sizes))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(temp, final)
 
 
 def _fsync_dir_files(directory: Path) -> None:

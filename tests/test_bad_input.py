@@ -36,6 +36,7 @@ from grpo_cli.config import (
 )
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import load_jsonl_examples
+from grpo_cli.tracking import read_metrics
 from grpo_cli.tracking.jsonl import truncate_metrics
 from grpo_cli.tracking.run_info import write_run_info
 from tests.conftest import run_grpo
@@ -380,3 +381,53 @@ def test_grpo_run_resumes_a_run_whose_config_run_info_and_metrics_were_damaged(t
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "train/loss" in row] == [1, 2]  # step 1 kept, the torn line dropped
     assert json.loads((run_dir / "run_info.json").read_text())["command"]
+
+
+@pytest.mark.parametrize(
+    ("failure", "free_bytes", "why"),
+    [
+        # What torch.save raised when the disk filled up during the ablation sweeps (2026-11-23): a raw traceback.
+        (
+            RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1022732672 vs 1022732560"),
+            10**3,
+            "no space left on the device (0.0 GB free",
+        ),
+        (OSError(28, "No space left on device"), 10**12, "no space left on the device"),
+        (PermissionError(13, "Permission denied"), 10**12, "PermissionError: [Errno 13] Permission denied"),
+    ],
+)
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_keeps_the_previous_one(
+    tmp_path, monkeypatch, failure, free_bytes, why
+):
+    from rich.console import Console
+
+    from grpo_cli import checkpoint
+    from grpo_cli.checkpoint import list_checkpoints
+    from grpo_cli.drivers.loop import TrainingLoop
+    from tests.conftest import compose_config
+
+    real_save, real_usage = checkpoint.torch.save, shutil.disk_usage
+
+    def save_failing_at_step_2(obj, path, *args, **kwargs):
+        if "step_000002" in str(path):
+            Path(path).write_bytes(b"\0" * 1000)  # half a file, as a full disk leaves it
+            raise failure
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save_failing_at_step_2)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=free_bytes))
+    overrides = ["debug=smoke", "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"]
+    run_dir = tmp_path / "run"
+    loop = TrainingLoop(compose_config(overrides, output_dir=str(run_dir)), run_dir, Console(quiet=True))
+    with pytest.raises(UserFacingError) as info:
+        loop.run()
+    loop.close()
+    message = str(info.value)
+    assert message.startswith(f"could not write checkpoint {run_dir / 'checkpoints' / 'step_000002'}: {why}")
+    assert message.endswith(
+        f"checkpoint step_000001 and the metrics so far are kept: continue with: grpo-run resume={run_dir}"
+    )
+    assert "\n" not in message
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step_000001"]
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000001"]  # no half-written directory
+    assert max(row["step"] for row in read_metrics(run_dir / "metrics.jsonl")) == 2

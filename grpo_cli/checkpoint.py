@@ -21,7 +21,7 @@ import numpy as np  # always present: torch and transformers require it
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import UserFacingError, error_summary
 from grpo_cli.parallel import barrier, full_tensor, shard_like, world
 
 CHECKPOINT_DIR = "checkpoints"
@@ -127,7 +127,7 @@ def _write_failure(run_dir: Path, final: Path, tensors: dict[str, torch.Tensor],
             f"{_gb(3 * weights)}): free space, or lower train.keep_checkpoints / raise train.checkpoint_every"
         )
     else:
-        why = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        why = error_summary(error, limit=200)
     return f"could not write checkpoint {final}: {why}; {kept}: continue with: grpo-run resume={run_dir}"
 
 

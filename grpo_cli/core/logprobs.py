@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from grpo_cli.core.chunked_logprobs import LOGITS_CHUNK_TOKENS, ChunkScorer, Head, chunked_label_log_probs
 from grpo_cli.core.prompt_sharing import shared_prompt_response_hidden, worth_sharing
 
 
@@ -131,6 +132,7 @@ def response_log_probs(
     temperature: float = 1.0,
     share_prompts: bool = False,
     attention_mask: torch.Tensor | None = None,
+    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
 ) -> dict[str, torch.Tensor]:
     """The one log-prob computation of the project: training, old and reference log-probs, evaluation and the
     vLLM sync probe all call it, so what the probe checks is what the trainer optimizes.
@@ -148,6 +150,10 @@ def response_log_probs(
         share_prompts (bool): rows with the same prompt share one forward pass of it
             (grpo_cli/core/prompt_sharing.py: same numbers, fewer FLOPs).
         attention_mask (torch.Tensor | None): passed to the model's forward when no response_mask is given.
+        logits_chunk_tokens (int): with a response_mask, run the LM head and the log-softmax on this many
+            response tokens at a time, recomputing each chunk's logits in backward, so no (tokens x vocabulary)
+            tensor of the whole batch exists (grpo_cli/core/chunked_logprobs.py; same numbers). 0: all response
+            tokens at once (the unchunked path, kept for comparison).
 
     Returns:
         dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq).
@@ -160,10 +166,14 @@ def response_log_probs(
         return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)
 
     mask = response_mask.bool()
-    logits = _logits_at(model, input_ids, labels, mask, share_prompts)  # (N, V), N = response tokens
-    if temperature != 1.0:
-        logits = logits / temperature
-    out = get_response_log_probs_from_logits(logits, labels[mask], return_token_entropy=return_token_entropy)
+    hidden = _hidden_at(model, input_ids, labels, mask, share_prompts)  # (N, H), N = response tokens
+    head = _scaled_head(model, temperature)
+    if logits_chunk_tokens > 0:
+        out = chunked_label_log_probs(
+            hidden, labels[mask], _chunk_scorer(head), logits_chunk_tokens, return_token_entropy
+        )
+    else:
+        out = get_response_log_probs_from_logits(head(hidden), labels[mask], return_token_entropy)  # (N, V) logits
     result = {}
     for key, values in out.items():
         full = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
@@ -172,18 +182,44 @@ def response_log_probs(
     return result
 
 
-def _logits_at(
+def _scaled_head(model: nn.Module, temperature: float) -> Head:
+    """Hidden states (n, H) -> the logits the tokens were sampled from: the model's LM head, its head semantics,
+    then the sampling temperature."""
+    output_embeddings, config = model.get_output_embeddings(), model.config
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        logits = apply_head_semantics(config, output_embeddings(hidden))  # (n, V)
+        return logits / temperature if temperature != 1.0 else logits
+
+    return head
+
+
+def _chunk_scorer(head: Head) -> ChunkScorer:
+    """The unchunked computation on one chunk of rows: log-probs first, then (without grad) entropies."""
+
+    def score(
+        hidden: torch.Tensor, labels: torch.Tensor, want_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = head(hidden)  # (n, V)
+        log_probs = _in_float32(_label_log_probs, logits, labels)  # (n,)
+        if not want_entropy:
+            return log_probs, None
+        with torch.no_grad():
+            return log_probs, compute_entropy(logits)
+
+    return score
+
+
+def _hidden_at(
     model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, share_prompts: bool
 ) -> torch.Tensor:
-    """Next-token logits at the masked positions only, (N, V). Right padding needs no attention mask: causal
+    """Last hidden states at the masked positions only, (N, H). Right padding needs no attention mask: causal
     attention never lets a real token see the padding after it."""
     decoder = model.get_decoder()
     # Gradient checkpointing turns the KV cache off, and the shared pass needs it.
     if share_prompts and not _recomputes_activations(model) and worth_sharing(input_ids, mask):
-        hidden = shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
-    else:
-        hidden = decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
-    return apply_head_semantics(model.config, model.get_output_embeddings()(hidden))
+        return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
+    return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
 
 
 def apply_head_semantics(config: object, logits: torch.Tensor) -> torch.Tensor:

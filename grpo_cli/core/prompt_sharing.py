@@ -78,7 +78,7 @@ def shared_prompt_response_hidden(
     attention_mask = torch.zeros((batch, width + suffix_len), dtype=torch.long, device=device)
     positions = torch.zeros((batch, suffix_len), dtype=torch.long, device=device)
     for row in range(batch):
-        n_inputs = completion_lengths[row] - 1
+        n_inputs = max(completion_lengths[row] - 1, 0)  # an empty completion has no inputs (and no scores)
         tokens = labels[row][response_mask[row]][:n_inputs]
         completion_ids[row, :n_inputs] = tokens
         attention_mask[row, : prompt_lengths[row]] = 1

@@ -1,0 +1,167 @@
+"""Chunked response log-probs (grpo_cli/core/chunked_logprobs.py) equal the unchunked path: log-probs, entropies,
+the GRPO loss and every parameter's gradient, for every head the scorer supports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.chunked_logprobs import chunked_label_log_probs
+from grpo_cli.models import apply_lora
+
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=64,
+)
+
+
+def tiny_model(architecture: str) -> torch.nn.Module:
+    """A 2-layer causal LM of each head kind, weights large enough that the softmax is far from uniform."""
+    if architecture == "llama_tied":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=True))
+    elif architecture == "llama_untied":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=False))
+    elif architecture == "gemma2_softcap":
+        config = transformers.Gemma2Config(**COMMON, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
+        model = transformers.Gemma2ForCausalLM(config)
+    else:  # Cohere: logit_scale on a tied head
+        model = transformers.CohereForCausalLM(transformers.CohereConfig(**COMMON, logit_scale=3.0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    return model.train()
+
+
+def batch():
+    # Two prompts, G = 2 completions each; one completion is empty (no response token at all); 13 response
+    # tokens in all, which chunks of 1, 4 and 5 do not divide evenly (1 does, trivially).
+    prompts = [[5, 6, 7], [5, 6, 7], [11, 12], [11, 12]]
+    completions = [[20, 21, 22, 23, 24], [], [30, 31, 32, 33], [40, 41, 42, 43]]
+    return tokenize_prompt_and_output_ids(prompts, completions, pad_token_id=0)
+
+
+def score_and_backward(model, chunk_tokens: int, share_prompts: bool = False, temperature: float = 0.7):
+    """Log-probs, entropies, the GRPO-Clip loss and every parameter's gradient, with `chunk_tokens`."""
+    data = batch()
+    model.zero_grad(set_to_none=True)
+    out = response_log_probs(
+        model,
+        data["input_ids"],
+        data["labels"],
+        data["response_mask"],
+        return_token_entropy=True,
+        temperature=temperature,
+        share_prompts=share_prompts,
+        logits_chunk_tokens=chunk_tokens,
+    )
+    mask = data["response_mask"]
+    advantages = torch.tensor([[1.0], [-0.5], [0.25], [-1.0]])
+    loss, _ = grpo_microbatch_train_step(
+        out["log_probs"],
+        mask,
+        gradient_accumulation_steps=1,
+        loss_type="grpo_clip",
+        advantages=advantages,
+        old_log_probs=out["log_probs"].detach() + 0.1 * mask,  # ratios away from 1, some of them clipped
+        cliprange=0.2,
+    )
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out["log_probs"].detach(), out["token_entropy"], loss.detach(), grads
+
+
+def assert_same(chunked, unchunked, atol=1e-5, rtol=1e-4):
+    (log_probs, entropy, loss, grads), (ref_log_probs, ref_entropy, ref_loss, ref_grads) = chunked, unchunked
+    torch.testing.assert_close(log_probs, ref_log_probs, atol=atol, rtol=rtol)
+    torch.testing.assert_close(entropy, ref_entropy, atol=atol, rtol=rtol)
+    torch.testing.assert_close(loss, ref_loss, atol=atol, rtol=rtol)
+    assert set(grads) == set(ref_grads) and ref_grads
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=atol, rtol=rtol, msg=name)
+
+
+@pytest.mark.parametrize("architecture", ["llama_tied", "llama_untied", "gemma2_softcap", "cohere_scale"])
+def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture):
+    model = tiny_model(architecture)
+    unchunked = score_and_backward(model, 0)
+    assert unchunked[0][batch()["response_mask"]].abs().min() > 0  # real log-probs, not zeros
+    for chunk_tokens in (1, 4, 5, 64):
+        assert_same(score_and_backward(model, chunk_tokens), unchunked)
+
+
+def test_chunked_equals_unchunked_with_shared_prompts():
+    model = tiny_model("llama_tied")
+    assert_same(score_and_backward(model, 4, share_prompts=True), score_and_backward(model, 0, share_prompts=True))
+
+
+def test_chunked_equals_unchunked_with_lora_on_the_lm_head():
+    model = apply_lora(tiny_model("llama_untied"), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
+    with torch.no_grad():  # LoRA's B starts at zero; make the adapters matter
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    unchunked = score_and_backward(model, 0)
+    assert any("lm_head" in name and "lora" in name for name in unchunked[3])
+    assert_same(score_and_backward(model, 5), unchunked)
+
+
+def test_chunked_equals_unchunked_under_bf16_autocast():
+    model = tiny_model("gemma2_softcap")
+    results = []
+    for chunk_tokens in (0, 4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(score_and_backward(model, chunk_tokens))
+    assert results[0][0].dtype == torch.float32  # the log-softmax ran in float32
+    # Same bf16 matmuls chunk by chunk as whole, so the same numbers up to bf16 accumulation order.
+    assert_same(results[1], results[0], atol=2e-2, rtol=2e-2)
+
+
+def test_no_grad_passes_are_chunked_too_and_equal():
+    model = tiny_model("llama_tied").eval()
+    data = batch()
+    with torch.inference_mode():
+        full = response_log_probs(
+            model, data["input_ids"], data["labels"], data["response_mask"], logits_chunk_tokens=0
+        )
+        chunked = response_log_probs(
+            model, data["input_ids"], data["labels"], data["response_mask"], logits_chunk_tokens=3
+        )
+    torch.testing.assert_close(chunked["log_probs"], full["log_probs"], atol=1e-5, rtol=1e-5)
+
+
+def test_no_chunk_holds_more_rows_than_asked():
+    seen = []
+
+    def score(hidden, labels, want_entropy):
+        seen.append(hidden.shape[0])
+        return hidden.pow(2).sum(dim=1), None  # pow keeps its input for backward: a chunk to recompute
+
+    hidden = torch.randn(13, 4, requires_grad=True)
+    out = chunked_label_log_probs(hidden, torch.zeros(13, dtype=torch.long), score, chunk_tokens=5)
+    out["log_probs"].sum().backward()
+    # forward 5, 5, 3; then the backward recomputes each chunk once
+    assert seen[:3] == [5, 5, 3] and sorted(seen[3:]) == [3, 5, 5]
+    torch.testing.assert_close(hidden.grad, 2 * hidden.detach())
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        chunked_label_log_probs(hidden, torch.zeros(13, dtype=torch.long), score, chunk_tokens=0)
+
+
+def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph():
+    model = tiny_model("llama_untied")
+    data = tokenize_prompt_and_output_ids([[5, 6], [7, 8]], [[], []], pad_token_id=0)
+    for chunk_tokens in (0, 4):
+        model.zero_grad(set_to_none=True)
+        out = response_log_probs(
+            model, data["input_ids"], data["labels"], data["response_mask"], logits_chunk_tokens=chunk_tokens
+        )
+        assert (out["log_probs"] == 0).all()
+        out["log_probs"].sum().backward()
+        assert (model.lm_head.weight.grad == 0).all()

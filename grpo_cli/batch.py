@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
 
 
 @dataclass
@@ -72,6 +72,7 @@ def per_completion_log_probs(
     device: torch.device,
     share_prompts: bool = False,
     temperature: float = 1.0,
+    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
 ) -> list[torch.Tensor]:
     """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored at
     the sampling temperature. Eval mode for the pass: these are fixed targets, not samples of dropout noise."""
@@ -84,7 +85,13 @@ def per_completion_log_probs(
             batch = make_microbatch(data, indices, pad_token_id, device)
             mask = batch["response_mask"].bool()
             log_probs = response_log_probs(
-                model, batch["input_ids"], batch["labels"], mask, temperature=temperature, share_prompts=share_prompts
+                model,
+                batch["input_ids"],
+                batch["labels"],
+                mask,
+                temperature=temperature,
+                share_prompts=share_prompts,
+                logits_chunk_tokens=logits_chunk_tokens,
             )["log_probs"]
             result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
     finally:

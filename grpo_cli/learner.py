@@ -48,6 +48,7 @@ class PolicyScorer(torch.nn.Module):
         response_mask: torch.Tensor,
         temperature: float,
         share_prompts: bool,
+        logits_chunk_tokens: int,
     ) -> dict[str, torch.Tensor]:
         return response_log_probs(
             self.policy,
@@ -57,6 +58,7 @@ class PolicyScorer(torch.nn.Module):
             return_token_entropy=True,
             temperature=temperature,
             share_prompts=share_prompts,
+            logits_chunk_tokens=logits_chunk_tokens,
         )
 
 
@@ -116,6 +118,8 @@ class Learner:
         self.share_prompts = cfg.train.share_prompt_forward and self.strategy != "fsdp"
         # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
         self.temperature = cfg.rollout.temperature
+        # Response tokens per LM-head chunk: no (tokens x vocabulary) logits of a whole microbatch (0: unchunked).
+        self.logits_chunk_tokens = cfg.train.logits_chunk_tokens
         self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
         self.needs_old_log_probs = needs_old_log_probs(cfg)
         self.nonfinite_streak = 0
@@ -208,6 +212,7 @@ class Learner:
                 self.device,
                 self.share_prompts,
                 self.temperature,
+                self.logits_chunk_tokens,
             )
 
     def update(self, data: RolloutData, step: int) -> dict[str, float]:
@@ -268,7 +273,14 @@ class Learner:
             no_sync = self.scorer.no_sync if self.strategy == "ddp" and not last else contextlib.nullcontext
             with no_sync():  # forward and backward (grpo_microbatch_train_step runs it)
                 with self.autocast():
-                    scored = self.scorer(mb["input_ids"], mb["labels"], mask, self.temperature, self.share_prompts)
+                    scored = self.scorer(
+                        mb["input_ids"],
+                        mb["labels"],
+                        mask,
+                        self.temperature,
+                        self.share_prompts,
+                        self.logits_chunk_tokens,
+                    )
                 policy_log_probs = scored["log_probs"]
                 old = mb.get("old_log_probs")
                 if old is not None:

@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core import logprobs as logprobs_module
 from grpo_cli.core.chunked_logprobs import chunked_label_log_probs
 from grpo_cli.models import apply_lora
 
@@ -88,8 +89,17 @@ def assert_same(chunked, unchunked, atol=1e-5, rtol=1e-4):
         torch.testing.assert_close(grads[name], grad, atol=atol, rtol=rtol, msg=name)
 
 
+@pytest.fixture(params=["linear_backward", "checkpointed"])
+def chunk_path(request, monkeypatch):
+    """Both chunked paths: the hand-written backward of a plain Linear head, and the autograd one through
+    torch.utils.checkpoint that any other head (LoRA, quantized) takes."""
+    if request.param == "checkpointed":
+        monkeypatch.setattr(logprobs_module, "linear_head", lambda model: None)
+    return request.param
+
+
 @pytest.mark.parametrize("architecture", ["llama_tied", "llama_untied", "gemma2_softcap", "cohere_scale"])
-def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture):
+def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture, chunk_path):
     model = tiny_model(architecture)
     unchunked = score_and_backward(model, 0)
     assert unchunked[0][batch()["response_mask"]].abs().min() > 0  # real log-probs, not zeros
@@ -97,7 +107,7 @@ def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture):
         assert_same(score_and_backward(model, chunk_tokens), unchunked)
 
 
-def test_chunked_equals_unchunked_with_shared_prompts():
+def test_chunked_equals_unchunked_with_shared_prompts(chunk_path):
     model = tiny_model("llama_tied")
     assert_same(score_and_backward(model, 4, share_prompts=True), score_and_backward(model, 0, share_prompts=True))
 
@@ -108,12 +118,13 @@ def test_chunked_equals_unchunked_with_lora_on_the_lm_head():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)
+    assert logprobs_module.linear_head(model) is None  # a LoRA-wrapped head takes the checkpointed path
     unchunked = score_and_backward(model, 0)
     assert any("lm_head" in name and "lora" in name for name in unchunked[3])
     assert_same(score_and_backward(model, 5), unchunked)
 
 
-def test_chunked_equals_unchunked_under_bf16_autocast():
+def test_chunked_equals_unchunked_under_bf16_autocast(chunk_path):
     model = tiny_model("gemma2_softcap")
     results = []
     for chunk_tokens in (0, 4):
@@ -124,7 +135,7 @@ def test_chunked_equals_unchunked_under_bf16_autocast():
     assert_same(results[1], results[0], atol=2e-2, rtol=2e-2)
 
 
-def test_no_grad_passes_are_chunked_too_and_equal():
+def test_no_grad_passes_are_chunked_too_and_equal(chunk_path):
     model = tiny_model("llama_tied").eval()
     data = batch()
     with torch.inference_mode():
@@ -154,7 +165,7 @@ def test_no_chunk_holds_more_rows_than_asked():
         chunked_label_log_probs(hidden, torch.zeros(13, dtype=torch.long), score, chunk_tokens=0)
 
 
-def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph():
+def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph(chunk_path):
     model = tiny_model("llama_untied")
     data = tokenize_prompt_and_output_ids([[5, 6], [7, 8]], [[], []], pad_token_id=0)
     for chunk_tokens in (0, 4):
@@ -165,3 +176,15 @@ def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph():
         assert (out["log_probs"] == 0).all()
         out["log_probs"].sum().backward()
         assert (model.lm_head.weight.grad == 0).all()
+
+
+def test_the_configs_default_is_the_cores_and_a_negative_chunk_is_refused():
+    from grpo_cli.config import validate_config
+    from grpo_cli.core import LOGITS_CHUNK_TOKENS
+    from grpo_cli.errors import UserFacingError
+    from tests.conftest import compose_config
+
+    cfg = compose_config([])
+    assert cfg.train.logits_chunk_tokens == LOGITS_CHUNK_TOKENS  # the config's literal (it imports no torch)
+    with pytest.raises(UserFacingError, match="logits_chunk_tokens"):
+        validate_config(compose_config(["train.logits_chunk_tokens=-1"]))

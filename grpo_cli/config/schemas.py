@@ -219,6 +219,11 @@ class TrainConfig:
     # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
     # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
     share_prompt_forward: bool = True
+    # Response tokens whose logits exist at once: the LM head and the log-softmax run chunk by chunk, recomputed in
+    # backward, so no (tokens x vocabulary) tensor of a whole microbatch is held (same numbers; docs/memory.md
+    # has the measured memory and time). 0: the whole microbatch at once, the old path, kept for comparison.
+    # Equal to grpo_cli.core.LOGITS_CHUNK_TOKENS (tested): the config stays importable without torch.
+    logits_chunk_tokens: int = non_negative(1024, hint="0: unchunked, all response tokens' logits at once")
     # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
     eval_every: int = non_negative(10, hint="0: evaluate only at the start and the end")
     # Held-out examples per evaluation (null: all of task.n_eval).

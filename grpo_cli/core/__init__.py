@@ -8,6 +8,7 @@ from grpo_cli.core.advantages import (
     fraction_of_zero_std_groups,
     normalize_group_rewards,
 )
+from grpo_cli.core.chunked_logprobs import LOGITS_CHUNK_TOKENS
 from grpo_cli.core.kl import KL_ESTIMATORS, compute_kl
 from grpo_cli.core.logprobs import (
     compute_entropy,
@@ -28,6 +29,7 @@ from grpo_cli.core.train_step import LENGTH_NORMALIZATIONS, grpo_microbatch_trai
 __all__ = [
     "KL_ESTIMATORS",
     "LENGTH_NORMALIZATIONS",
+    "LOGITS_CHUNK_TOKENS",
     "POLICY_GRADIENT_LOSS_TYPES",
     "compute_entropy",
     "compute_group_normalized_rewards",

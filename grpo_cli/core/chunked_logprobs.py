@@ -18,8 +18,11 @@ parameter's gradient); the memory and time it saves are in docs/memory.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 # Head = hidden states (n, H) -> next-token logits (n, V) as the model's own forward would give them.
@@ -73,3 +76,155 @@ def chunked_label_log_probs(
     if return_token_entropy:
         result["token_entropy"] = torch.cat(entropies)
     return result
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What turns a plain Linear head's output z into the scored logits: ``multiplier * cap * tanh(z / cap)``
+    (Gemma-2/3 soft-capping when `softcap` is set, else ``multiplier * z``); `multiplier` folds Cohere's
+    `logit_scale`, 1 / Granite's `logits_scaling` and 1 / the sampling temperature into one number."""
+
+    softcap: float | None = None
+    multiplier: float = 1.0
+
+
+def linear_head_label_log_probs(
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    labels: torch.Tensor,
+    transform: LogitTransform,
+    chunk_tokens: int,
+    return_token_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """:func:`chunked_label_log_probs` for a plain ``nn.Linear`` head (tied or not), with a hand-written backward.
+
+    Autograd's backward of one chunk holds ~4 (chunk x vocabulary) float32 tensors and a fresh (vocabulary x
+    hidden) weight gradient per chunk; this one holds two and adds each chunk's weight gradient into one buffer
+    in place. Matmuls run in the autocast dtype when autocast is on (as ``nn.Linear`` under autocast would),
+    the softmax in float32.
+
+    Args: as :func:`chunked_label_log_probs`; `head` computes ``hidden @ weight.T + bias`` and `transform` turns
+    its output into the scored logits.
+
+    Returns:
+        dict[str, torch.Tensor]: "log_probs" (N,) float32 and, when asked, "token_entropy" (N,) (detached).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    device_type = hidden.device.type
+    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    log_probs, entropy = _LinearHeadLogProbs.apply(
+        hidden, head.weight, head.bias, labels, transform, chunk_tokens, compute_dtype, return_token_entropy
+    )
+    result = {"log_probs": log_probs}
+    if return_token_entropy:
+        result["token_entropy"] = entropy
+    return result
+
+
+def _chunk_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    transform: LogitTransform,
+    keep_tanh: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(scored float32 logits (n, V), tanh(z / cap) (n, V) when `keep_tanh` and soft-capping, else None), with
+    as few (n, V) tensors as possible."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (n, V)
+    capped = None
+    if transform.softcap is not None:
+        capped = logits.div_(transform.softcap).tanh_()  # in place: z is not needed again
+        if not keep_tanh:
+            return capped.mul_(transform.softcap * transform.multiplier), None
+        logits = capped * (transform.softcap * transform.multiplier)
+    elif transform.multiplier != 1.0:
+        logits.mul_(transform.multiplier)
+    return logits, capped
+
+
+class _LinearHeadLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        transform: LogitTransform,
+        chunk_tokens: int,
+        compute_dtype: torch.dtype | None,
+        want_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(hidden, weight, bias, labels)
+        ctx.transform, ctx.chunk_tokens, ctx.compute_dtype = transform, chunk_tokens, compute_dtype
+        cast_hidden, cast_weight, cast_bias = _cast(compute_dtype, hidden, weight, bias)  # weight cast once
+        count = hidden.shape[0]
+        log_probs = torch.empty(count, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(count if want_entropy else 0, dtype=torch.float32, device=hidden.device)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, count, chunk_tokens):
+                rows = slice(start, start + chunk_tokens)
+                logits, _ = _chunk_logits(cast_hidden[rows], cast_weight, cast_bias, transform)  # (n, V)
+                label_logits = logits.gather(1, labels[rows, None]).squeeze(1)  # (n,)
+                # log Z = max + log sum exp(logits - max); shifting in place keeps exp() finite and adds no tensor.
+                shift = logits.amax(dim=-1, keepdim=True)
+                shifted = logits.sub_(shift)
+                probs = shifted.exp()  # unnormalized
+                total = probs.sum(dim=-1, keepdim=True)
+                log_normalizer = (shift + total.log()).squeeze(1)
+                log_probs[rows] = label_logits - log_normalizer
+                if want_entropy:  # H = log Z - sum p z = log sum e^s - sum p s, s = shifted
+                    probs.div_(total)
+                    entropy[rows] = total.log().squeeze(1) - torch.einsum("nv,nv->n", probs, shifted)
+                del logits, shifted, probs
+        ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple:
+        hidden, weight, bias, labels = ctx.saved_tensors
+        transform, compute_dtype = ctx.transform, ctx.compute_dtype
+        cast_hidden, cast_weight, cast_bias = _cast(compute_dtype, hidden, weight, bias)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
+            rows = slice(start, start + ctx.chunk_tokens)
+            logits, capped = _chunk_logits(cast_hidden[rows], cast_weight, cast_bias, transform, keep_tanh=True)
+            # d log p(y) / d logits = onehot(y) - softmax(logits), times the incoming gradient; all in place.
+            grad_logits = _softmax_(logits)
+            del logits
+            grad_logits.neg_()
+            grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), labels[rows]] += 1
+            grad_logits.mul_(grad_log_probs[rows, None] * transform.multiplier)
+            if capped is not None:  # d(cap tanh(z / cap)) / dz = 1 - tanh^2
+                grad_logits.mul_(capped.square_().neg_().add_(1))
+                del capped
+            grad_z = grad_logits if compute_dtype is None else grad_logits.to(compute_dtype)  # (n, V)
+            if need_hidden:
+                grad_hidden[rows] = grad_z @ cast_weight
+            if need_weight and compute_dtype is None:
+                grad_weight.addmm_(grad_z.T, cast_hidden[rows])  # in place: no (V, H) temporary
+            elif need_weight:
+                grad_weight.add_(grad_z.T @ cast_hidden[rows])  # a half-precision (V, H) product, summed in fp32
+            if need_bias:
+                grad_bias.add_(grad_z.sum(dim=0))
+        grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
+        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dimension, in place."""
+    logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+    return logits.div_(logits.sum(dim=-1, keepdim=True))
+
+
+def _cast(
+    dtype: torch.dtype | None, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    if dtype is None:
+        return hidden, weight, bias
+    return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)

@@ -12,7 +12,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from grpo_cli.core.chunked_logprobs import LOGITS_CHUNK_TOKENS, ChunkScorer, Head, chunked_label_log_probs
+from grpo_cli.core.chunked_logprobs import (
+    LOGITS_CHUNK_TOKENS,
+    ChunkScorer,
+    Head,
+    LogitTransform,
+    chunked_label_log_probs,
+    linear_head_label_log_probs,
+)
 from grpo_cli.core.prompt_sharing import shared_prompt_response_hidden, worth_sharing
 
 
@@ -167,13 +174,19 @@ def response_log_probs(
 
     mask = response_mask.bool()
     hidden = _hidden_at(model, input_ids, labels, mask, share_prompts)  # (N, H), N = response tokens
-    head = _scaled_head(model, temperature)
-    if logits_chunk_tokens > 0:
-        out = chunked_label_log_probs(
-            hidden, labels[mask], _chunk_scorer(head), logits_chunk_tokens, return_token_entropy
+    labels_at = labels[mask]  # (N,)
+    plain_head = linear_head(model)
+    if logits_chunk_tokens > 0 and plain_head is not None:
+        transform = logit_transform(model.config, temperature)
+        out = linear_head_label_log_probs(
+            hidden, plain_head, labels_at, transform, logits_chunk_tokens, return_token_entropy
         )
+    elif logits_chunk_tokens > 0:
+        scorer = _chunk_scorer(_scaled_head(model, temperature))
+        out = chunked_label_log_probs(hidden, labels_at, scorer, logits_chunk_tokens, return_token_entropy)
     else:
-        out = get_response_log_probs_from_logits(head(hidden), labels[mask], return_token_entropy)  # (N, V) logits
+        logits = _scaled_head(model, temperature)(hidden)  # (N, V): every response token's at once
+        out = get_response_log_probs_from_logits(logits, labels_at, return_token_entropy)
     result = {}
     for key, values in out.items():
         full = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
@@ -188,8 +201,7 @@ def _scaled_head(model: nn.Module, temperature: float) -> Head:
     output_embeddings, config = model.get_output_embeddings(), model.config
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
-        logits = apply_head_semantics(config, output_embeddings(hidden))  # (n, V)
-        return logits / temperature if temperature != 1.0 else logits
+        return apply_head_semantics(config, output_embeddings(hidden), temperature)  # (n, V)
 
     return head
 
@@ -222,20 +234,34 @@ def _hidden_at(
     return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
 
 
-def apply_head_semantics(config: object, logits: torch.Tensor) -> torch.Tensor:
+def logit_transform(config: object, temperature: float = 1.0) -> LogitTransform:
     """What some architectures' forward does to the LM head's output before returning logits (the fast path
     above calls the head itself, so it must do the same): Gemma-2/3 soft-capping, Cohere's `logit_scale`,
-    Granite's `logits_scaling`. Read from the model config, where those forwards read them."""
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
+    Granite's `logits_scaling`, read from the model config where those forwards read them; then the sampling
+    temperature."""
+    multiplier = 1.0
     scale = getattr(config, "logit_scale", None)
     if isinstance(scale, int | float):
-        logits = logits * scale
+        multiplier *= scale
     scaling = getattr(config, "logits_scaling", None)
     if isinstance(scaling, int | float):
-        logits = logits / scaling
-    return logits
+        multiplier /= scaling
+    return LogitTransform(softcap=getattr(config, "final_logit_softcapping", None), multiplier=multiplier / temperature)
+
+
+def apply_head_semantics(config: object, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The LM head's output `logits` -> the scored logits (:func:`logit_transform`), on a whole tensor."""
+    transform = logit_transform(config, temperature)
+    if transform.softcap is not None:
+        logits = torch.tanh(logits / transform.softcap) * transform.softcap
+    return logits * transform.multiplier if transform.multiplier != 1.0 else logits
+
+
+def linear_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head when it is a plain ``nn.Linear`` (tied or not), which the hand-written chunked backward
+    handles; None for anything else (a LoRA-wrapped or quantized head), which autograd differentiates."""
+    head = model.get_output_embeddings()
+    return head if type(head) is nn.Linear else None
 
 
 def _recomputes_activations(model: nn.Module) -> bool:

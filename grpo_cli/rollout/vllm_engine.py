@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from grpo_cli import parallel
-from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
@@ -174,6 +174,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         dtype: torch.dtype | None = None,
         last_version: int | None = None,
+        logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
     ) -> None:
         """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented);
         `last_version`: the policy version of the run's last step (train.steps), always probed."""
@@ -190,6 +191,7 @@ class VLLMRolloutEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.rollout = rollout
+        self.logits_chunk_tokens = logits_chunk_tokens  # the probe scores as the trainer does (train.*)
         # The engine computes in the run's compute dtype (bf16 under autocast) while the policy keeps fp32 master
         # weights: every push casts them (vLLM's weight loaders copy into its own parameters).
         dtype = dtype or next(model.parameters()).dtype
@@ -250,7 +252,15 @@ class VLLMRolloutEngine:
     def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
         device = next(model.parameters()).device
         dtype = compute_dtype(device, cfg.model.mixed_precision)
-        return cls(model, tokenizer, cfg.rollout, seed=cfg.seed, dtype=dtype, last_version=cfg.train.steps)
+        return cls(
+            model,
+            tokenizer,
+            cfg.rollout,
+            seed=cfg.seed,
+            dtype=dtype,
+            last_version=cfg.train.steps,
+            logits_chunk_tokens=cfg.train.logits_chunk_tokens,
+        )
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
@@ -365,7 +375,14 @@ class VLLMRolloutEngine:
         try:
             mask = batch["response_mask"].to(device)
             input_ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
-            out = response_log_probs(self.model, input_ids, labels, mask, temperature=temperature)
+            out = response_log_probs(
+                self.model,
+                input_ids,
+                labels,
+                mask,
+                temperature=temperature,
+                logits_chunk_tokens=self.logits_chunk_tokens,
+            )
         finally:
             self.model.train(was_training)
         return out["log_probs"][mask.bool()].cpu()

@@ -10,7 +10,8 @@ one `--prompt-tokens`-token prompt. A train step is the learner's: response log-
 (grpo_cli.core.response_log_probs, prompt sharing on, temperature 1), the GRPO-Clip loss and its backward
 (grpo_cli.core.grpo_microbatch_train_step), gradient clipping at 1.0 and a fused AdamW step.
 
-Each variant (`train.logits_chunk_tokens` = 0 for unchunked, else tokens per chunk) runs in a fresh process, so
+Each variant (`train.logits_chunk_tokens` = 0 for unchunked, else tokens per chunk; `--checkpointed` sizes also
+through the path other heads take, autograd through torch.utils.checkpoint per chunk) runs in a fresh process, so
 its peak resident memory (`resource.getrusage(...).ru_maxrss`, what `/usr/bin/time -v` reports as "Maximum
 resident set size") is its own: the process's peak over model building and `--steps` steps. Beside it, the
 resident memory once the model and the AdamW state exist (after the first step, read from /proc/self/statm) and
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 GIB = 1024**3
+CHECKPOINTED = "checkpointed:"  # a variant's prefix: the autograd path with torch.utils.checkpoint per chunk
 
 
 def resident_bytes() -> int:
@@ -44,12 +46,16 @@ def peak_resident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def measure_one(args: argparse.Namespace, chunk_tokens: int) -> dict:
-    """Build the model and batch, run `args.steps` train steps at `chunk_tokens`; this process's figures."""
+def measure_one(args: argparse.Namespace, variant: str) -> dict:
+    """Build the model and batch, run `args.steps` train steps as `variant` says; this process's figures."""
     import torch
     import transformers
 
-    from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.core import grpo_microbatch_train_step, logprobs, response_log_probs, tokenize_prompt_and_output_ids
+
+    chunk_tokens = int(variant.removeprefix(CHECKPOINTED))
+    if variant.startswith(CHECKPOINTED):  # what any non-Linear head takes: autograd through checkpointed chunks
+        logprobs.linear_head = lambda model: None
 
     torch.manual_seed(0)
     config = transformers.Qwen2Config(
@@ -103,7 +109,7 @@ def measure_one(args: argparse.Namespace, chunk_tokens: int) -> dict:
             resident_after_first = resident_bytes()  # weights + AdamW state, between steps
     peak = peak_resident_bytes()
     return {
-        "logits_chunk_tokens": chunk_tokens,
+        "variant": variant,
         "step_s": step_seconds,
         "peak_rss_gib": peak / GIB,
         "rss_between_steps_gib": resident_after_first / GIB,
@@ -113,33 +119,38 @@ def measure_one(args: argparse.Namespace, chunk_tokens: int) -> dict:
 
 def run_variants(args: argparse.Namespace) -> dict:
     """Every variant in a fresh process, alternating over `args.rounds` rounds; the figures and a summary."""
-    runs: dict[int, list[dict]] = {chunk: [] for chunk in args.chunks}
+    variants = [str(chunk) for chunk in args.chunks] + [f"{CHECKPOINTED}{chunk}" for chunk in args.checkpointed]
+    runs: dict[str, list[dict]] = {variant: [] for variant in variants}
     for _ in range(args.rounds):
-        for chunk in args.chunks:
-            command = [sys.executable, __file__, "--one", str(chunk), *forwarded(args)]
+        for variant in variants:
+            command = [sys.executable, __file__, "--one", variant, *forwarded(args)]
             load_before = os.getloadavg()[0]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                sys.exit(f"the variant logits_chunk_tokens={chunk} failed:\n{done.stderr[-2000:]}")
+            if done.returncode != 0:  # e.g. killed for memory (-9): the other variants' figures still count
+                print(f"the variant {variant} failed (exit {done.returncode}):\n{done.stderr[-2000:]}", flush=True)
+                continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
             result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
-            runs[chunk].append(result)
+            runs[variant].append(result)
             print(json.dumps(result), flush=True)
     summary = {}
-    for chunk, results in runs.items():
+    for variant, results in runs.items():
+        if not results:
+            continue
         timed = [s for r in results for s in r["step_s"][1:]] or [s for r in results for s in r["step_s"]]
-        summary[chunk] = {
+        summary[variant] = {
             "median_step_s": statistics.median(timed),
             "peak_rss_gib": max(r["peak_rss_gib"] for r in results),
             "step_peak_above_gib": max(r["step_peak_above_gib"] for r in results),
         }
-    base = summary.get(0)
+    base = summary.get("0")
     if base is not None:
         for figures in summary.values():
             figures["peak_vs_unchunked"] = figures["peak_rss_gib"] / base["peak_rss_gib"]
             figures["step_peak_above_vs_unchunked"] = figures["step_peak_above_gib"] / base["step_peak_above_gib"]
             figures["time_vs_unchunked"] = figures["median_step_s"] / base["median_step_s"]
-    return {"setting": vars(args) | {"machine": machine()}, "runs": runs, "summary": summary}
+    setting = {name: getattr(args, name) for name in (*SHAPE_FLAGS, "chunks", "checkpointed", "rounds")}
+    return {"setting": setting | {"machine": machine()}, "runs": runs, "summary": summary}
 
 
 def machine() -> str:
@@ -182,9 +193,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3, help="train steps per process (the first is not timed)")
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 1024], help="0 = unchunked")
+    parser.add_argument(
+        "--checkpointed", type=int, nargs="*", default=[], help="chunk sizes also measured on the checkpointed path"
+    )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
-    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child process's variant
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process's variant
     return parser.parse_args(argv)
 
 

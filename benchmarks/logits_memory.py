@@ -16,7 +16,9 @@ its peak resident memory (`resource.getrusage(...).ru_maxrss`, what `/usr/bin/ti
 resident set size") is its own: the process's peak over model building and `--steps` steps. Beside it, the
 resident memory once the model and the AdamW state exist (after the first step, read from /proc/self/statm) and
 the step's own peak above that. With `--rounds` > 1 the variants alternate, so a machine whose load drifts biases
-none; the step time reported is the median over every round's steps after the first of each process.
+none; the step time reported is the median over every round's steps after the first of each process, in wall
+seconds and in the process's CPU seconds (user + system, all threads), which a machine shared with other work
+disturbs far less than the wall clock.
 """
 
 from __future__ import annotations
@@ -79,9 +81,9 @@ def measure_one(args: argparse.Namespace, variant: str) -> dict:
     batch = tokenize_prompt_and_output_ids([prompt] * args.completions, completions, pad_token_id=0)
     mask = batch["response_mask"]
     advantages = torch.linspace(-1, 1, args.completions).unsqueeze(1)  # (B, 1)
-    step_seconds, resident_after_first = [], 0
+    step_seconds, step_cpu_seconds, resident_after_first = [], [], 0
     for step in range(args.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         out = response_log_probs(
             model,
             batch["input_ids"],
@@ -105,12 +107,14 @@ def measure_one(args: argparse.Namespace, variant: str) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_seconds.append(time.perf_counter() - start)
+        step_cpu_seconds.append(time.process_time() - cpu_start)
         if step == 0:
             resident_after_first = resident_bytes()  # weights + AdamW state, between steps
     peak = peak_resident_bytes()
     return {
         "variant": variant,
         "step_s": step_seconds,
+        "step_cpu_s": step_cpu_seconds,
         "peak_rss_gib": peak / GIB,
         "rss_between_steps_gib": resident_after_first / GIB,
         "step_peak_above_gib": (peak - resident_after_first) / GIB,
@@ -137,9 +141,13 @@ def run_variants(args: argparse.Namespace) -> dict:
     for variant, results in runs.items():
         if not results:
             continue
-        timed = [s for r in results for s in r["step_s"][1:]] or [s for r in results for s in r["step_s"]]
+
+        def median_after_first(key: str, results: list[dict] = results) -> float:
+            return statistics.median([s for r in results for s in r[key][1:]] or [s for r in results for s in r[key]])
+
         summary[variant] = {
-            "median_step_s": statistics.median(timed),
+            "median_step_s": median_after_first("step_s"),
+            "median_step_cpu_s": median_after_first("step_cpu_s"),
             "peak_rss_gib": max(r["peak_rss_gib"] for r in results),
             "step_peak_above_gib": max(r["step_peak_above_gib"] for r in results),
         }
@@ -149,6 +157,7 @@ def run_variants(args: argparse.Namespace) -> dict:
             figures["peak_vs_unchunked"] = figures["peak_rss_gib"] / base["peak_rss_gib"]
             figures["step_peak_above_vs_unchunked"] = figures["step_peak_above_gib"] / base["step_peak_above_gib"]
             figures["time_vs_unchunked"] = figures["median_step_s"] / base["median_step_s"]
+            figures["cpu_time_vs_unchunked"] = figures["median_step_cpu_s"] / base["median_step_cpu_s"]
     setting = {name: getattr(args, name) for name in (*SHAPE_FLAGS, "chunks", "checkpointed", "rounds")}
     return {"setting": setting | {"machine": machine()}, "runs": runs, "summary": summary}
 

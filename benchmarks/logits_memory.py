@@ -121,6 +121,41 @@ def measure_one(args: argparse.Namespace, variant: str) -> dict:
     }
 
 
+def time_head_only(args: argparse.Namespace) -> dict:
+    """CPU seconds of the LM head's log-probs and entropies, forward and backward, for `args.head_tokens` tokens:
+    the unchunked path against each `args.chunks` size, alternating `args.rounds` times in this one process. Only
+    the code chunking changed runs (no decoder, no optimizer), so the comparison fits a machine with little free
+    memory and a few minutes."""
+    import torch
+
+    from grpo_cli.core.chunked_logprobs import LogitTransform, linear_head_label_log_probs
+    from grpo_cli.core.logprobs import get_response_log_probs_from_logits
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
+    hidden = torch.randn(args.head_tokens, args.hidden, requires_grad=True)
+    labels = torch.randint(0, args.vocab, (args.head_tokens,))
+    weights = torch.randn(args.head_tokens)  # any loss that weighs tokens differently
+
+    def step(chunk: int) -> float:
+        start = time.process_time()
+        if chunk == 0:
+            out = get_response_log_probs_from_logits(head(hidden), labels, return_token_entropy=True)
+        else:
+            out = linear_head_label_log_probs(hidden, head, labels, LogitTransform(), chunk, True)
+        (out["log_probs"] * weights).sum().backward()
+        hidden.grad, head.weight.grad = None, None
+        return time.process_time() - start
+
+    seconds: dict[str, list[float]] = {str(chunk): [] for chunk in args.chunks}
+    for _ in range(args.rounds):
+        for chunk in args.chunks:
+            seconds[str(chunk)].append(step(chunk))
+            print(json.dumps({"chunk": chunk, "cpu_s": seconds[str(chunk)][-1]}), flush=True)
+    medians = {chunk: statistics.median(values) for chunk, values in seconds.items()}
+    return {"head_tokens": args.head_tokens, "cpu_s": seconds, "median_cpu_s": medians}
+
+
 def run_variants(args: argparse.Namespace) -> dict:
     """Every variant in a fresh process, alternating over `args.rounds` rounds; the figures and a summary."""
     variants = [str(chunk) for chunk in args.chunks] + [f"{CHECKPOINTED}{chunk}" for chunk in args.checkpointed]
@@ -207,6 +242,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
+    parser.add_argument(
+        "--head-only", action="store_true", help="time only the LM head's log-probs, in CPU seconds (time_head_only)"
+    )
+    parser.add_argument("--head-tokens", type=int, default=1024, help="tokens scored with --head-only")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process's variant
     return parser.parse_args(argv)
 
@@ -216,8 +255,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.one is not None:
         print(json.dumps(measure_one(args, args.one)))
         return None
-    report = run_variants(args)
-    print(json.dumps(report["summary"], indent=2))
+    report = time_head_only(args) if args.head_only else run_variants(args)
+    print(json.dumps(report.get("summary", report.get("median_cpu_s")), indent=2))
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2))
     return report

@@ -6,10 +6,12 @@ gradients make several. Here the head, the model's head semantics, the temperatu
 run on `chunk_tokens` rows at a time, so no tensor larger than (chunk_tokens x vocabulary) exists:
 
 - forward: each chunk's logits are freed as soon as its log-probs (and entropies) are read off them;
-- backward: each chunk runs under `torch.utils.checkpoint` (non-reentrant), which keeps only the chunk's hidden
-  states and recomputes its logits when the backward pass reaches it, restoring autocast and the RNG state.
-  Whatever the head is (a plain or tied Linear, a LoRA-wrapped one) autograd differentiates it, and the
-  gradients of the head's weight from every chunk sum into one buffer.
+- backward, for a plain ``nn.Linear`` head (tied or not; :func:`linear_head_label_log_probs`): a hand-written
+  backward recomputes each chunk's logits, turns them into d log p / d logits in place and adds the chunk's
+  weight gradient into one buffer in place, two (chunk x vocabulary) float32 tensors at a time;
+- backward, for any other head (a LoRA-wrapped `lm_head`; :func:`chunked_label_log_probs`): each chunk runs under
+  `torch.utils.checkpoint` (non-reentrant), which keeps only the chunk's hidden states and recomputes its logits
+  when the backward pass reaches it, restoring autocast and the RNG state, and autograd differentiates the head.
 
 Equal to the unchunked path up to float rounding (tests/test_chunked_logprobs.py: log-probs, entropies and every
 parameter's gradient); the memory and time it saves are in docs/memory.md.

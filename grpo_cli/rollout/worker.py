@@ -119,6 +119,7 @@ class RolloutWorker:
                         self.tokenizer.pad_token_id,
                         self.device,
                         temperature=sampling.temperature,
+                        logits_chunk_tokens=cfg.train.logits_chunk_tokens,
                     )
 
         lengths = [len(ids) for ids in rollout.completion_ids]

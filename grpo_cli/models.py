@@ -260,6 +260,11 @@ def _build_embedded_cache(directory: Path) -> None:
         gguf_path.parent, **_dequantizing_gguf_kwargs(gguf_path.name), **_dtype_kwargs(torch.float32)
     )
     _drop_quantization_config(model)
+    eos_id = model.config.eos_token_id  # the GGUF's tokenizer.ggml.eos_token_id: 2, <|im_end|>
+    if isinstance(eos_id, int) and tokenizer.eos_token_id != eos_id:
+        # transformers 4.x's GGUF tokenizer conversion makes <|im_start|> the EOS of SmolLM2's GGUF, so that
+        # completions would never end on the <|im_end|> the model emits; the model's config read it right.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     if tokenizer.chat_template is None:
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
     _ensure_pad_token(tokenizer)

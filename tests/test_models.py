@@ -351,10 +351,10 @@ def test_losing_a_build_race_keeps_the_winners_cache(fake_cache: Path, monkeypat
 
 def test_each_library_release_has_its_own_cache_entry(fake_cache: Path, monkeypatch) -> None:
     ours = embedded_model_dir()
-    monkeypatch.setattr(models, "_cache_stamp", lambda: {"transformers": "4.57.1", "tokenizers": "0.22.2"})
+    monkeypatch.setattr(models, "_cache_stamp", lambda: {"transformers": "4.0.0", "tokenizers": "0.0.1"})
     theirs = embedded_model_dir()
-    assert theirs != ours and "transformers4.57.1" in theirs.name
-    assert models._is_built(theirs) and json.loads((theirs / models._STAMP_FILE).read_text())["tokenizers"] == "0.22.2"
+    assert theirs != ours and "transformers4.0.0" in theirs.name
+    assert models._is_built(theirs) and json.loads((theirs / models._STAMP_FILE).read_text())["tokenizers"] == "0.0.1"
     monkeypatch.undo()
     assert models._is_built(ours)  # the other release's build left ours alone
 

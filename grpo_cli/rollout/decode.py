@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from grpo_cli.rollout import hf_internals
+import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_internals import SKINNY_ROWS, SkinnyLinear  # noqa: F401 - re-exported (job=benchmark)
 from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from grpo_cli.rollout import hf_internals
+import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
 from grpo_cli.rollout.decode import Decoder
 from grpo_cli.rollout.hf_generate import GenerateDecoder

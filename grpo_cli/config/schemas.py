@@ -355,6 +355,10 @@ class GRPOConfig:
     seed: int = non_negative(0)
     # null: a new run | true: continue the newest run under the same output root | a run directory.
     resume: Any = path(None, "run")
+    # A new run (step 0, fresh optimizer) that starts from the trained weights of another run's newest complete
+    # checkpoint (a run directory) or of one checkpoint (<run>/checkpoints/step_N): how to branch a run with
+    # settings a resume may not change. null: the weights model.* names.
+    init_from: str | None = path(None, "dir")
     # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
     output_dir: str = path(MISSING, "output")
     # Print a per-step metrics line on the console.

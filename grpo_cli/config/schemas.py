@@ -142,7 +142,8 @@ class SamplingConfig:
     """rollout.*: the engine and the sampling keys every engine has."""
 
     # hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() where the
-    # loop does not support the model or the installed transformers) | vllm: vLLM's offline engine (its own keys: VLLMRolloutConfig).
+    # loop does not support the model or the installed transformers) | vllm: vLLM's offline engine (its own keys:
+    # VLLMRolloutConfig).
     engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
     # Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).
     temperature: float = positive(1.0, hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy")

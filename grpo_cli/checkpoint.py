@@ -236,3 +236,33 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     optimizer.load_state_dict(saved)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return Checkpoint(path=path, step=int(state["step"]), state=state)
+
+
+def init_from_checkpoint(init_from: str) -> Path:
+    """The checkpoint `init_from=` names: that directory if it is a checkpoint, else the newest complete one of the
+    run directory it names. A one-line CheckpointError otherwise."""
+    path = Path(init_from).expanduser()
+    if (path / MARKER).exists() or path.name.startswith("step_"):
+        problem = verify_checkpoint(path)
+        if problem is not None:
+            raise CheckpointError(f"init_from={init_from}: {problem}: give a complete checkpoint or its run directory")
+        return path
+    for candidate in reversed(list_checkpoints(path)):
+        if verify_checkpoint(candidate) is None:
+            return candidate
+    raise CheckpointError(f"init_from={init_from} has no complete checkpoint: give a run directory with checkpoints/")
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """Copy a checkpoint's trained weights into `model` (nothing else: not the optimizer, step or RNG states)."""
+    tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(tensors) != trainable:
+        raise CheckpointError(
+            f"init_from: checkpoint {path} does not match the model (missing {sorted(trainable - set(tensors))[:3]}, "
+            f"unexpected {sorted(set(tensors) - trainable)[:3]}): use the model and LoRA settings it was trained with"
+        )
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            parameters[name].copy_(value)

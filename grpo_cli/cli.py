@@ -125,7 +125,9 @@ def task(dict_cfg: DictConfig) -> float | None:
             dict_cfg.logger.group = sweep_group_name(hydra_cfg.sweep.dir, hydra_cfg.runtime.choices.get("sweep"))
         overrides = list(hydra_cfg.overrides.task)
         if dict_cfg.resume:
-            dict_cfg = resumed_config(dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console)
+            dict_cfg = resumed_config(
+                dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console, composed=dict_cfg
+            )
         # to_object resolves interpolations and checks types against the schema dataclasses.
         try:
             cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
@@ -179,10 +181,46 @@ def find_run_to_resume(resume: Any, new_run_dir: Path) -> Path:
     return run_dir
 
 
-def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str], console: Console | None = None) -> DictConfig:
-    """The saved config of the run being resumed (so it continues exactly as it started).
+# Keys a resume may change: how long the run goes on, how often it evaluates and saves, and how it reports. Every
+# other key shaped the run's trajectory so far (optimizer, loss, task, model, batch shape, seed, ...): changing it
+# is a new run from the checkpoint's weights (init_from=), never a silent half-and-half resume.
+# distributed: a checkpoint has the one-process layout, so a run may resume on another number of ranks.
+RESUME_SAFE_KEYS = (
+    "train.steps",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "verbose",
+    "logger",
+    "distributed",
+)
+RESUME_SAFE_PREFIXES = ("logger.", "distributed.")
+# Overrides that are not config changes of the run itself.
+_RESUME_OWN_KEYS = ("resume", "output_dir")
 
-    Only train.steps may change on the resuming command line, to extend a finished run. A damaged config.yaml
+
+def _override_key(override: str) -> str:
+    """The dotted key (or group) an override sets: `+a.b=1`, `++a.b=1`, `~a.b` all name a.b."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def _resume_may_change(key: str) -> bool:
+    return key in RESUME_SAFE_KEYS or key.startswith(RESUME_SAFE_PREFIXES)
+
+
+def resumed_config(
+    resume: Any,
+    new_run_dir: Path,
+    overrides: list[str],
+    console: Console | None = None,
+    composed: DictConfig | None = None,
+) -> DictConfig:
+    """The saved config of the run being resumed (so it continues exactly as it started), with the overrides a
+    resume may change applied (RESUME_SAFE_KEYS, logger.*) and written back to its config.yaml.
+
+    Any other override that changes a saved value stops with one line naming the key and how to branch a new run
+    from the checkpoint instead (init_from=); one that repeats the saved value is accepted. `composed` is this
+    command's own composition (overrides applied), where the overridden values are read. A damaged config.yaml
     (a kill mid-write, a full disk, a bad edit) is rebuilt from the copy Hydra saved when the run started
     (<run dir>/.hydra/config.yaml), with one message; without that copy it is a one-line error.
     """
@@ -199,12 +237,48 @@ def resumed_config(resume: Any, new_run_dir: Path, overrides: list[str], console
                 highlight=False,
                 markup=False,
             )
+    applied = []
+    for override in overrides:
+        key = _override_key(override)
+        if key in _RESUME_OWN_KEYS:
+            continue
+        new = OmegaConf.select(composed, key, default=None) if composed is not None else _override_value(override)
+        old = OmegaConf.select(saved, key, default=_ABSENT)
+        if old is _ABSENT and not _resume_may_change(key):  # a group that sets keys across the config (debug=...)
+            raise UserFacingError(
+                f"{override}: resume= continues a run with its saved config, which {key}= cannot change; to train "
+                f"on from its weights with {override}, start a new run: grpo-run init_from={run_dir} {override}"
+            )
+        if _resume_may_change(key):
+            OmegaConf.update(saved, key, new, force_add=True)
+            applied.append(override)
+        elif _plain(new) != _plain(old):
+            raise UserFacingError(
+                f"{override}: {key} cannot change on resume (the run continues with its saved {key}={_plain(old)}); "
+                f"to train on from its weights with {override}, start a new run: grpo-run init_from={run_dir} "
+                f"{override} (add the run's other overrides; resume= may change only "
+                f"{', '.join(RESUME_SAFE_KEYS)}, logger.*)"
+            )
+    if applied:
+        saved_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
     saved.output_dir = str(run_dir)
     saved.resume = True
-    for override in overrides:
-        if override.startswith("train.steps="):
-            saved.train.steps = int(override.split("=", 1)[1])
     return saved
+
+
+_ABSENT = object()
+
+
+def _plain(value: Any) -> Any:
+    """A config node or value as plain Python (so a changed group or list compares by content)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _override_value(override: str) -> Any:
+    """The value of a `key=value` override, parsed as YAML (without a composed config to read it from)."""
+    import yaml
+
+    return yaml.safe_load(override.split("=", 1)[1]) if "=" in override else None
 
 
 def _config_from_hydra_copy(run_dir: Path, damaged: SavedConfigError) -> DictConfig:

@@ -26,7 +26,15 @@ import torch
 
 from grpo_cli import parallel
 from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_probs, tokens_through_model
-from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
+from grpo_cli.checkpoint import (
+    CheckpointError,
+    init_from_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.core import grpo_microbatch_train_step, masked_mean, response_log_probs
 from grpo_cli.models import build_policy
@@ -86,6 +94,8 @@ class Learner:
         timings: dict[str, float] = {}
         with timed(timings, "load_s"):
             self.model, self.tokenizer = build_policy(cfg.model, self.device)
+            if getattr(cfg, "init_from", None):  # a branched run: another run's weights, before any copy is made
+                load_weights(init_from_checkpoint(cfg.init_from), self.model)
         self.load_s = timings["load_s"]
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
         self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor

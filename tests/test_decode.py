@@ -1,7 +1,12 @@
-"""The transformers engine's decode loop and the project's sampling function (rollout/decode.py, rollout/sampling.py).
+"""The transformers engine's decode loop, its generate() fallback and the project's sampling function
+(rollout/decode.py, rollout/hf_generate.py, rollout/hf_internals.py, rollout/sampling.py).
 
-- greedy decoding gives generate()'s tokens on every cache/attention path (static cache with grouped attention,
-  static cache with transformers' attention, dynamic cache);
+Tests marked with the `path` fixture run twice: on the decode loop and on the generate() fallback.
+
+- greedy decoding gives generate()'s tokens on every path (static cache with grouped attention, static cache with
+  transformers' attention, the fallback), for each architecture the loop accepts (one tiny random model each,
+  also under LoRA); the others go to the fallback, which gives generate()'s tokens too;
+- the sampler's log-probs are the learner's (core.response_log_probs) for the sampled ids;
 - samples come from softmax(logits / T) within the top-p nucleus (chi-square on many draws; a wrong temperature
   fails the same test);
 - a completion's tokens depend on (seed, prompt index in the step, completion index) only: not on the other
@@ -12,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 
@@ -20,9 +26,11 @@ import torch
 import transformers
 from transformers import GenerationConfig
 
-from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
-from grpo_cli.rollout.decode import CACHE_BUCKET, SKINNY_ROWS, SkinnyLinear, left_pad
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, hf, hf_internals
+from grpo_cli.rollout.decode import CACHE_BUCKET, SKINNY_ROWS, Decoder, SkinnyLinear, left_pad
 from grpo_cli.rollout.hf import cut_completion
+from grpo_cli.rollout.hf_generate import GenerateDecoder
 from grpo_cli.rollout.sampling import (
     completion_seed,
     gumbel_max_,
@@ -55,7 +63,11 @@ class CharTokenizer:
 
 def tiny_lm(architecture: str = "llama", attn_implementation: str = "sdpa", std: float = 0.5) -> torch.nn.Module:
     """A 2-layer causal LM with grouped-query attention (4 query heads, 2 key/value heads) and 128 tokens, with
-    weights large enough that greedy text varies and the next-token distribution is peaked."""
+    weights large enough that greedy text varies and the next-token distribution is peaked.
+
+    architecture: llama (tied embeddings), llama-untied, llama3-rope (Llama 3 rope scaling), qwen2 (qkv bias),
+    qwen2-sliding (sliding-window layers), qwen3, mistral (no sliding window), mistral-sliding, gemma2.
+    """
     common = dict(
         vocab_size=128,
         hidden_size=32,
@@ -70,18 +82,69 @@ def tiny_lm(architecture: str = "llama", attn_implementation: str = "sdpa", std:
         bos_token_id=2,
         attn_implementation=attn_implementation,
     )
-    if architecture == "gemma2":  # sliding-window layers: the dynamic-cache path
-        config = transformers.Gemma2Config(**common, sliding_window=16, query_pre_attn_scalar=8)
-        model = transformers.Gemma2ForCausalLM(config)
-    elif architecture == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    if architecture == "gemma2":  # sliding-window layers and logit soft-capping
+        model = transformers.Gemma2ForCausalLM(
+            transformers.Gemma2Config(**common, sliding_window=16, query_pre_attn_scalar=8)
+        )
+    elif architecture in ("qwen2", "qwen2-sliding"):
+        sliding = dict(use_sliding_window=True, sliding_window=6, max_window_layers=0)
+        model = transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(**common, **(sliding if architecture == "qwen2-sliding" else {}))
+        )
+        assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's qkv bias
+    elif architecture == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    elif architecture in ("mistral", "mistral-sliding"):
+        window = 6 if architecture == "mistral-sliding" else None
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=window))
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+        extra: dict = {"tie_word_embeddings": architecture != "llama-untied"}
+        if architecture == "llama3-rope":
+            extra["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,  # shorter than the prompts: the scaling is exercised
+            }
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, **extra))
     torch.manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0, std)
     return model.eval()
+
+
+def with_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under peft LoRA adapters with non-zero B (so the adapters change the logits)."""
+    from peft import LoraConfig, get_peft_model
+
+    wrapped = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"]))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    return wrapped.eval()
+
+
+@pytest.fixture(params=["loop", "generate"])
+def path(request, monkeypatch) -> str:
+    """Runs a test on the decode loop and on the generate() fallback (forced as an unsupported transformers)."""
+    if request.param == "generate":
+        monkeypatch.setattr(hf_internals, "fast_path_problem", lambda model, device: "forced by the test")
+    else:
+        skip_without_the_loop()
+    return request.param
+
+
+def skip_without_the_loop() -> None:
+    if (problem := hf_internals.fast_path_problem(tiny_lm(), torch.device("cpu"))) is not None:
+        pytest.skip(f"the decode loop does not run here: {problem}")
+
+
+def decoder_path(engine: HFRolloutEngine) -> str:
+    return "loop" if isinstance(engine.decoder, Decoder) else "generate"
 
 
 PROMPTS = [[2, 40, 41, 42], [2, 50, 51, 52, 53, 54, 55, 56, 57], [2, 60], [2, 70, 71, 72, 73, 74]]
@@ -103,28 +166,133 @@ def reference_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[l
 # --- greedy parity ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("architecture", "attention", "static", "grouped"),
-    [
-        ("llama", "sdpa", True, True),
-        ("qwen2", "sdpa", True, True),
-        ("llama", "eager", True, False),
-        ("gemma2", "sdpa", False, False),
-    ],
-    ids=["llama-grouped", "qwen2-grouped", "llama-eager-attention", "gemma2-dynamic-cache"],
-)
-def test_greedy_tokens_are_generates(architecture, attention, static, grouped):
-    model = tiny_lm(architecture, attention)
-    engine = HFRolloutEngine(model, CharTokenizer())
-    assert (engine.decoder.static, engine.decoder.grouped_attention) == (static, grouped)
+# Each architecture a preset names, as a tiny random model: whether the loop takes it, and with which attention.
+LOOP_ARCHITECTURES = ["llama", "llama-untied", "llama3-rope", "qwen2", "qwen3", "mistral"]
+FALLBACK_ARCHITECTURES = ["gemma2", "qwen2-sliding", "mistral-sliding"]
+
+
+def assert_greedy_parity(model, engine) -> None:
     ours = engine.generate(PROMPTS, SamplingSettings(n=1, temperature=0.0, max_tokens=20)).completion_ids
     theirs = reference_greedy(model, PROMPTS, 20)
     assert ours == theirs
-    if architecture != "gemma2":  # (the random gemma2 repeats its last prompt token; parity still holds)
-        assert max(len(set(ids)) for ids in ours) > 3  # varied text, so a wrong position or mask would show
+    assert max(len(set(ids)) for ids in ours) > 3  # varied text, so a wrong position or mask would show
 
 
-def test_prompts_of_other_lengths_reuse_one_cache():
+@pytest.mark.parametrize("lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize("architecture", LOOP_ARCHITECTURES)
+def test_greedy_tokens_are_generates_on_both_paths(architecture, lora, path):
+    model = tiny_lm(architecture)
+    model = with_lora(model) if lora else model
+    engine = HFRolloutEngine(model, CharTokenizer())
+    assert decoder_path(engine) == path
+    if path == "loop":
+        assert engine.decoder.static and engine.decoder.grouped_attention
+    assert_greedy_parity(model, engine)
+
+
+def test_greedy_tokens_are_generates_with_transformers_own_attention(path):
+    model = tiny_lm("llama", attn_implementation="eager")
+    engine = HFRolloutEngine(model, CharTokenizer())
+    if path == "loop":
+        assert engine.decoder.static and not engine.decoder.grouped_attention
+    assert_greedy_parity(model, engine)
+
+
+@pytest.mark.parametrize("architecture", FALLBACK_ARCHITECTURES)
+def test_architectures_the_loop_was_not_checked_on_sample_through_generate(architecture, caplog):
+    model = tiny_lm(architecture)
+    with caplog.at_level(logging.WARNING):
+        engine = HFRolloutEngine(model, CharTokenizer())
+    assert decoder_path(engine) == "generate"
+    ours = engine.generate(PROMPTS, SamplingSettings(n=1, temperature=0.0, max_tokens=20)).completion_ids
+    assert ours == reference_greedy(model, PROMPTS, 20)
+
+
+def test_an_unsupported_transformers_release_means_generate_and_one_log_line(monkeypatch, caplog):
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    monkeypatch.setattr(hf, "_FALLBACKS_LOGGED", set())
+    problem = hf_internals.fast_path_problem(tiny_lm(), torch.device("cpu"))
+    assert problem is not None and "4.57.1" in problem
+    with caplog.at_level(logging.WARNING):
+        engines = [HFRolloutEngine(tiny_lm(), CharTokenizer()) for _ in range(2)]  # training and evaluation
+    assert all(decoder_path(engine) == "generate" for engine in engines)
+    lines = [r.getMessage() for r in caplog.records if "generate()" in r.getMessage()]
+    assert len(lines) == 1 and "transformers 4.57.1" in lines[0]
+
+
+def test_quantized_layers_and_other_adapters_go_to_generate():
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_lm()
+    model.is_quantized = True  # what transformers sets on a bitsandbytes-loaded model
+    assert "quantized" in hf_internals.fast_path_problem(model, torch.device("cpu"))
+    dora = get_peft_model(tiny_lm(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    assert "DoRA" in hf_internals.fast_path_problem(dora, torch.device("cpu"))
+    assert "device" in hf_internals.fast_path_problem(tiny_lm(), torch.device("meta"))
+
+
+def test_nothing_is_registered_in_transformers_tables_outside_the_decode_steps(path):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = tiny_lm()
+    engine = HFRolloutEngine(model, CharTokenizer())
+    assert hf_internals.DECODE_ATTENTION not in ALL_ATTENTION_FUNCTIONS
+    engine.generate(PROMPTS, SamplingSettings(n=2, temperature=1.0, max_tokens=6))
+    assert hf_internals.DECODE_ATTENTION not in ALL_ATTENTION_FUNCTIONS
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_fallback_samples_the_loops_completions():
+    skip_without_the_loop()
+    model = tiny_lm(std=0.3)
+    settings = SamplingSettings(n=3, temperature=0.9, top_p=0.95, max_tokens=12, min_tokens=2, seed=5, stop=("x",))
+    loop = HFRolloutEngine(model, CharTokenizer()).generate(PROMPTS, settings)
+    fallback = HFRolloutEngine(model, CharTokenizer())
+    fallback.decoder = GenerateDecoder(model, CharTokenizer(), {EOS})
+    other = fallback.generate(PROMPTS, settings)
+    assert other.completion_ids == loop.completion_ids
+    for ours, theirs in zip(other.sampler_log_probs, loop.sampler_log_probs, strict=True):
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), atol=1e-4, rtol=1e-4)
+
+
+def test_the_fallback_ignores_the_checkpoints_generation_config(monkeypatch):
+    monkeypatch.setattr(hf_internals, "fast_path_problem", lambda model, device: "forced by the test")
+    model = tiny_lm()
+    plain = HFRolloutEngine(model, CharTokenizer()).generate(PROMPTS, SamplingSettings(temperature=0.0, max_tokens=16))
+    model.generation_config.repetition_penalty = 50.0  # would change greedy text if generate() applied it
+    model.generation_config.no_repeat_ngram_size = 1
+    again = HFRolloutEngine(model, CharTokenizer()).generate(PROMPTS, SamplingSettings(temperature=0.0, max_tokens=16))
+    assert again.completion_ids == plain.completion_ids
+    assert model.generation_config.repetition_penalty == 50.0  # restored after the call
+
+
+# --- the sampler's log-probs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_sampler_log_probs_are_the_learners_log_probs(temperature, path):
+    model = tiny_lm(std=0.3)
+    engine = HFRolloutEngine(model, CharTokenizer())
+    settings = SamplingSettings(n=2, temperature=temperature, top_p=0.9, max_tokens=10, min_tokens=3, seed=4)
+    batch = engine.generate(PROMPTS, settings)
+    assert [len(lp) for lp in batch.sampler_log_probs] == [len(ids) for ids in batch.completion_ids]
+    scored = tokenize_prompt_and_output_ids(batch.prompt_ids, batch.completion_ids, PAD)
+    with torch.no_grad():
+        learner = response_log_probs(
+            model,
+            scored["input_ids"],
+            scored["labels"],
+            response_mask=scored["response_mask"],
+            temperature=temperature if temperature > 0 else 1.0,
+        )["log_probs"]
+    for row, sampled in enumerate(batch.sampler_log_probs):
+        recomputed = learner[row][scored["response_mask"][row]]
+        torch.testing.assert_close(torch.tensor(sampled), recomputed, atol=1e-4, rtol=1e-4)
+
+
+def test_prompts_of_other_lengths_reuse_one_cache(path):
+    if path == "generate":
+        pytest.skip("generate() keeps no cache between calls")
     engine = HFRolloutEngine(tiny_lm(), CharTokenizer())
     greedy = SamplingSettings(n=2, temperature=0.0, max_tokens=8)
     engine.generate(PROMPTS[:2], greedy)
@@ -137,7 +305,7 @@ def test_prompts_of_other_lengths_reuse_one_cache():
 # --- batch invariance ------------------------------------------------------------------------------------------
 
 
-def test_a_completion_depends_only_on_its_seed_prompt_index_and_completion_index():
+def test_a_completion_depends_only_on_its_seed_prompt_index_and_completion_index(path):
     engine = HFRolloutEngine(tiny_lm(std=0.3), CharTokenizer())
     settings = SamplingSettings(n=3, temperature=1.0, max_tokens=10, min_tokens=2, seed=11)
     whole = engine.generate(PROMPTS, settings).completion_ids
@@ -151,7 +319,7 @@ def test_a_completion_depends_only_on_its_seed_prompt_index_and_completion_index
     assert other_seed != whole
 
 
-def test_stopping_for_stop_strings_does_not_change_the_tokens_before_the_cut():
+def test_stopping_for_stop_strings_does_not_change_the_tokens_before_the_cut(path):
     engine = HFRolloutEngine(tiny_lm(std=0.3), CharTokenizer())
     settings = SamplingSettings(n=4, temperature=1.0, max_tokens=30, seed=3)
     full = engine.generate(PROMPTS, settings).completion_ids
@@ -244,7 +412,7 @@ def test_each_row_draws_from_its_own_stream_whatever_the_batch():
     assert torch.equal(together, apart)
 
 
-def test_the_engines_first_tokens_follow_the_models_distribution():
+def test_the_engines_first_tokens_follow_the_models_distribution(path):
     model = tiny_lm(std=0.7)  # peaked: a few likely tokens
     engine = HFRolloutEngine(model, CharTokenizer())
     prompt = PROMPTS[1]
@@ -259,7 +427,7 @@ def test_the_engines_first_tokens_follow_the_models_distribution():
     assert chi_square_rejects(counts, torch.softmax(logits / 1.0, -1))
 
 
-def test_min_tokens_holds_eos_back():
+def test_min_tokens_holds_eos_back(path):
     model = tiny_lm(std=0.3)
     with torch.no_grad():
         model.lm_head.bias = None
@@ -281,6 +449,7 @@ def test_a_failing_compiler_falls_back_to_eager_with_one_log_line(monkeypatch, c
 
         return compiled
 
+    skip_without_the_loop()
     model = tiny_lm()
     eager = HFRolloutEngine(model, CharTokenizer()).generate(PROMPTS, SamplingSettings(temperature=0.0, max_tokens=12))
     monkeypatch.setattr(torch, "compile", broken_compile)
@@ -297,6 +466,7 @@ def test_a_failing_compiler_falls_back_to_eager_with_one_log_line(monkeypatch, c
 def test_the_compiled_decode_step_gives_eagers_tokens_without_recompiling_per_prompt_length():
     import torch._dynamo
 
+    skip_without_the_loop()
     model = tiny_lm()
     greedy = SamplingSettings(n=2, temperature=0.0, max_tokens=12)
     eager = HFRolloutEngine(model, CharTokenizer(), compile="never")

@@ -7,7 +7,10 @@ instant builder in a temporary cache root.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -286,7 +289,7 @@ def fake_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def test_cache_is_built_once_and_published_whole(fake_cache: Path, monkeypatch) -> None:
     final = embedded_model_dir()
-    assert final == fake_cache / "models" / "smollm2-135m-instruct"
+    assert final == fake_cache / "models" / models._embedded_cache_path().name
     assert models._is_built(final)
     assert _leftovers(fake_cache) == []  # the temporary build directory was renamed away
     monkeypatch.setattr(models, "_build_embedded_cache", lambda directory: pytest.fail("rebuilt"))
@@ -301,7 +304,7 @@ def test_failed_build_leaves_no_cache(fake_cache: Path, monkeypatch) -> None:
     monkeypatch.setattr(models, "_build_embedded_cache", crash_halfway)
     with pytest.raises(RuntimeError, match="killed"):
         embedded_model_dir()
-    assert not (fake_cache / "models" / "smollm2-135m-instruct").exists()
+    assert not models._embedded_cache_path().exists()
     assert _leftovers(fake_cache) == []
 
 
@@ -317,8 +320,9 @@ def test_cache_without_weights_counts_as_not_built(fake_cache: Path) -> None:
 def test_leftover_builds_of_killed_runs_are_ignored_then_swept(fake_cache: Path) -> None:
     parent = fake_cache / "models"
     parent.mkdir()
-    stale = parent / ".smollm2-135m-instruct.tmp-killed"
-    young = parent / ".smollm2-135m-instruct.tmp-running"  # maybe another process's build in progress
+    prefix = models._temp_prefix(models._embedded_cache_path())
+    stale = parent / f"{prefix}killed"
+    young = parent / f"{prefix}running"  # maybe another process's build in progress
     for leftover in (stale, young):
         leftover.mkdir()
         (leftover / "config.json").write_text("{}")
@@ -330,11 +334,12 @@ def test_leftover_builds_of_killed_runs_are_ignored_then_swept(fake_cache: Path)
 
 
 def test_losing_a_build_race_keeps_the_winners_cache(fake_cache: Path, monkeypatch) -> None:
-    final = fake_cache / "models" / "smollm2-135m-instruct"
+    final = models._embedded_cache_path()
 
     def build_while_another_process_wins(directory: Path) -> None:
         final.mkdir()
         _fake_build(final)
+        (final / models._STAMP_FILE).write_text(json.dumps(models._cache_stamp()))
         (final / "winner").write_text("")
         _fake_build(directory)
 
@@ -342,6 +347,49 @@ def test_losing_a_build_race_keeps_the_winners_cache(fake_cache: Path, monkeypat
     assert embedded_model_dir() == final
     assert (final / "winner").is_file()
     assert _leftovers(fake_cache) == []
+
+
+def test_each_library_release_has_its_own_cache_entry(fake_cache: Path, monkeypatch) -> None:
+    ours = embedded_model_dir()
+    monkeypatch.setattr(models, "_cache_stamp", lambda: {"transformers": "4.0.0", "tokenizers": "0.0.1"})
+    theirs = embedded_model_dir()
+    assert theirs != ours and "transformers4.0.0" in theirs.name
+    assert models._is_built(theirs) and json.loads((theirs / models._STAMP_FILE).read_text())["tokenizers"] == "0.0.1"
+    monkeypatch.undo()
+    assert models._is_built(ours)  # the other release's build left ours alone
+
+
+def test_a_foreign_stamp_is_rebuilt_with_one_line(fake_cache: Path, caplog) -> None:
+    final = embedded_model_dir()
+    (final / models._STAMP_FILE).write_text(json.dumps({"transformers": "9.9", "tokenizers": "9.9"}))
+    with caplog.at_level(logging.INFO, logger="grpo_cli.models"):
+        assert embedded_model_dir() == final
+    assert models._is_built(final)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "written by other library versions" in lines[0] and "rebuilding" in lines[0]
+
+
+def test_a_cache_entry_that_fails_to_load_is_rebuilt_once_with_one_line(
+    embedded_dir: Path, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    real = embedded_dir
+    monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
+    target = models._embedded_cache_path()
+    shutil.copytree(real, target)
+    # Files that do not load under a matching stamp (a disk error, a hand edit, a copy from another machine).
+    (target / "tokenizer.json").write_text('{"version": "1.0", "truncated')
+    rebuilds = []
+
+    def copy_the_real_build(directory: Path) -> None:  # the real build, without its 20 s of dequantizing
+        rebuilds.append(directory)
+        shutil.copytree(real, directory, dirs_exist_ok=True)
+
+    monkeypatch.setattr(models, "_build_embedded_cache", copy_the_real_build)
+    with caplog.at_level(logging.WARNING, logger="grpo_cli.models"):
+        tokenizer = load_tokenizer(TINY_RANDOM)
+    assert tokenizer.pad_token_id is not None and len(rebuilds) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "failed to load" in lines[0] and "rebuilding" in lines[0]
 
 
 # --------------------------------------------------------------------------------------- the embedded model

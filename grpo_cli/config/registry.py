@@ -55,8 +55,10 @@ def register_configs() -> None:
 def register_sweep_plugins() -> None:
     """hydra/launcher=processes (conf/config.yaml's launcher for -m) and an Optuna sweeper that maximizes.
 
-    Hydra's plugin scan misses plugins of an editable install (pkgutil cannot list the editable finder's paths),
-    so the launcher is registered by hand. The scan re-executes every plugin module (the Optuna sweeper's config
+    Hydra's plugin scan finds the launcher wherever grpo-cli is installed, editable installs included since
+    pyproject.toml's `package-dir` makes them a plain path entry (tests/test_packaging.py). It is still registered
+    by hand for editable installs made before that change (setuptools' import hook, which the scan cannot walk).
+    The scan re-executes every plugin module (the Optuna sweeper's config
     would store its own `direction: minimize` again), so it runs first; it runs once per process.
     """
     from hydra.core.config_store import ConfigStore

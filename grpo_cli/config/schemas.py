@@ -53,7 +53,8 @@ class ModelConfig:
     # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
     # a local HF directory, or a .gguf file.
     name_or_path: str = path(MISSING, "model")
-    # auto: bfloat16 on CUDA, float32 on CPU.
+    # The dtype the weights are stored in. auto: float32 on every device (the optimizer's master copy); bf16 speed
+    # comes from autocast (mixed_precision). bfloat16/float16: pure half-precision weights, only when asked for.
     dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
     # auto: CUDA when available.
     device: str = choice("auto", ("auto", "cpu", "cuda"))
@@ -140,7 +141,9 @@ class SyncConfig:
 class SamplingConfig:
     """rollout.*: the engine and the sampling keys every engine has."""
 
-    # hf: transformers generate on the policy | vllm: vLLM's offline engine (its own keys: VLLMRolloutConfig).
+    # hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() where the
+    # loop does not support the model or the installed transformers) | vllm: vLLM's offline engine (its own keys:
+    # VLLMRolloutConfig).
     engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
     # Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).
     temperature: float = positive(1.0, hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy")
@@ -360,6 +363,10 @@ class GRPOConfig:
     seed: int = non_negative(0)
     # null: a new run | true: continue the newest run under the same output root | a run directory.
     resume: Any = path(None, "run")
+    # A new run (step 0, fresh optimizer) that starts from the trained weights of another run's newest complete
+    # checkpoint (a run directory) or of one checkpoint (<run>/checkpoints/step_N): how to branch a run with
+    # settings a resume may not change. null: the weights model.* names.
+    init_from: str | None = path(None, "dir")
     # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
     output_dir: str = path(MISSING, "output")
     # Print a per-step metrics line on the console.

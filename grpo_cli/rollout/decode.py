@@ -1,5 +1,9 @@
 """Sampling loop of the transformers engine: one prefill, then one model call per token, nothing else per token.
 
+The loop reaches into transformers internals (its caches, its attention tables); every such use lives in
+`rollout.hf_internals`, whose `fast_path_problem` decides whether this loop runs at all. Where it does not, the
+engine samples through `model.generate` with the same sampling (`rollout.hf_generate`).
+
 What transformers' generate() did per token and this loop does not:
 
 - a KV cache that grows by concatenation (a copy of every layer's keys and values per token): here a static cache
@@ -20,25 +24,19 @@ prompt width, L the cache length (W + max_tokens rounded up to CACHE_BUCKET), V 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.modeling_utils import AttentionInterface
 
+import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import SamplingSettings
-from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, suppress_tokens_
+from grpo_cli.rollout.hf_internals import SKINNY_ROWS, SkinnyLinear  # noqa: F401 - re-exported (job=benchmark)
+from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_
 
 log = logging.getLogger(__name__)
 
@@ -48,97 +46,18 @@ CACHE_BUCKET = 64
 # Static caches kept per engine (training rows and evaluation rows differ; more would only hold memory).
 CACHES_KEPT = 2
 STOP_CHECK_EVERY = 8
-DECODE_ATTENTION = "grpo_cli_decode"
-# Architectures whose attention calls the interface with (query, key, value, mask, scaling, dropout) only, so
-# decode_attention computes exactly what sdpa would. Others keep transformers' own attention.
-GROUPED_ATTENTION_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
-# Extra attention arguments that change the math (logit soft-capping, sinks, sliding windows, ALiBi-style bias).
-_UNSUPPORTED_ATTENTION_KWARGS = ("softcap", "s_aux", "sinks", "sliding_window", "position_bias", "head_mask")
+# Architectures whose attention the loop replaces by hf_internals.decode_attention under sdpa.
+GROUPED_ATTENTION_MODEL_TYPES = hf_internals.FAST_PATH_MODEL_TYPES
 
 
-def decode_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Attention of one new token per row against the cache, query heads grouped by their key/value head.
+@dataclass
+class Sampled:
+    """What a decoder returns: each row's sampled ids (up to where the batch stopped) and, per id, its log-prob
+    under the sampler's softmax(logits / T) over the whole vocabulary (greedy: softmax(logits)), taken before
+    top-p truncation and before min_tokens holds EOS back, i.e. the policy's own log-prob at that temperature."""
 
-    query (B, Hq, 1, D); key, value (B, Hkv, L, D), the whole static cache; attention_mask (B, 1, 1, l) additive,
-    l <= L the positions that may be attended (the loop passes only those filled so far, so the rest of the cache
-    is not read). Returns (B, 1, Hq, D) like transformers' sdpa_attention_forward. Anything else (prefill, masks
-    transformers built, extra arguments) goes to sdpa_attention_forward unchanged.
-    """
-    plain = not any(kwargs.get(name) is not None for name in _UNSUPPORTED_ATTENTION_KWARGS)
-    if query.shape[2] != 1 or attention_mask is None or attention_mask.dtype == torch.bool or dropout or not plain:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    rows, kv_heads, _, dim = key.shape
-    length = attention_mask.shape[-1]
-    key, value = key[:, :, :length], value[:, :, :length]  # (B, Hkv, l, D) views
-    groups = query.shape[1] // kv_heads
-    # Query head h reads key/value head h // groups (transformers' repeat_kv order), so (Hq,) -> (Hkv, groups).
-    grouped = query.view(rows, kv_heads, groups, dim)  # (B, Hkv, G, D)
-    scale = dim**-0.5 if scaling is None else scaling
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).float().mul_(scale)  # (B, Hkv, G, l)
-    scores.add_(attention_mask)  # (B, 1, 1, l) broadcasts over heads and groups
-    weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(weights, value)  # (B, Hkv, G, D)
-    return out.view(rows, kv_heads * groups, 1, dim).transpose(1, 2), None
-
-
-AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # only reached for masks transformers builds itself
-
-
-# A decode step's linear layers multiply a few rows by each weight. On the CPU, (W @ x^T)^T computes the same
-# product 1.3-1.9x faster than x @ W^T (what F.linear runs) for such shapes: measured on the 2-core AMD EPYC,
-# 16 rows of SmolLM2-135M, 36 -> 21 ms for the 49k-vocabulary head and 49 -> 36 ms for the decoder's layers per
-# decode step. Row counts above this limit keep F.linear (a prefill, a large batch).
-SKINNY_ROWS = 64
-
-
-class SkinnyLinear(TorchFunctionMode):
-    """While active, F.linear on at most SKINNY_ROWS rows (CPU, no autograd) runs as (W @ x^T)^T: the same
-    product up to float rounding, computed by the faster kernel; every other call runs unchanged."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            rows = x.numel() // max(x.shape[-1], 1)
-            if (
-                weight.dim() == 2
-                and x.device.type == "cpu"
-                and rows <= SKINNY_ROWS
-                and weight.dtype == x.dtype
-                and not torch.is_grad_enabled()
-            ):
-                out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
-                if bias is not None:
-                    out = out + bias
-                return out.contiguous().view(*x.shape[:-1], weight.shape[0])
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def attention_implementation(config: Any, name: str | None) -> Iterator[None]:
-    """Run the model with another registered attention function, restoring the configured one afterwards."""
-    if name is None:
-        yield
-        return
-    configured = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = configured
+    token_ids: list[list[int]]  # (B, steps)
+    log_probs: list[list[float]]  # (B, steps)
 
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,14 +92,6 @@ def resolve_compile(setting: str, device: torch.device) -> bool:
     return setting == "always"
 
 
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the HF model
-
-
-def _all_full_attention(config: Any) -> bool:
-    return set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
-
-
 @dataclass
 class DecodeTimings:
     """Seconds of the last call, by phase (the benchmark prints them)."""
@@ -193,25 +104,26 @@ class DecodeTimings:
 
 
 class Decoder:
-    """Samples completions from a transformers causal LM (peft-wrapped or not) with the loop described above."""
+    """Samples completions from a transformers causal LM (peft-wrapped or not) with the loop described above.
+
+    Only for models `hf_internals.fast_path_problem` accepts; `make_decoder` picks this or the generate() one.
+    """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, eos_ids: set[int], compile_setting: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        base = _base_model(model)
-        self.config = base.config
+        self.config = hf_internals.base_model(model).config
         self.device = next(model.parameters()).device
-        self.static = bool(getattr(base, "_can_compile_fullgraph", False)) and _all_full_attention(self.config)
+        self.static = hf_internals.can_compile_fullgraph(model)
         self.grouped_attention = (
-            self.config._attn_implementation == "sdpa"
+            hf_internals.configured_attention(model) == "sdpa"
             and getattr(self.config, "model_type", None) in GROUPED_ATTENTION_MODEL_TYPES
-            and _all_full_attention(self.config)
         )
         self.compile = self.static and resolve_compile(compile_setting, self.device)
         self._compiled: Callable | None = None
-        self._caches: OrderedDict[tuple, StaticCache] = OrderedDict()
+        self._caches: OrderedDict[tuple, Any] = OrderedDict()
         self.timings = DecodeTimings()
 
     # --- one model call -----------------------------------------------------------------------------------
@@ -246,43 +158,36 @@ class Decoder:
             return self._forward(input_ids, positions, mask, cache)
 
     # --- caches -------------------------------------------------------------------------------------------
-    def _static_cache(self, rows: int, length: int, like: torch.Tensor) -> StaticCache:
+    def _static_cache(self, rows: int, length: int, like: torch.Tensor) -> Any:
         """A static cache of `rows` x `length` (reused: allocated once per shape, the CACHES_KEPT latest kept)."""
         key = (rows, length, like.dtype, like.shape[1], like.shape[-1])
         cache = self._caches.pop(key, None)
         if cache is None:
             while len(self._caches) >= CACHES_KEPT:
                 self._caches.popitem(last=False)
-            cache = StaticCache(config=self.config, max_cache_len=length)
-            cache.early_initialization(rows, like.shape[1], like.shape[-1], like.dtype, like.device)
+            cache = hf_internals.new_static_cache(self.config, rows, length, like)
         self._caches[key] = cache
         return cache
 
-    def _decode_cache(self, prefix: DynamicCache, n: int, width: int, length: int) -> tuple[Any, bool]:
+    def _decode_cache(self, prefix: Any, n: int, width: int, length: int) -> tuple[Any, bool]:
         """The cache the decode steps run on, holding the prefill's keys/values repeated to n rows per prompt.
 
         Returns (cache, static). Static when the model allows it and both caches have the plain layer types whose
         tensors can be copied; otherwise the prefill's own dynamic cache, repeated in place.
         """
-        layers = prefix.layers
+        keys = hf_internals.prefill_keys(prefix)
         # Under bf16 autocast the prefill's keys (after the fp32 rotary embedding) and a decode step's differ in
         # dtype: a static cache copies into one dtype and refuses, the dynamic cache concatenates with promotion.
-        autocast = bool(layers) and torch.is_autocast_enabled(layers[0].keys.device.type)
-        if self.static and not autocast and layers and all(type(layer) is DynamicLayer for layer in layers):
-            cache = self._static_cache(len(layers[0].keys) * n, length, layers[0].keys)
-            if all(type(layer) is StaticLayer for layer in cache.layers) and len(cache.layers) == len(layers):
-                for target, source in zip(cache.layers, layers, strict=True):
-                    # (P, Hkv, W, D) -> rows p*n .. p*n+n-1 of the first W positions, without a repeated temporary.
-                    target.keys[:, :, :width].unflatten(0, (-1, n)).copy_(source.keys.unsqueeze(1))
-                    target.values[:, :, :width].unflatten(0, (-1, n)).copy_(source.values.unsqueeze(1))
-                    target.cumulative_length.fill_(width)
+        autocast = keys is not None and torch.is_autocast_enabled(keys.device.type)
+        if self.static and not autocast and keys is not None:
+            cache = self._static_cache(len(keys) * n, length, keys)
+            if hf_internals.copy_prefill_into_static(cache, prefix, n, width):
                 return cache, True
-        prefix.batch_repeat_interleave(n)
-        return prefix, False
+        return hf_internals.repeat_dynamic(prefix, n), False
 
     # --- the loop -----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[int]]:
+    def sample(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> Sampled:
         """Sampled ids of every completion (prompt-major rows), up to max_tokens or until every row has ended
         (EOS, or a stop string at the last check); tokens after a row's end are whatever it sampled on."""
         started = time.perf_counter()
@@ -293,7 +198,7 @@ class Decoder:
         input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
         # Each prompt token's position counts its prompt's tokens only (pads are invisible), as in generate().
         positions = (prompt_mask.cumsum(-1) - 1).clamp_min_(0)  # (P, W)
-        prefix = DynamicCache(config=self.config)
+        prefix = hf_internals.new_dynamic_cache(self.config)
         logits = self._forward(input_ids, positions, prompt_mask, prefix).repeat_interleave(n, 0)  # (B, V)
 
         generators = []
@@ -308,18 +213,21 @@ class Decoder:
         sliced = not static or (self.grouped_attention and not self.compile)
         next_positions = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # (B, 1)
         tokens = torch.full((rows, max_tokens), self.pad_id, dtype=torch.long, device=device)  # (B, T)
+        log_probs = torch.zeros((rows, max_tokens), dtype=torch.float32, device=device)  # (B, T)
         ended = torch.zeros(rows, dtype=torch.bool, device=device)
         self.timings = DecodeTimings(prefill_s=time.perf_counter() - started)
 
         steps = 0
-        skinny = SkinnyLinear() if self.device.type == "cpu" and not self.compile else contextlib.nullcontext()
-        with attention_implementation(self.config, DECODE_ATTENTION if self.grouped_attention else None), skinny:
+        skinny = self.device.type == "cpu" and not self.compile
+        with hf_internals.decode_scope(self.config, self.grouped_attention, skinny):
             for step in range(max_tokens):
                 sampled_at = time.perf_counter()
+                log_softmax = sampler_log_probs(logits, settings.temperature)  # (B, V), before any masking
                 if step < settings.min_tokens:
                     suppress_tokens_(logits, eos)
                 next_tokens = sample_next_tokens(logits, settings.temperature, settings.top_p, generators)  # (B,)
                 tokens[:, step] = next_tokens
+                log_probs[:, step] = log_softmax.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
                 ended |= torch.isin(next_tokens, eos)
                 steps = step + 1
                 if settings.stop and (steps % STOP_CHECK_EVERY == 0 or steps == max_tokens):
@@ -337,7 +245,7 @@ class Decoder:
                 next_positions += 1
                 self.timings.forward_s += time.perf_counter() - called_at
         self.timings.steps = steps
-        return tokens[:, :steps].tolist()
+        return Sampled(tokens[:, :steps].tolist(), log_probs[:, :steps].tolist())
 
     def _step_mask(self, prompt_mask: torch.Tensor, length: int) -> torch.Tensor:
         """The attention mask the decode steps update in place: (B, 1, 1, L) additive (0 attended, -inf not) for

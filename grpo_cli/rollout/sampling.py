@@ -134,3 +134,10 @@ def sample_next_tokens(
         logits.div_(temperature)
     top_p_mask_(logits, top_p)
     return gumbel_max_(logits, generators)
+
+
+def sampler_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) over the whole vocabulary in float32, (B, V) -> (B, V): the distribution
+    `sample_next_tokens` draws from before top-p truncation (temperature 0, greedy: log softmax(logits))."""
+    logits = logits.float()
+    return torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)

@@ -116,7 +116,7 @@ def write_run_info(output_dir: Path, info: dict[str, Any], resumed: bool = False
         original, problem = _read_run_info(path)
         if original is not None:
             original.setdefault("resumes", []).append(
-                {key: info[key] for key in ("command", "created_utc", "git", "packages")}
+                {key: info[key] for key in ("command", "overrides", "created_utc", "git", "packages") if key in info}
             )
             info = original
         else:

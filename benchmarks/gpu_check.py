@@ -1,0 +1,257 @@
+"""Check, in a few minutes, the GPU paths no CPU run can show; run it by hand the moment a CUDA machine is at hand.
+
+    python benchmarks/gpu_check.py [--out gpu_check.md]
+
+Each row is one check; it prints a table (check, result, seconds, peak GPU memory, detail) and writes it to --out
+for docs/results. On a machine without CUDA it still runs: the rows that need CUDA say "skipped" with the reason,
+the others run on the CPU (CI runs it so, tests/test_gpu_check.py, so the script cannot rot).
+
+Rows:
+- fp32 master weights + bf16 autocast: the policy's weights stay float32 (model.dtype=auto) while the forward runs
+  in bf16 (model.mixed_precision=auto on a bf16 GPU); one update, peak memory per phase (load, forward+backward).
+- decode loop eager and compiled vs generate: greedy tokens of the HF engine's decode loop equal model.generate's,
+  eager and torch.compile'd (CUDA graphs), with the seconds of each.
+- LoRA step and 4-bit QLoRA step: `grpo-run debug=smoke` with LoRA, and with model.quantization=4bit on the
+  embedded SmolLM2-135M (needs bitsandbytes).
+- rollout=vllm: a 2-step run with the sync probe after every push (needs the vllm extra).
+- DDP and FSDP over NCCL: `grpo-run debug=smoke distributed=ddp|fsdp` on every GPU present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Row:
+    check: str
+    result: str  # ok | FAILED | skipped
+    seconds: float | None = None
+    peak_mb: str = "n/a"
+    detail: str = ""
+
+
+def cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _peak_mb() -> str:
+    return f"{torch.cuda.max_memory_allocated() / 2**20:.0f}" if cuda() else "n/a"
+
+
+def _reset_peak() -> None:
+    if cuda():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if cuda() else "cpu")
+
+
+def check_master_weights_and_autocast() -> Row:
+    from grpo_cli.models import TINY_RANDOM, load_policy
+    from grpo_cli.runtime import autocast_factory, compute_dtype, resolve_dtype
+
+    if not cuda():
+        reason = "checks the GPU; tests/test_mixed_precision.py covers bf16 autocast on the CPU"
+        return Row("fp32 master weights + bf16 autocast", "skipped", detail=reason)
+    device = _device()
+    phases = []
+    _reset_peak()
+    model, tokenizer = load_policy(TINY_RANDOM, device, resolve_dtype("auto", device))
+    phases.append(f"load {_peak_mb()} MB")
+    weights = {p.dtype for p in model.parameters()}
+    autocast_dtype = compute_dtype(device, "auto")
+    _reset_peak()
+    model.train()
+    ids = torch.randint(0, len(tokenizer), (4, 64), device=device)
+    with autocast_factory(device, "auto")():
+        logits = model(ids).logits
+    loss = logits.float().logsumexp(-1).mean()
+    loss.backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-5).step()
+    phases.append(f"forward+backward+step {_peak_mb()} MB")
+    ok = weights == {torch.float32} and autocast_dtype == torch.bfloat16 and logits.dtype == torch.bfloat16
+    detail = f"weights {sorted(map(str, weights))}, autocast {autocast_dtype}, logits {logits.dtype}; " + ", ".join(
+        phases
+    )
+    return Row("fp32 master weights + bf16 autocast", "ok" if ok else "FAILED", peak_mb=_peak_mb(), detail=detail)
+
+
+def check_decode_against_generate() -> list[Row]:
+    from transformers import GenerationConfig
+
+    from grpo_cli.models import TINY_RANDOM, load_policy
+    from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
+    from grpo_cli.rollout.decode import Decoder, left_pad
+    from grpo_cli.rollout.hf import cut_completion
+
+    device = _device()
+    model, tokenizer = load_policy(TINY_RANDOM, device, torch.float32)
+    prompts = [tokenizer(text)["input_ids"] for text in ("Hello there", "The capital of France is", "1 + 1 =")]
+    settings = SamplingSettings(n=1, temperature=0.0, max_tokens=24)
+    input_ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    eos = {tokenizer.eos_token_id}
+    with torch.no_grad():
+        reference = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=GenerationConfig(
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            ),
+        )
+    expected = [cut_completion(ids, eos, (), tokenizer)[0] for ids in reference[:, input_ids.shape[1] :].tolist()]
+    rows = []
+    for label, setting in (("eager", "never"), ("compiled", "always")):
+        check = f"decode loop ({label}) vs generate"
+        if label == "compiled" and not cuda():
+            rows.append(Row(check, "skipped", detail="needs CUDA (compiling on a CPU takes minutes and is not used)"))
+            continue
+        engine = HFRolloutEngine(model, tokenizer, compile=setting)
+        if not isinstance(engine.decoder, Decoder):
+            rows.append(Row(check, "skipped", detail="the decode loop does not run here (generate() fallback)"))
+            continue
+        _reset_peak()
+        started = time.perf_counter()
+        got = engine.generate(prompts, settings).completion_ids
+        got = engine.generate(prompts, settings).completion_ids  # the second call: compiled, warm
+        seconds = time.perf_counter() - started
+        fell_back = label == "compiled" and not engine.decoder.compile
+        result = "ok" if got == expected and not fell_back else "FAILED"
+        detail = "greedy tokens equal generate()'s" if got == expected else f"differs: {got} vs {expected}"
+        if fell_back:
+            detail += "; torch.compile failed, decoded eagerly"
+        rows.append(Row(check, result, seconds, _peak_mb(), detail))
+    return rows
+
+
+def _grpo_run(check: str, args: list[str], needs: Callable[[], str | None], workdir: Path) -> Row:
+    """One `grpo-run` end to end in its own process; its last line is the detail."""
+    reason = needs()
+    if reason is not None:
+        return Row(check, "skipped", detail=reason)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    run_dir = workdir / check.replace(" ", "_").replace("/", "_")
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_cli.cli", *args, f"hydra.run.dir={run_dir}"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    seconds = time.perf_counter() - started
+    last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [""]
+    if done.returncode != 0:
+        return Row(check, "FAILED", seconds, detail=last[0][:200])
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    return Row(check, "ok", seconds, "see run dir", f"{tail[0][:160]} ({run_dir})")
+
+
+def _needs_cuda(*modules: str, gpus: int = 1, on_cpu: str = "needs CUDA") -> Callable[[], str | None]:
+    def reason() -> str | None:
+        if not cuda():
+            return on_cpu
+        if torch.cuda.device_count() < gpus:
+            return f"needs {gpus} GPUs, {torch.cuda.device_count()} present"
+        for module in modules:
+            if importlib.util.find_spec(module) is None:
+                return f"needs the {module} package"
+        return None
+
+    return reason
+
+
+def run_checks(workdir: Path) -> list[Row]:
+    rows: list[Row] = []
+    for check in (check_master_weights_and_autocast, check_decode_against_generate):
+        started = time.perf_counter()
+        try:
+            out = check()
+        except Exception as error:  # noqa: BLE001 - a failing check is a row of the table, not the end of it
+            out = Row(check.__name__, "FAILED", detail=f"{type(error).__name__}: {str(error)[:200]}")
+        for row in out if isinstance(out, list) else [out]:
+            if row.seconds is None and row.result != "skipped":
+                row.seconds = time.perf_counter() - started
+            rows.append(row)
+    gpus = torch.cuda.device_count() if cuda() else 0
+    smoke = ["debug=smoke"]
+    lora_on_cpu = "checks the GPU; on the CPU tests/test_lora.py runs LoRA steps"
+    rows.append(_grpo_run("LoRA step", [*smoke, "model.lora.enabled=true"], _needs_cuda(on_cpu=lora_on_cpu), workdir))
+    rows.append(
+        _grpo_run(
+            "4-bit QLoRA step",
+            [
+                *smoke,
+                "model.name_or_path=embedded:smollm2-135m-instruct",
+                "model.quantization=4bit",
+                "model.lora.enabled=true",
+            ],
+            _needs_cuda("bitsandbytes"),
+            workdir,
+        )
+    )
+    rows.append(
+        _grpo_run(
+            "rollout=vllm, 2 steps, probe every push",
+            [*smoke, "rollout=vllm", "rollout.sync_probe_every=1"],
+            _needs_cuda("vllm"),
+            workdir,
+        )
+    )
+    for strategy in ("ddp", "fsdp"):
+        rows.append(
+            _grpo_run(
+                f"{strategy.upper()} over NCCL ({max(gpus, 1)} GPUs)",
+                [*smoke, f"distributed={strategy}", f"distributed.nproc_per_node={max(gpus, 1)}"],
+                _needs_cuda(),
+                workdir,
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row], device: str) -> str:
+    lines = [
+        f"device: {device}; torch {torch.__version__}",
+        "",
+        "| check | result | seconds | peak GPU MB | detail |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        seconds = f"{row.seconds:.1f}" if row.seconds is not None else ""
+        lines.append(f"| {row.check} | {row.result} | {seconds} | {row.peak_mb} | {row.detail.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.md"), help="where the table is written")
+    parser.add_argument("--workdir", type=Path, default=None, help="run directories of the grpo-run rows")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_check_{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if cuda() else "CPU (no CUDA: the CUDA-only rows are skipped)"
+    text = table(run_checks(workdir), device)
+    print(text)
+    args.out.write_text(text)
+    return 1 if "| FAILED |" in text else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -392,10 +392,10 @@ class CustomReward:
             return [self._one(reward, r, t, counts) for r, t in zip(responses, truths, strict=True)]
         return self._trl_batch(reward, responses, truths, counts)
 
-    def _fail(self, reward: NamedReward, what: str, truth: Any) -> None:
+    def _fail(self, reward: NamedReward, what: str, truth: Any, where: str = "on row") -> None:
         """Stop: one line naming the function, the row and what it did."""
         raise RewardFunctionError(
-            f"reward {reward.key} {what} on row {_row_text(truth)}: fix it, or set task.on_reward_error=skip to "
+            f"reward {reward.key} {what} {where} {_row_text(truth)}: fix it, or set task.on_reward_error=skip to "
             "give such samples no reward from it"
         )
 
@@ -450,13 +450,17 @@ class CustomReward:
             counts["timeouts"] += n
             return [None] * n
         except Exception as e:  # noqa: BLE001 - find the row(s) it fails on, one sample at a time
+            error = f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
             if n == 1:
                 if self.on_error == "stop":
-                    self._fail(reward, f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}", truths[0])
+                    self._fail(reward, error, truths[0])
                 counts["errors"] += 1
                 return [None]
-            singles = [self._trl_batch(reward, [r], [t], counts) for r, t in zip(responses, truths, strict=True)]
-            return [s[0] for s in singles]
+            # Alone, each row either scores (skip keeps it) or fails (stop names that row; skip drops it).
+            singles = [self._trl_batch(reward, [r], [t], counts)[0] for r, t in zip(responses, truths, strict=True)]
+            if self.on_error == "stop":  # every row scored alone: the batch itself is what fails
+                self._fail(reward, error, truths[0], where=f"on a batch of {n} rows, though each alone scores; first")
+            return singles
         if hasattr(out, "tolist") and not isinstance(out, list):  # a tensor or numpy array
             out = out.tolist()
         if not isinstance(out, list | tuple) or len(out) != n:

@@ -531,8 +531,10 @@ def test_bad_user_code_stops_grpo_run_in_one_line_before_the_model_loads(tmp_pat
 def test_the_users_code_is_found_in_ray_actors_every_rank_and_each_sweep_job(tmp_path, setting):
     folder = experiment_folder(tmp_path)
     out = ["hydra.sweep.dir=sweep"] if "-m" in setting else ["output_dir=run"]
+    flags = [arg for arg in setting if arg.startswith("-")]  # Hydra's flags come before the overrides
+    overrides = [arg for arg in setting if not arg.startswith("-")]
     result = run_grpo(
-        ["--config-dir", "conf", "experiment=reviews_smoke", "train.eval_every=0", *setting, *out],
+        [*flags, "--config-dir", "conf", "experiment=reviews_smoke", "train.eval_every=0", *overrides, *out],
         cwd=folder,
         timeout=900,
     )

@@ -21,7 +21,7 @@ from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
 from grpo_cli.tasks.custom import CustomTaskConfig, RewardFunctionError, absolutize_paths
 from grpo_cli.tasks.user_code import UserCodeError
-from tests.conftest import run_grpo
+from tests.conftest import compose_config, run_grpo
 
 SEED_003_REWARDS = Path(__file__).parents[1] / "examples" / "medcalc_trl" / "rewards.py"
 
@@ -227,6 +227,28 @@ def test_module_rewards_import_from_the_directory_grpo_run_started_in(tmp_path, 
     cfg = custom_cfg(tmp_path, rewards={"m": "mypkg_custom_t.scoring:f"})
     assert cfg.rewards["m"] == "mypkg_custom_t.scoring:f" and cfg.base_dir == str(tmp_path)
     assert make_reward_fn(cfg)("y", load_examples(cfg, "train")[0].ground_truth)["reward"] == 2.0
+
+
+def test_check_reward_runs_the_users_cases_and_a_disagreeing_one_fails_the_job(user_folder, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from grpo_cli.jobs.check_reward import run as check_reward
+
+    cases = [
+        {"q": "x", "word": "a", "min_len": 3, "response": "<a", "expected": 2.0},
+        {"q": "x", "word": "a", "min_len": 3, "response": "b", "expected": 1.0, "why": "deliberately wrong"},
+    ]
+    (user_folder / "cases.jsonl").write_text(rows_jsonl(cases))
+    rewards = {"fmt": "rewards.py:format_reward", "word": "rewards.py:has_word"}
+    cfg = compose_config(["job=check_reward", "task=custom", f"task.base_dir={user_folder}"])
+    cfg.task = custom_cfg(user_folder, rewards=rewards, cases_path="cases.jsonl")
+    out = Console(file=io.StringIO(), width=200, highlight=False)
+    with pytest.raises(UserFacingError, match=r"1 of 2 reward sanity cases of task=custom disagree \(rows 2\)"):
+        check_reward(cfg, tmp_path, out)
+    table = out.file.getvalue()
+    assert "fmt=1 word=1" in table and "DIFFERS" in table and "deliberately wrong" in table
 
 
 # ------------------------------------------------------------------------------------------------ sources

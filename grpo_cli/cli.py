@@ -41,6 +41,7 @@ from grpo_cli.errors import (
     error_summary,
     write_traceback,
 )
+from grpo_cli.tasks import absolutize_task_paths
 from grpo_cli.tracking.report import run_objective
 
 # HYDRA_FULL_ERROR=1 set by the user: tracebacks go to the terminal in full (main() sets it for itself too).
@@ -128,6 +129,8 @@ def task(dict_cfg: DictConfig) -> float | None:
             dict_cfg = resumed_config(
                 dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console, composed=dict_cfg
             )
+        else:  # task=custom: the user's files, found from where grpo-run was started, in every process after this
+            absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
         # to_object resolves interpolations and checks types against the schema dataclasses.
         try:
             cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]

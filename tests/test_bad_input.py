@@ -65,13 +65,12 @@ def _leaves(cls: type, prefix: str = "", choice: str | None = None) -> list[Leaf
     leaves = []
     for f in dataclasses.fields(cls):
         key, hint = f"{prefix}{f.name}", _strip_optional(hints[f.name])
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            schemas = GROUP_SCHEMAS.get(key)
-            if schemas:
-                for name, schema in schemas.items():
-                    leaves += _leaves(schema, f"{key}.", f"{key}={name}")
-            else:
-                leaves += _leaves(hint, f"{key}.", choice)
+        schemas = GROUP_SCHEMAS.get(key)
+        if schemas:  # a group with a schema per choice (task is typed Any in GRPOConfig: each choice's schema)
+            for name, schema in schemas.items():
+                leaves += _leaves(schema, f"{key}.", f"{key}={name}")
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            leaves += _leaves(hint, f"{key}.", choice)
         else:
             leaves.append(Leaf(key, cls, f.name, hint, choice))
     unique: dict[str, Leaf] = {}

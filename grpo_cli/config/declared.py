@@ -35,9 +35,9 @@ def _walk_schema(cls: type, prefix: str = "") -> Iterator[tuple[str, Choices]]:
         allowed = _choices_of(cls, name)
         if allowed is not None:
             yield key, allowed
-        if nested is not None:
-            for schema in (nested, *GROUP_SCHEMAS.get(key, {}).values()):
-                yield from _walk_schema(schema, f"{key}.")
+        # A group with a schema per choice (task: typed Any in GRPOConfig) is walked through each of them.
+        for schema in ((nested,) if nested is not None else ()) + tuple(GROUP_SCHEMAS.get(key, {}).values()):
+            yield from _walk_schema(schema, f"{key}.")
 
 
 def choice_fields() -> dict[str, tuple[str, ...]]:

@@ -26,7 +26,7 @@ from grpo_cli.fields import (
     positive,
     unit_interval,
 )
-from grpo_cli.tasks import TASK_SCHEMAS, TaskConfig
+from grpo_cli.tasks import TASK_SCHEMAS
 
 # Sync strategies; the DISAGGREGATED ones run a generator and a learner as Ray actors.
 DISAGGREGATED: tuple[str, ...] = ("one_behind", "replay_buffer")
@@ -345,8 +345,10 @@ class DistributedConfig:
 @dataclass
 class GRPOConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    # One of TASK_SCHEMAS, picked by task=<name> (conf/task/<name>.yaml extends <name>_schema).
-    task: TaskConfig = MISSING
+    # One of TASK_SCHEMAS, picked by task=<name> (conf/task/<name>.yaml extends <name>_schema). Typed Any, not
+    # TaskConfig: OmegaConf would build a TaskConfig node first and keep its fields' types through the merge, and
+    # task=custom's reward_weights is a mapping of the user's reward names, not RewardWeightsConfig.
+    task: Any = MISSING
     loss: LossConfig = field(default_factory=LossConfig)
     normalization: NormalizationConfig = field(default_factory=NormalizationConfig)
     kl: KLConfig = field(default_factory=KLConfig)

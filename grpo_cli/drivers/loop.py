@@ -23,11 +23,12 @@ from grpo_cli import parallel
 from grpo_cli.config import DISAGGREGATED
 from grpo_cli.drivers.executor import Executor
 from grpo_cli.drivers.prompts import PromptSampler
-from grpo_cli.errors import RunStopped
+from grpo_cli.errors import EXIT_USER_ERROR, RunStopped, UserFacingError
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.runtime import timed
 from grpo_cli.tasks import load_eval_sets, load_examples
+from grpo_cli.tasks.custom import RewardFunctionError
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
     StepProgress,
@@ -67,6 +68,7 @@ class TrainingLoop:
         self.nonfinite_streak = 0  # as the learner counts it, after the last step
         self.stop_signal: str | None = None
         self.warned_truncation = False
+        self.last_saved_step = -1  # the newest checkpoint this process wrote
         self.metrics_sink = None
         self.executor: Executor | None = None
         self.world = parallel.world()
@@ -138,6 +140,8 @@ class TrainingLoop:
                     progress.advance()
                     summary.update(metrics)
                     self._stop_if_asked(step)
+        except RewardFunctionError as error:
+            raise self._stopped_by_reward(error) from None
         finally:
             _restore_signal_handlers(previous_handlers)
             self.close()
@@ -161,6 +165,22 @@ class TrainingLoop:
             ) from None
         return metrics
 
+    def _stopped_by_reward(self, error: RewardFunctionError) -> Exception:
+        """task.on_reward_error=stop: the user's reward failed. The last update is kept (saved now unless a
+        checkpoint of it exists; with several ranks the others are gone, so the completed checkpoints stand)."""
+        version = self.executor.learner_version
+        if version == 0 or version == self.last_saved_step or self.world.distributed:
+            kept = (
+                f"; the checkpoints in {self.output_dir / 'checkpoints'} are kept" if self.last_saved_step > 0 else ""
+            )
+            return UserFacingError(f"{error}{kept}")
+        path = self.executor.save_checkpoint(version)
+        return RunStopped(
+            f"{error}; step {version}'s update is saved in {path}; after fixing it continue with: "
+            f"grpo-run resume={self.output_dir}",
+            exit_code=EXIT_USER_ERROR,
+        )
+
     # --- safe points: checkpoints, signals, non-finite numbers ---------------------------------------------
     def _stop_if_asked(self, step: int) -> None:
         """After a whole step (the safe point): checkpoint when due, and stop on a signal or on divergence."""
@@ -172,6 +192,7 @@ class TrainingLoop:
         stopping = self.stop_signal is not None or self.nonfinite_streak >= limit
         if stopping or self._checkpoint_due(step):
             path = self.executor.save_checkpoint(step)
+            self.last_saved_step = step
         if self.stop_signal is not None:
             code = 130 if self.stop_signal == "SIGINT" else 143
             raise RunStopped(

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks import SanityCase, get_task, make_reward_fn, reward_weights
+from grpo_cli.tasks import SanityCase, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
     SHAPING_CASE_BUFFER,
@@ -36,40 +36,61 @@ def _show(value: Any) -> str:
     return escape(value if isinstance(value, str) else json.dumps(value))
 
 
-def score_case(reward_fn: Any, case: SanityCase) -> tuple[float | None, str]:
-    """(reward, note): the reward of the case's response, or None and the error a crash raised. A reward with
-    the overlong term scores the case as a short completion (0 tokens: no overlong penalty)."""
+def _columns(truth: Any) -> Any:
+    """task=custom's ground truth without the prompt it carries (the table shows the row's own columns)."""
+    return {k: v for k, v in truth.items() if k != "prompt"} if isinstance(truth, dict) else truth
+
+
+def score_case(reward_fn: Any, case: SanityCase) -> tuple[float | None, str, dict[str, float]]:
+    """(reward, note, {component: value}): the reward of the case's response, or None and the error a crash raised.
+    A reward with the overlong term scores the case as a short completion (0 tokens: no overlong penalty)."""
     try:
         kwargs = {"n_tokens": 0} if uses_n_tokens(reward_fn) else {}
-        return float(reward_fn(case.response, case.ground_truth, **kwargs)["reward"]), ""
+        result = reward_fn(case.response, case.ground_truth, **kwargs)
     except Exception as e:  # noqa: BLE001 - a crashing reward is exactly what this job is here to show
-        return None, f"{type(e).__name__}: {e}"
+        return None, f"{type(e).__name__}: {e}", {}
+    parts = {key.removeprefix("reward/"): float(v) for key, v in result.items() if key.startswith("reward/")}
+    return float(result["reward"]), "", parts
 
 
 def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
     """Print the sanity-case table of `cfg.task`; raise UserFacingError when any case disagrees."""
-    task = get_task(cfg.task.name)
+    task = task_for(cfg.task)
     cases = task.cases_for(cfg.task.prompt)
+    if not cases and task.from_config is not None:
+        raise UserFacingError(
+            f'task={task.name} checks your own cases: give task.cases_path=cases.jsonl, one {{"response": ..., '
+            '"expected": ..., <the columns your template reads>}} per line'
+        )
     if not cases:
         raise UserFacingError(f"task={task.name} ships no sanity cases for prompt={cfg.task.prompt}")
     # The cases pin down the task's own rule (the correctness component); a custom weighting is shown beside it.
-    own_reward = TimeLimitedReward(task.reward_for(cfg.task.prompt), cfg.task.reward_timeout_s or None)
-    weighted = make_reward_fn(cfg.task, cfg.rollout.max_tokens) if reward_weights(cfg.task) != DEFAULT_WEIGHTS else None
+    # task=custom's cases are of its whole weighted reward, each named reward shown beside it.
+    if task.from_config is not None:
+        own_reward, weighted = make_reward_fn(cfg.task, cfg.rollout.max_tokens), None
+    else:
+        own_reward = TimeLimitedReward(task.reward_for(cfg.task.prompt), cfg.task.reward_timeout_s or None)
+        weighted = (
+            make_reward_fn(cfg.task, cfg.rollout.max_tokens) if reward_weights(cfg.task) != DEFAULT_WEIGHTS else None
+        )
 
     table = Table(title=f"reward sanity cases: task={task.name} prompt={cfg.task.prompt}", title_justify="left")
     for name in ("#", "ground truth", "response", "expected", "got", "", "why"):
         table.add_column(name, overflow="fold")
     if weighted is not None:
         table.add_column("weighted total", justify="right")
+    show_parts = task.from_config is not None
+    if show_parts:
+        table.add_column("each reward", overflow="fold")
     disagreements = []
     for index, case in enumerate(cases, start=1):
-        got, error = score_case(own_reward, case)
+        got, error, parts = score_case(own_reward, case)
         ok = got is not None and abs(got - case.expected_reward) < 1e-9
         if not ok:
             disagreements.append(index)
         row = [
             str(index),
-            _show(case.ground_truth),
+            _show(_columns(case.ground_truth) if show_parts else case.ground_truth),
             escape(repr(case.response)),
             f"{case.expected_reward:g}",
             "error" if got is None else f"{got:g}",
@@ -77,8 +98,10 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
             escape(case.why + (f" ({error})" if error else "")),
         ]
         if weighted is not None:
-            total, _ = score_case(weighted, case)
+            total, _, _ = score_case(weighted, case)
             row.append("error" if total is None else f"{total:.3g}")
+        if show_parts:
+            row.append(escape(" ".join(f"{name}={value:.3g}" for name, value in parts.items())))
         table.add_row(*row)
     console.print(table)
     shaping_disagree = check_shaping_terms(cfg, console)

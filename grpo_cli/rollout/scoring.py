@@ -22,6 +22,12 @@ class Scores:
     def mean(self, key: str) -> float:
         return sum(r.get(key, 0.0) for r in self.rewards) / max(len(self.rewards), 1)
 
+    def component_mean(self, key: str) -> float:
+        """The mean of a "reward/<component>" key over the samples that have it: a task=custom reward that
+        returned None for a sample gave it no reward (TRL's nanmean)."""
+        values = [r[key] for r in self.rewards if key in r]
+        return sum(values) / max(len(values), 1)
+
     def component_keys(self) -> list[str]:
         """The "reward/<component>" keys of a composite reward (task.reward_weights), in first-seen order."""
         return list(dict.fromkeys(key for r in self.rewards for key in r if key.startswith("reward/")))
@@ -38,7 +44,15 @@ def score_responses(
 ) -> Scores:
     """Call the reward function on every response; a crash or a timeout scores 0 and is counted, never kills
     the run. `n_tokens` (each completion's generated token count) reaches a reward that reads it (the overlong
-    shaping term) as `n_tokens=`: the engine's own count, never a re-tokenization of the text."""
+    shaping term) as `n_tokens=`: the engine's own count, never a re-tokenization of the text.
+
+    A reward with a `score_batch(responses, ground_truths, n_tokens)` method (task=custom: TRL-convention functions
+    and a reward model want the whole batch) is called once for the batch, and handles its own errors (it stops
+    the run with a RewardFunctionError, or counts them, per task.on_reward_error)."""
+    score_batch = getattr(reward_fn, "score_batch", None)
+    if score_batch is not None:
+        batch = score_batch(responses, ground_truths, n_tokens)
+        return Scores([_kept_keys(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts)
     lengths: list[int | None] = list(n_tokens) if n_tokens is not None else [None] * len(responses)
     with_length = n_tokens is not None and uses_n_tokens(reward_fn)
     rewards, n_errors, n_timeouts = [], 0, 0
@@ -60,7 +74,7 @@ def reward_metrics(scores: Scores, prefix: str) -> dict[str, float]:
     `reward_errors` and `reward_timeouts` of one scored batch (prefix: train or eval)."""
     metrics = {f"{prefix}/{key}": scores.mean(key) for key in REWARD_KEYS}
     metrics[f"{prefix}/unparseable_rate"] = scores.mean("unparseable")
-    metrics.update({f"{prefix}/{key}": scores.mean(key) for key in scores.component_keys()})
+    metrics.update({f"{prefix}/{key}": scores.component_mean(key) for key in scores.component_keys()})
     metrics[f"{prefix}/reward_errors"] = scores.n_errors
     metrics[f"{prefix}/reward_timeouts"] = scores.n_timeouts
     return metrics

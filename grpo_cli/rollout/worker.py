@@ -25,7 +25,7 @@ from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.tasks import Example, get_task, make_reward_fn, stop_strings
+from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
 
 
 def sampling_settings(cfg: Any, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
@@ -60,7 +60,8 @@ class RolloutWorker:
             seed_everything(cfg.seed)
             model, tokenizer = build_policy(cfg.model, self.device)
         self.model, self.tokenizer = model, tokenizer
-        self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens)
+        # A reward model (task=custom) runs on the policy's device.
+        self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens, device=str(self.device))
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
@@ -176,7 +177,7 @@ class RolloutWorker:
                 examples,
                 sampling,
                 on_generated=on_generated,
-                voting=voting_for(get_task(self.cfg.task.name), self.cfg.task.prompt),
+                voting=voting_for(task_for(self.cfg.task), self.cfg.task.prompt),
                 pass_ks=self.cfg.eval.pass_k,
             )
         return metrics, records, self.version

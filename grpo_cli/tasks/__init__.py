@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
@@ -27,6 +28,7 @@ from grpo_cli.tasks.base import (
     prompt_stop_strings,
     stop_strings,
 )
+from grpo_cli.tasks.custom import CUSTOM_TASK, absolutize_paths
 from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
@@ -49,6 +51,7 @@ TASKS: dict[str, TaskSpec] = {
         REGEX_SUM_TASK,
         ADDITION_TASK,
         MEDCALC_TASK,
+        CUSTOM_TASK,
     )
 }
 # task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
@@ -99,10 +102,10 @@ def load_jsonl_examples(
 
 def load_examples(task_cfg: Any, split: str) -> list[Example]:
     """The examples of one split ("train" or "eval") for a task config (local JSONL when a path is set)."""
-    task = get_task(task_cfg.name)
+    task = task_for(task_cfg)
     path = task_cfg.train_path if split == "train" else task_cfg.eval_path
     n = task_cfg.n_train if split == "train" else task_cfg.n_eval
-    if path:
+    if path and task.from_config is None:  # a task made from its config reads its own paths (CSV, Parquet, ...)
         return load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row, task.make_prompt)
     options = {key: getattr(task_cfg, key) for key in task.options}
     try:
@@ -160,6 +163,28 @@ def get_task(name: str) -> TaskSpec:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}") from None
 
 
+def task_for(task_cfg: Any) -> TaskSpec:
+    """The TaskSpec a task config runs: the registered one, or for a task made from its config (task=custom) the
+    one built from it (the user's code imported and checked; built once per distinct config in a process)."""
+    task = get_task(task_cfg.name)
+    if task.from_config is None:
+        return task
+    key = repr(task_cfg)
+    if key not in _CONFIGURED:
+        _CONFIGURED[key] = task.from_config(task_cfg)
+    return _CONFIGURED[key]
+
+
+_CONFIGURED: dict[str, TaskSpec] = {}
+
+
+def absolutize_task_paths(task_cfg: Any, base_dir: Path) -> None:
+    """task=custom: its relative paths made absolute against `base_dir` (where grpo-run was started), in place,
+    before the config is saved and sent to other processes. Other tasks: nothing."""
+    if get_task(str(task_cfg.name)).from_config is not None:
+        absolutize_paths(task_cfg, base_dir)
+
+
 def _reward_options(task: TaskSpec, task_cfg: Any) -> dict[str, Any]:
     return {key: getattr(task_cfg, key) for key in task.reward_options}
 
@@ -180,6 +205,11 @@ def validate_task_config(task_cfg: Any) -> None:
         task = get_task(task_cfg.name)
     except ValueError as e:
         raise UserFacingError(f"task.name={task_cfg.name}: {e}") from None
+    if task.from_config is not None and task.schema is not None and not isinstance(task_cfg, task.schema):
+        raise UserFacingError(
+            f"task.name={task.name} with another task's keys: choose the task with task={task.name}, not task.name"
+        )
+    task = task_for(task_cfg)  # task=custom: the user's code imported and checked here, before any model loads
     # The task's schema (config.TASK_SCHEMAS, picked by task=<name>) must hold every key the task reads.
     lacking = [key for key in (*task.options, *task.reward_options) if not hasattr(task_cfg, key)]
     if lacking:
@@ -193,7 +223,8 @@ def validate_task_config(task_cfg: Any) -> None:
             f"use task.prompt={' or '.join(task.prompt_styles)}"
         )
     try:
-        check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
+        if task.from_config is None:  # a task made from its config checked its own weights
+            check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
         raise UserFacingError(str(e)) from None
     for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
@@ -205,11 +236,14 @@ def validate_task_config(task_cfg: Any) -> None:
         eval_set_config(task_cfg, str(name), str(source))  # the source's form, before anything loads
 
 
-def make_reward_fn(task_cfg: Any, max_tokens: int | None = None) -> RewardFn:
+def make_reward_fn(task_cfg: Any, max_tokens: int | None = None, device: str | None = None) -> RewardFn:
     """The reward a run scores with: the task's reward for `task.prompt`, combined per `task.reward_weights`,
     limited to `task.reward_timeout_s` per call (a timeout raises RewardTimeout, counted by the scorer).
-    `max_tokens` (rollout.max_tokens) is what the overlong shaping term measures against."""
-    task = get_task(task_cfg.name)
+    `max_tokens` (rollout.max_tokens) is what the overlong shaping term measures against; `device` is where a
+    reward model runs (the policy's; None: the CPU)."""
+    task = task_for(task_cfg)
+    if task.from_config is not None:  # task=custom: weights, time limits and errors handled by its own reward
+        return task.reward_fn.for_run(max_tokens, device)
     shaping = Shaping(
         max_tokens=max_tokens,
         overlong_buffer=getattr(task_cfg, "overlong_buffer", None),
@@ -246,7 +280,9 @@ __all__ = [
     "format_prompt",
     "TaskDataError",
     "call_with_time_limit",
+    "absolutize_task_paths",
     "get_task",
+    "task_for",
     "load_eval_sets",
     "load_examples",
     "load_jsonl_examples",

@@ -91,6 +91,10 @@ class TaskSpec:
     # The task's config schema (a dataclass extending grpo_cli.tasks.schema.TaskConfig, next to the task), whose
     # keys hold `options` and `reward_options`; registered as `<name>_schema` in group `task`. None: TaskConfig.
     schema: type | None = None
+    # A task made from its config and the user's code (task=custom): task config -> this run's TaskSpec, whose
+    # reward applies task.reward_weights itself and whose build() reads its own data sources. Callers get it
+    # through grpo_cli.tasks.task_for(task_cfg).
+    from_config: Callable[[Any], TaskSpec] | None = None
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""

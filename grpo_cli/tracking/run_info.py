@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.tasks.custom import code_hashes
+
 PACKAGES = (
     "grpo-cli",
     "torch",
@@ -100,6 +102,9 @@ def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str
         "host": socket.gethostname(),
         "seeds": {"seed": cfg.seed, "model.init_seed": cfg.model.init_seed, "task.data_seed": cfg.task.data_seed},
         "data": {split: {"n_examples": len(rows), "sha256": examples_sha256(rows)} for split, rows in examples.items()},
+        # task=custom: the file and content hash of each reward function and the generator, so a rerun can tell
+        # the user's code changed.
+        **({"user_code": code_hashes(cfg.task)} if getattr(cfg.task, "rewards", None) is not None else {}),
     }
 
 

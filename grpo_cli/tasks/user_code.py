@@ -1,0 +1,167 @@
+"""Importing the user's own functions for task=custom: `path/to/file.py:function` or `package.module:function`.
+
+A file path is read as a file (relative paths from `base_dir`, the directory grpo-run was started from); anything
+else is a dotted module, imported with `base_dir` first on sys.path, so a `rewards/` package beside the user's
+config works as it would in their own scripts. Every failure is one UserFacingError line naming the config key
+(`task.rewards.fmt=...`), the file or module, and what to write instead. No torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from grpo_cli.errors import UserFacingError
+
+
+class UserCodeError(UserFacingError):
+    """The user's file, module or function cannot be found, imported or called the way its key says."""
+
+
+def is_file_reference(target: str) -> bool:
+    """`rewards.py`, `./lib/rewards.py`, `/abs/rewards.py`: a file; `mypkg.rewards`: a module."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def split_reference(key: str, reference: str) -> tuple[str, str]:
+    """'rewards.py:format_reward' -> ('rewards.py', 'format_reward'); one line when the form is wrong."""
+    target, sep, name = str(reference).rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise UserCodeError(
+            f"{key}={reference}: give a function as path/to/file.py:function or package.module:function"
+        )
+    return target, name
+
+
+def resolve_file(target: str, base_dir: Path) -> Path:
+    """A file reference as an absolute path, relative ones against `base_dir`."""
+    path = Path(target).expanduser()
+    return path if path.is_absolute() else (base_dir / path).resolve()
+
+
+def absolute_reference(reference: str, base_dir: Path) -> str:
+    """A file reference made absolute (every process, rank and actor then finds the same file); a module
+    reference as it is (found from task.base_dir)."""
+    target, sep, name = str(reference).rpartition(":")
+    if sep and target and is_file_reference(target):
+        return f"{resolve_file(target, base_dir)}:{name}"
+    return str(reference)
+
+
+def _first_line_of(error: BaseException) -> str:
+    """`SyntaxError at rewards.py:3: invalid syntax`, or the error and the user's innermost frame."""
+    if isinstance(error, SyntaxError):
+        return f"SyntaxError at {Path(error.filename or '?').name}:{error.lineno}: {error.msg}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    message = " ".join(str(error).split())[:200]
+    return f"{type(error).__name__}: {message}{where}"
+
+
+def _import_file(key: str, path: Path) -> ModuleType:
+    if not path.is_file():
+        raise UserCodeError(f"{key}: no such file {path}: give a .py file (relative to where you ran grpo-run)")
+    # One module per file, named by its path: importing the same file twice (validation, then each worker)
+    # reuses it, and two rewards.py files in different folders stay apart.
+    module_name = "grpo_user_code_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserCodeError(f"{key}: {path} cannot be imported as Python: give a .py file")
+    module = importlib.util.module_from_spec(spec)
+    # The file's own folder first, so it can import its helper modules as it would when run as a script.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # noqa: BLE001 - any failure of the user's file at import time is one line
+        del sys.modules[module_name]
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise UserCodeError(f"{key}: importing {path} failed: {_first_line_of(e)}") from None
+    return module
+
+
+def _import_module(key: str, dotted: str, base_dir: Path) -> ModuleType:
+    if str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as e:
+        if e.name and dotted.startswith(e.name):
+            raise UserCodeError(
+                f"{key}: no module named {e.name} (looked in {base_dir} and the installed packages): "
+                "give path/to/file.py:function or an importable package.module:function"
+            ) from None
+        raise UserCodeError(f"{key}: importing {dotted} failed: {_first_line_of(e)}") from None
+    except BaseException as e:  # noqa: BLE001 - the user's module failing at import time is one line
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise UserCodeError(f"{key}: importing {dotted} failed: {_first_line_of(e)}") from None
+
+
+def load_callable(key: str, reference: str, base_dir: Path) -> Callable[..., Any]:
+    """The function `reference` names (`file.py:function` or `package.module:function`); `key` is the config key
+    that gave it, for the error line."""
+    target, name = split_reference(key, reference)
+    if is_file_reference(target):
+        module = _import_file(f"{key}={reference}", resolve_file(target, base_dir))
+    else:
+        module = _import_module(f"{key}={reference}", target, base_dir)
+    fn = getattr(module, name, None)
+    if fn is None:
+        defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        hint = f" (it defines {', '.join(defined)})" if defined else ""
+        raise UserCodeError(f"{key}={reference}: {target} has no function {name}{hint}")
+    if not callable(fn):
+        raise UserCodeError(f"{key}={reference}: {name} in {target} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def check_signature(key: str, reference: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """UserCodeError when `fn` cannot be called with these arguments (a wrong signature), naming how it will be
+    called and the signature it has."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without a signature: found out when it is called
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        called = ", ".join([*("..." for _ in args), *(f"{k}=..." for k in kwargs)])
+        raise UserCodeError(
+            f"{key}={reference}: {getattr(fn, '__name__', 'the function')}{signature} cannot be called as "
+            f"({called}): {e}"
+        ) from None
+
+
+def file_sha256(reference: str, base_dir: Path) -> tuple[str, str] | None:
+    """(the file, the sha256 of its bytes) of a file reference, or of a module's source file; None when there is
+    none to read (a module without a file)."""
+    target, _, _ = str(reference).rpartition(":")
+    if is_file_reference(target):
+        path = resolve_file(target, base_dir)
+    else:
+        try:
+            if str(base_dir) not in sys.path:
+                sys.path.insert(0, str(base_dir))
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            return None
+        path = Path(spec.origin)
+    try:
+        return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from grpo_cli.config import (
 from grpo_cli.core import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, POLICY_GRADIENT_LOSS_TYPES
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import TASKS
+from grpo_cli.tasks import schema as tasks_schema
 from tests.conftest import compose_config, run_grpo
 
 CONF = Path(__file__).resolve().parents[1] / "grpo_cli" / "conf"
@@ -51,13 +53,17 @@ def compose_raw(overrides: list[str], output_dir: str = "/tmp/grpo-cli-test"):
 
 
 def test_choice_walk_covers_every_choice_field():
+    # Every schema module: the group schemas and every task's own module (its schema sits beside the task).
+    modules = [config.schemas, tasks_schema, *(sys.modules[schema.__module__] for schema in TASK_SCHEMAS.values())]
     declared = {
         (cls.__name__, f.name)
-        for _, cls in inspect.getmembers(config, inspect.isclass)
-        if dataclasses.is_dataclass(cls) and cls.__module__ == config.__name__
+        for module in modules
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__
         for f in dataclasses.fields(cls)
         if "choices" in f.metadata
     }
+    assert ("LossConfig", "type") in declared and ("TaskConfig", "prompt") in declared
     fields = choice_fields()
     walked = {name.rpartition(".")[2] for name in fields}
     assert {name for _, name in declared} <= walked

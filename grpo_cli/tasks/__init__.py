@@ -12,6 +12,7 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
 from grpo_cli.tasks.base import (
     OPTIONAL_REWARD_KEYS,
+    PROMPT_STYLES,
     REWARD_KEYS,
     Example,
     Prompt,
@@ -34,6 +35,7 @@ from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
+from grpo_cli.tasks.schema import HubTaskConfig, NumericCloseOptions, RewardWeightsConfig, TaskConfig
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 
 TASKS: dict[str, TaskSpec] = {
@@ -49,6 +51,9 @@ TASKS: dict[str, TaskSpec] = {
         MEDCALC_TASK,
     )
 }
+# task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
+# `task` (conf/task/<name>.yaml extends it).
+TASK_SCHEMAS: dict[str, type[TaskConfig]] = {name: task.schema or TaskConfig for name, task in TASKS.items()}
 
 
 def load_jsonl_examples(
@@ -222,6 +227,12 @@ def make_reward_fn(task_cfg: Any, max_tokens: int | None = None) -> RewardFn:
 
 __all__ = [
     "OPTIONAL_REWARD_KEYS",
+    "PROMPT_STYLES",
+    "TASK_SCHEMAS",
+    "HubTaskConfig",
+    "NumericCloseOptions",
+    "RewardWeightsConfig",
+    "TaskConfig",
     "REWARD_KEYS",
     "TASKS",
     "Example",

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 
 from grpo_cli.tasks.base import Example, Prompt, SanityCase, TaskSpec
+from grpo_cli.tasks.schema import TaskConfig
 
 # Verbatim from the handout.
 SYSTEM_PROMPT = (
@@ -122,7 +124,14 @@ SANITY_CASES = (
     SanityCase(97, "The result is 97.", 0.0, "no template at all"),
 )
 
+
+@dataclass
+class AdditionTaskConfig(TaskConfig):
+    """task=addition: synthetic data from task.data_seed, nothing of its own."""
+
+
 ADDITION_TASK = TaskSpec(
+    schema=AdditionTaskConfig,
     name="addition",
     reward_fn=addition_reward_fn,
     build=build_addition_examples,

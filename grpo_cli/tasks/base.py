@@ -19,6 +19,8 @@ RewardComponent = Callable[[str, Any], float]
 # and, when composed from weighted components, "reward/<component>" for each weighted one and "correctness"
 # (the task's own reward, which decides whether an answer is right: eval/pass@k and maj@n read it).
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
+# task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
+PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 OPTIONAL_REWARD_KEYS = ("unparseable", "correctness")
 
 
@@ -80,12 +82,15 @@ class TaskSpec:
     # system prompt or template (addition) sets it so a data file gets the same prompts as the built-in data.
     prompt_format: Callable[[str, str], Prompt] | None = None
     # The prompt styles the task's prompts and reward work under (validate_task_config rejects the others).
-    prompt_styles: tuple[str, ...] = ("chat", "r1_zero", "question_only")
+    prompt_styles: tuple[str, ...] = PROMPT_STYLES
     # Majority voting (eval/maj@n, docs/evaluation.md): (response, prompt style) -> the answer the reward grades
     # (None: the response has none, and does not vote), and whether two such answers are the same. None: the
     # task has no separate answer and the normalized response text votes, equal strings agreeing.
     extract_answer: Callable[[str, str], str | None] | None = None
     same_answer: Callable[[str, str], bool] | None = None
+    # The task's config schema (a dataclass extending grpo_cli.tasks.schema.TaskConfig, next to the task), whose
+    # keys hold `options` and `reward_options`; registered as `<name>_schema` in group `task`. None: TaskConfig.
+    schema: type | None = None
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""
@@ -108,7 +113,7 @@ def format_prompt(question: str, style: str) -> Prompt:
         return question
     if style == "r1_zero":
         return R1_ZERO_TEMPLATE.format(question=question)
-    raise ValueError(f"unknown prompt style {style!r}: use chat, r1_zero or question_only")
+    raise ValueError(f"unknown prompt style {style!r}: use {', '.join(PROMPT_STYLES)}")
 
 
 def prompt_stop_strings(style: str) -> tuple[str, ...]:

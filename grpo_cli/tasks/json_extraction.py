@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.fields import positive
 from grpo_cli.tasks.base import Example, SanityCase, TaskSpec, format_prompt
+from grpo_cli.tasks.schema import TaskConfig
 
 FIRST_NAMES = "Ana Ben Chloe Dev Elif Farid Grace Hugo Ines Jamal Kira Liam Mina Noah Olga Pedro Rosa Sami Tara Yuki"
 LAST_NAMES = "Silva Novak Okafor Tanaka Larsen Moreau Haddad Kowalski Nguyen Rossi Schmidt Costa Ivanova Park Reyes"
@@ -128,7 +131,17 @@ SANITY_CASES = (
     _case('{"name": "Ana Silva", "age": 35}', 0.0, "wrong value"),
 )
 
+
+@dataclass
+class JsonTaskConfig(TaskConfig):
+    """task=json's keys."""
+
+    # How many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
+    fields_per_prompt: int = positive(3)
+
+
 JSON_TASK = TaskSpec(
+    schema=JsonTaskConfig,
     name="json",
     reward_fn=json_reward_fn,
     build=build_json_examples,

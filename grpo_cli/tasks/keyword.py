@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 
+from grpo_cli.fields import positive
 from grpo_cli.tasks.base import Example, SanityCase, TaskSpec, format_prompt
+from grpo_cli.tasks.schema import TaskConfig
 
 # Concrete, common words a 135M model knows; pairs are drawn at random so most pairs are unrelated.
 VOCABULARY = (
@@ -76,7 +79,17 @@ SANITY_CASES = (
     SanityCase(["apple", "red"], "", 0.0, "empty response"),
 )
 
+
+@dataclass
+class KeywordTaskConfig(TaskConfig):
+    """task=keyword's keys."""
+
+    # How many keywords each prompt asks for.
+    keywords_per_prompt: int = positive(2)
+
+
 KEYWORD_TASK = TaskSpec(
+    schema=KeywordTaskConfig,
     name="keyword",
     reward_fn=keyword_inclusion_reward_fn,
     build=build_keyword_examples,

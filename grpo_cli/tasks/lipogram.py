@@ -11,10 +11,13 @@ from __future__ import annotations
 import random
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.fields import positive
 from grpo_cli.tasks.base import Example, SanityCase, TaskSpec, format_prompt
 from grpo_cli.tasks.keyword import keyword_present
+from grpo_cli.tasks.schema import TaskConfig
 
 TOPICS = (
     "cat dog fish bird cow owl lion frog ant goat rabbit pig duck wolf bat fox shark crab sloth panda koala "
@@ -89,7 +92,17 @@ SANITY_CASES = (
     SanityCase(_CAT, "", 0.0, "empty response"),
 )
 
+
+@dataclass
+class LipogramTaskConfig(TaskConfig):
+    """task=lipogram's keys."""
+
+    # The fewest words an answer may have (with the topic word) to be rewarded.
+    min_words: int = positive(10)
+
+
 LIPOGRAM_TASK = TaskSpec(
+    schema=LipogramTaskConfig,
     name="lipogram",
     reward_fn=lipogram_reward_fn,
     build=build_lipogram_examples,

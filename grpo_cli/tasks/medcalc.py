@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.fields import non_negative
 from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
 from grpo_cli.tasks.hub import load_hub_examples
 from grpo_cli.tasks.reasoning import HUB_OPTIONS
+from grpo_cli.tasks.schema import HubTaskConfig
 
 # Verbatim from the handout.
 SYSTEM_PROMPT = (
@@ -133,7 +136,17 @@ SANITY_CASES = (
 
 _build_medcalc = functools.partial(load_hub_examples, parse_row=parse_medcalc_row)
 
+
+@dataclass
+class MedcalcTaskConfig(HubTaskConfig):
+    """task=medcalc: the hub keys and the answer tolerance."""
+
+    # numeric_close: largest absolute difference from the ground truth's number that still counts.
+    answer_atol: float = non_negative(0.5)
+
+
 MEDCALC_TASK = TaskSpec(
+    schema=MedcalcTaskConfig,
     name="medcalc",
     reward_fn=medcalc_reward_fn,
     build=_build_medcalc,

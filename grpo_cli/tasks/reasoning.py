@@ -16,6 +16,7 @@ Any of them also accepts the generic {"question": ..., "ground_truth": ...}, and
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
@@ -30,6 +31,7 @@ from grpo_cli.tasks.graders import (
     vote_answer,
 )
 from grpo_cli.tasks.hub import load_hub_examples
+from grpo_cli.tasks.schema import HubTaskConfig, NumericCloseOptions
 
 HUB_OPTIONS = ("hub_dataset", "hub_config", "hub_train_split", "hub_eval_split")
 # Row fields worth keeping next to each eval generation (never read by the rewards).
@@ -152,7 +154,19 @@ GSM8K_QUESTION_ONLY_CASES = (
 _build_math = functools.partial(load_hub_examples, parse_row=parse_math_row)
 _build_gsm8k = functools.partial(load_hub_examples, parse_row=parse_gsm8k_row)
 
+
+@dataclass
+class MathTaskConfig(HubTaskConfig):
+    """task=math: the hub keys, nothing of its own."""
+
+
+@dataclass
+class GSM8KTaskConfig(NumericCloseOptions, HubTaskConfig):
+    """task=gsm8k: the hub keys and the numeric tolerance."""
+
+
 MATH_TASK = TaskSpec(
+    schema=MathTaskConfig,
     name="math",
     reward_fn=question_only_reward_fn,
     build=_build_math,
@@ -166,6 +180,7 @@ MATH_TASK = TaskSpec(
 )
 
 GSM8K_TASK = TaskSpec(
+    schema=GSM8KTaskConfig,
     name="gsm8k",
     reward_fn=question_only_reward_fn,
     build=_build_gsm8k,

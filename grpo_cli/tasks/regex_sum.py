@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.fields import positive
 from grpo_cli.tasks.base import Example, RewardComponent, SanityCase, TaskSpec, format_prompt
+from grpo_cli.tasks.schema import NumericCloseOptions, TaskConfig
 
 NAMES = "Ava Ben Cleo Dan Eva Finn Gia Hal Ivy Jon Kai Lena Max Nia Omar Pia Raj Sia Tom Uma".split()
 SENTENCES = (
@@ -113,7 +116,18 @@ SANITY_CASES = (
     SanityCase(49, "<ans>49", 0.0, "unclosed tag"),
 )
 
+
+@dataclass
+class RegexSumTaskConfig(NumericCloseOptions, TaskConfig):
+    """task=regex_sum's keys and the numeric tolerance."""
+
+    # Numbers per paragraph, each in 1..max_number.
+    numbers_per_prompt: int = positive(4)
+    max_number: int = positive(99)
+
+
 REGEX_SUM_TASK = TaskSpec(
+    schema=RegexSumTaskConfig,
     name="regex_sum",
     reward_fn=regex_sum_reward_fn,
     build=build_regex_sum_examples,

@@ -1,0 +1,75 @@
+"""Registration in Hydra's ConfigStore (the schemas, the help text's resolvers) and our sweep plugins."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from omegaconf import OmegaConf
+
+from grpo_cli.config.declared import choice_fields
+from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
+
+
+def _help_allowed_values() -> str:
+    """`grpo-run --help`'s list of every choice key and its values (${grpo_allowed_values:} in conf/config.yaml)."""
+    return "\n".join(f"{key}: {', '.join(values)}" for key, values in choice_fields().items())
+
+
+def _help_config_groups() -> str:
+    """Hydra's group list for --help (${grpo_config_groups:}), less the per-choice `*_schema` entries."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str) -> Iterator[str]:
+        for name in loader.list_groups(parent):
+            group = f"{parent}/{name}" if parent else name
+            if group != "hydra":
+                yield group
+                yield from groups(group)
+
+    lines = []
+    for group in sorted(groups("")):
+        options = [o for o in loader.get_group_options(group, ObjectType.CONFIG) if not o.endswith("_schema")]
+        if options:
+            lines.append(f"{group}: {', '.join(sorted(options))}")
+    return "\n".join(lines)
+
+
+def register_configs() -> None:
+    """Register the schemas (conf/config.yaml extends `grpo_config_schema`, conf/task/<name>.yaml extends
+    `<name>_schema`, conf/rollout/<engine>.yaml `<engine>_schema`) and the resolvers of the help text."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="grpo_config_schema", node=GRPOConfig)
+    for group, schemas in GROUP_SCHEMAS.items():
+        for choice_name, schema in schemas.items():
+            cs.store(group=group, name=f"{choice_name}_schema", node=schema)
+    OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
+    OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
+    register_sweep_plugins()
+
+
+def register_sweep_plugins() -> None:
+    """hydra/launcher=processes (conf/config.yaml's launcher for -m) and an Optuna sweeper that maximizes.
+
+    Hydra's plugin scan misses plugins of an editable install (pkgutil cannot list the editable finder's paths),
+    so the launcher is registered by hand. The scan re-executes every plugin module (the Optuna sweeper's config
+    would store its own `direction: minimize` again), so it runs first; it runs once per process.
+    """
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()
+    from hydra_plugins.grpo_cli_launcher.process_launcher import ProcessLauncher
+
+    plugins.register(ProcessLauncher)
+    try:
+        from hydra_plugins.hydra_optuna_sweeper.config import Direction, OptunaSweeperConf
+    except ImportError:  # no [optuna] extra: hydra/sweeper=optuna stops with one line (cli.py)
+        return
+    # job.objective is a reward: higher is better (the plugin's default direction is minimize).
+    node = OptunaSweeperConf(direction=Direction.maximize)
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="optuna_sweeper")

@@ -1,0 +1,365 @@
+"""The schema of every config group (conf/<group>/*.yaml fill them in) and of the whole config, GRPOConfig.
+
+Because the primary config extends `grpo_config_schema`, a typo'd key (`optim.lrr=1`) or a wrong type
+(`train.steps=ten`) fails when Hydra composes the config, before anything is loaded. Two groups have one schema
+per choice: `task` (each task's schema lives next to the task, grpo_cli.tasks.TASK_SCHEMAS) and `rollout` (the
+sampling keys every engine shares, plus the vLLM keys for rollout=vllm, ROLLOUT_SCHEMAS), so
+`task=keyword task.min_words=3` fails as a typo would. Every option is documented where it is defined (as in
+TRL's GRPOConfig); what it accepts is declared with it (grpo_cli/fields.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from grpo_cli.fields import (
+    any_value,
+    choice,
+    from_core,
+    in_range,
+    non_negative,
+    path,
+    positive,
+    unit_interval,
+)
+from grpo_cli.tasks import TASK_SCHEMAS, TaskConfig
+
+# Sync strategies; the DISAGGREGATED ones run a generator and a learner as Ray actors.
+DISAGGREGATED: tuple[str, ...] = ("one_behind", "replay_buffer")
+SYNC_STRATEGIES: tuple[str, ...] = ("on_policy", "multi_epoch", *DISAGGREGATED)
+
+
+@dataclass
+class LoraSettings:
+    # Train low-rank adapters (peft) instead of every weight; the reference policy for KL is then the base
+    # model with the adapters switched off, so no second copy is kept.
+    enabled: bool = False
+    r: int = positive(16)
+    alpha: int = positive(32)
+    dropout: float = in_range(0.0, 0, 1, high_open=True)
+    target_modules: list[str] = any_value(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class ModelConfig:
+    # Short name of the model choice, used in run names and reports.
+    name: str = any_value(MISSING)
+    # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
+    # a local HF directory, or a .gguf file.
+    name_or_path: str = path(MISSING, "model")
+    # auto: bfloat16 on CUDA, float32 on CPU.
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
+    # auto: CUDA when available.
+    device: str = choice("auto", ("auto", "cpu", "cuda"))
+    # Recompute activations in the backward pass: less memory, ~30% more compute.
+    gradient_checkpointing: bool = False
+    # Seed for the weights of randomly initialised models (model=tiny_random).
+    init_seed: int = non_negative(0)
+    # bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
+    # auto: bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs
+    # emulate bf16 matmuls hundreds of times slower than fp32).
+    mixed_precision: str = choice("auto", ("auto", "no", "bf16"))
+    # 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
+    quantization: str = choice("none", ("none", "4bit"))
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+@dataclass
+class LossConfig:
+    # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio.
+    type: str = choice("reinforce_with_baseline", from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
+    # PPO clip range epsilon for grpo_clip: ratios are clipped to [1 - cliprange, 1 + cliprange].
+    cliprange: float = in_range(0.2, 0, 1, low_open=True, high_open=True)
+
+
+@dataclass
+class NormalizationConfig:
+    # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO)
+    advantage: str = choice("std", ("std", "mean"))
+    advantage_eps: float = non_negative(1e-6)
+    # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO)
+    length: str = choice("sequence_mean", from_core("train_step", "LENGTH_NORMALIZATIONS"))
+    # The constant of length=constant; null means rollout.max_tokens.
+    length_constant: float | None = positive(None)
+
+
+@dataclass
+class KLConfig:
+    # Weight of the KL penalty to the frozen initial policy; 0 disables the penalty.
+    beta: float = non_negative(0.0)
+    # k1: log p - log p_ref | k3: Schulman's non-negative estimator.
+    estimator: str = choice("k3", from_core("kl", "KL_ESTIMATORS"))
+    # Measure KL every step even when beta == 0 (costs one reference forward per step).
+    monitor: bool = False
+
+
+@dataclass
+class SyncConfig:
+    # How rollouts and updates interleave (docs/sync.md):
+    #   on_policy: generate a rollout batch, take one optimizer step on it, repeat (one process).
+    #   multi_epoch: several epochs / optimizer steps over each rollout batch (one process; needs grpo_clip).
+    #   one_behind: the generator samples batch k+1 while the learner trains on batch k (Ray actors); the
+    #     generator is never more than one policy version behind.
+    #   replay_buffer: the generator keeps filling a bounded buffer of scored trajectories and each step trains
+    #     on a uniform sample of it (Ray actors; needs grpo_clip).
+    strategy: str = choice("on_policy", SYNC_STRATEGIES)
+    # Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).
+    epochs_per_rollout_batch: int = positive(1)
+    # Compute the old (behaviour) policy's log-probs once per rollout batch: null (default) when the loss needs
+    # them, i.e. grpo_clip with an off-policy strategy; true also for other losses (logs train/old_policy_kl);
+    # false never (then grpo_clip is only valid on-policy). With one_behind / replay_buffer the generator
+    # computes them with the exact weights that sampled.
+    old_log_probs: bool | None = None
+    # replay_buffer: trajectories (completions) the buffer holds; the oldest are dropped when it is full.
+    # At least train.rollout_batch_size, the sample each step trains on.
+    buffer_size: int = positive(64)
+    # replay_buffer: trajectories sampled more than this many policy versions ago are dropped unused.
+    max_staleness: int = non_negative(2)
+    # one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a
+    # local Ray on this machine for the run and shuts it down afterwards.
+    ray_address: str | None = any_value(None)
+    # CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's
+    # cores (at least 1), so the two actors do not fight over every core.
+    actor_cpus: int | None = positive(None, hint="null: half this machine's cores")
+    # GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0.
+    actor_gpus: float | None = non_negative(None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rollout schemas: SamplingConfig holds the keys every engine has (all at rollout.<key> on the command line);
+# each engine's schema adds its own, registered as `<engine>_schema` in group `rollout`.
+
+
+@dataclass
+class SamplingConfig:
+    """rollout.*: the engine and the sampling keys every engine has."""
+
+    # hf: transformers generate on the policy | vllm: vLLM's offline engine (its own keys: VLLMRolloutConfig).
+    engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
+    # Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).
+    temperature: float = positive(1.0, hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy")
+    top_p: float = unit_interval(1.0)
+    min_tokens: int = non_negative(4)
+    max_tokens: int = positive(48)
+    # Stop strings; the stop string is kept in the output. EOS always stops.
+    stop: list[str] = any_value(factory=list)
+    # Evaluation decoding temperature: 0 is greedy.
+    eval_temperature: float = non_negative(0.0, hint="0 is greedy")
+    # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
+    max_batch_prompts: int | None = positive(None)
+
+
+@dataclass
+class HFRolloutConfig(SamplingConfig):
+    """rollout=hf: the policy itself samples (static KV cache, grpo_cli/rollout/decode.py)."""
+
+    # torch.compile the decode step: auto = on CUDA only (on the measured 2-core CPU it was no faster and took
+    # minutes to compile; docs/performance.md).
+    compile: str = choice("auto", ("auto", "always", "never"))
+
+
+@dataclass
+class VLLMRolloutConfig(SamplingConfig):
+    """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
+
+    # Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well below 0.9.
+    gpu_memory_utilization: float = unit_interval(0.4)
+    # KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with training).
+    kv_cache_memory_gb: float | None = positive(None)
+    # Longest prompt + completion vLLM must hold; null: the model's own limit.
+    max_model_len: int | None = positive(None)
+    tensor_parallel_size: int = positive(1)
+    # Free vLLM's KV cache while the trainer runs (GPU only; vLLM ignores it on CPU).
+    enable_sleep_mode: bool = False
+    # Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU.
+    enforce_eager: bool = True
+    # Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16.
+    sync_tolerance: float | None = non_negative(None)
+    sync_probe: bool = True
+    # Probe every this many steps (a multiple of it), and always at the first push of a process (a fresh or a
+    # resumed run) and after the last step. 1: after every push (~1 s each on a 2-core CPU at 135M parameters).
+    sync_probe_every: int = positive(10)
+    # A weight sync taking longer than this stops the run instead of hanging it.
+    sync_timeout_s: float = positive(300.0)
+    # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
+    vllm_kwargs: dict[str, Any] = any_value(factory=dict)
+
+
+# rollout.engine -> its schema (the allowed values of rollout.engine), stored as `<engine>_schema`.
+ROLLOUT_SCHEMAS: dict[str, type[SamplingConfig]] = {"hf": HFRolloutConfig, "vllm": VLLMRolloutConfig}
+
+
+def rollout_config_for(rollout: SamplingConfig, engine: str) -> SamplingConfig:
+    """`rollout` moved to another engine: the same sampling keys, that engine's schema and defaults for the rest
+    (the benchmark runs one composed config on every engine)."""
+    schema = ROLLOUT_SCHEMAS[engine]
+    keep = {f.name: getattr(rollout, f.name) for f in dataclasses.fields(schema) if hasattr(rollout, f.name)}
+    return schema(**{**keep, "engine": engine})
+
+
+@dataclass
+class TrainConfig:
+    # Number of GRPO steps (rollout batches). CPU-sized: 30 steps take ~12 minutes on 2 cores.
+    steps: int = positive(30)
+    # Completions per rollout batch (= prompts per batch * group_size).
+    rollout_batch_size: int = positive(16)
+    # Completions sampled per prompt (G).
+    group_size: int = positive(4)
+    # Completions per optimizer step.
+    train_batch_size: int = positive(16)
+    # Microbatches per optimizer step (train_batch_size / this = microbatch size).
+    gradient_accumulation_steps: int = positive(2)
+    max_grad_norm: float = positive(1.0)
+    # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
+    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
+    share_prompt_forward: bool = True
+    # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
+    eval_every: int = non_negative(10, hint="0: evaluate only at the start and the end")
+    # Held-out examples per evaluation (null: all of task.n_eval).
+    eval_examples: int | None = positive(None, hint="null: all of task.n_eval")
+    # Save a checkpoint every N steps and at the end (0: only at the end); keep the newest K (K >= 2 leaves a
+    # fallback if the newest is damaged).
+    checkpoint_every: int = non_negative(10, hint="0: only at the end")
+    keep_checkpoints: int = positive(2)
+    # Skip an update whose loss or gradients are not finite; stop the run after this many in a row.
+    max_nonfinite_steps: int = positive(3)
+    # Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's
+    # mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.
+    mask_truncated: bool = False
+
+
+@dataclass
+class OptimConfig:
+    # 2e-5 suits the CPU-sized batch of 16 completions; the handouts use 1e-5 at 256.
+    lr: float = positive(2e-5)
+    weight_decay: float = non_negative(0.0)
+    # Adam's two betas, each in [0, 1).
+    betas: list[float] = in_range(low=0, high=1, high_open=True, factory=lambda: [0.9, 0.95])
+
+
+@dataclass
+class LoggerConfig:
+    # none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases | tensorboard: metrics.jsonl and
+    # TensorBoard event files in <run dir>/tensorboard (the `tensorboard` extra).
+    backend: str = choice("none", ("none", "wandb", "tensorboard"))
+    # W&B project, entity (user or team; null: your default) and group. A multirun fills a null group with
+    # the sweep's name, so the runs of one sweep sit together.
+    project: str = any_value("grpo-cli")
+    entity: str | None = any_value(None)
+    group: str | None = any_value(None)
+    tags: list[str] = any_value(factory=list)
+    # W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun).
+    name: str | None = any_value(None)
+    # online without an API key, or without a server answering within init_timeout_s, logs offline instead
+    # (upload later with `wandb sync`).
+    mode: str = choice("offline", ("online", "offline", "disabled"))
+    init_timeout_s: float = positive(15.0)
+    # Log a W&B table (TensorBoard: a text entry) of eval completions at evaluations whose step is a multiple
+    # of this (0: none), with at most samples_rows rows each.
+    samples_every: int = non_negative(1, hint="0: no sample tables")
+    samples_rows: int = positive(32)
+
+
+@dataclass
+class JobConfig:
+    name: str = choice("train", ("train", "baseline_eval", "report", "check_reward", "benchmark"))
+    # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
+    n_examples: int | None = positive(None, hint="null: all of task.n_eval")
+    # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
+    # measured steps per engine.
+    engines: list[str] = choice(MISSING, lambda: ("auto", *ROLLOUT_SCHEMAS), factory=lambda: ["auto"])
+    warmup_steps: int = non_negative(0)
+    steps: int = positive(6)
+    # benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and with the
+    # completion length (at train.rollout_batch_size; every completion forced to max_tokens), scaling_steps each.
+    scaling: bool = False
+    scaling_batches: list[int] = positive(factory=lambda: [8, 16, 32, 64])
+    scaling_max_tokens: list[int] = positive(factory=lambda: [32, 64, 128, 256])
+    scaling_steps: int = positive(2)
+    # What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the last
+    # evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).
+    objective: str = choice("final_eval_reward", ("final_eval_reward", "best_eval_reward"))
+
+
+@dataclass
+class EvalConfig:
+    """eval.*: how each held-out prompt is answered and scored (docs/evaluation.md)."""
+
+    # Completions per held-out prompt. 1: one answer each at rollout.eval_temperature (greedy by default), scored
+    # as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n,
+    # eval/pass@k and eval/maj@n.
+    n_samples: int = positive(1, hint="1: one answer per held-out prompt")
+    # The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.
+    pass_k: list[int] | None = positive(None)
+
+
+@dataclass
+class ReportConfig:
+    # job=report: run directories to compare, or one multirun directory (every run below it). A single path
+    # may be given without brackets: report.runs=outputs/multirun/2026-11-22_07-00-00
+    runs: Any = path(None, "dir", factory=list)
+    # Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).
+    out: str | None = path(None, "output")
+
+
+# distributed.strategy: how the learner spreads over devices (torch.distributed).
+DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")
+
+
+@dataclass
+class DistributedConfig:
+    """distributed.*: data-parallel GRPO over several processes (docs/distributed.md). train.* sizes stay global
+    (the whole step across all ranks); each rank takes an equal share of the step's prompts."""
+
+    # none: one process | ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard (per decoder layer, then the
+    # root), parameters, gradients and optimizer state sharded across ranks.
+    strategy: str = choice("none", DISTRIBUTED_STRATEGIES)
+    # Ranks (processes) per node that `grpo-run` starts (one per GPU on CUDA); ignored under an external torchrun
+    # or srun, which set RANK/WORLD_SIZE themselves.
+    nproc_per_node: int = positive(1)
+    # Nodes, this node's index, and the rendezvous address of node 0 (loopback on one machine).
+    nnodes: int = positive(1)
+    node_rank: int = non_negative(0)
+    master_addr: str = any_value("127.0.0.1")
+    master_port: int = in_range(29511, 1, 65535)
+    # auto: nccl on CUDA, gloo on CPU.
+    backend: str = choice("auto", ("auto", "nccl", "gloo"))
+    # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.
+    timeout_min: float = positive(60.0)
+
+
+@dataclass
+class GRPOConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # One of TASK_SCHEMAS, picked by task=<name> (conf/task/<name>.yaml extends <name>_schema).
+    task: TaskConfig = MISSING
+    loss: LossConfig = field(default_factory=LossConfig)
+    normalization: NormalizationConfig = field(default_factory=NormalizationConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    # One of ROLLOUT_SCHEMAS, picked by rollout=<engine>.
+    rollout: SamplingConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    job: JobConfig = field(default_factory=JobConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    seed: int = non_negative(0)
+    # null: a new run | true: continue the newest run under the same output root | a run directory.
+    resume: Any = path(None, "run")
+    # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
+    output_dir: str = path(MISSING, "output")
+    # Print a per-step metrics line on the console.
+    verbose: bool = True
+
+
+# Groups with one schema per choice: group -> {choice: schema}.
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {"task": TASK_SCHEMAS, "rollout": ROLLOUT_SCHEMAS}

@@ -1,0 +1,169 @@
+"""Cross-field validation: every rule names the fields involved and what to write instead. validate_config, which
+the CLI calls before any model loads, checks every field against its declaration first (declared.check_fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_cli.config.batch_shape import BatchShape
+from grpo_cli.config.declared import check_fields
+from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS
+from grpo_cli.errors import UserFacingError
+
+
+def validate_sync(cfg: Any) -> None:
+    """The sync strategy's rules: how many optimizer steps per batch, which losses stay correct off-policy,
+    and the replay buffer's bounds."""
+    t, sync = cfg.train, cfg.sync
+    shape = BatchShape.from_config(cfg)
+    steps = shape.optimizer_steps_per_rollout_batch
+    if sync.strategy == "on_policy" and steps != 1:
+        raise UserFacingError(
+            f"sync=on_policy takes one optimizer step per rollout batch, but sync.epochs_per_rollout_batch="
+            f"{shape.epochs_per_rollout_batch} and train.rollout_batch_size/train.train_batch_size="
+            f"{t.rollout_batch_size // t.train_batch_size} give more: use sync=multi_epoch, or set "
+            "train.train_batch_size=train.rollout_batch_size and one epoch"
+        )
+    if steps > 1 and cfg.loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"{steps} optimizer steps per rollout batch make later steps off-policy, which "
+            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+        )
+    if sync.strategy == "replay_buffer" and cfg.loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"sync=replay_buffer trains on trajectories up to sync.max_staleness={sync.max_staleness} policy "
+            f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+        )
+    if cfg.loss.type == "grpo_clip" and shape.off_policy and sync.old_log_probs is False:
+        raise UserFacingError(
+            f"loss=grpo_clip with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
+            "sync.old_log_probs=false: drop that override (null computes them when needed)"
+        )
+    if sync.strategy == "replay_buffer":
+        if sync.buffer_size < t.rollout_batch_size:
+            raise UserFacingError(
+                f"sync.buffer_size={sync.buffer_size} is smaller than a batch (train.rollout_batch_size="
+                f"{t.rollout_batch_size}, the sample each step trains on): use sync.buffer_size>={t.rollout_batch_size}"
+            )
+        if sync.max_staleness < 1:
+            raise UserFacingError(
+                f"sync.max_staleness={sync.max_staleness}: the replay buffer needs at least 1 (the generator "
+                "samples the next batch while the learner updates); use sync=on_policy for on-policy training"
+            )
+
+
+def validate_distributed(cfg: Any) -> None:
+    """distributed.*: sizes that split into equal rank shares, and the combinations that work with several ranks."""
+    d = cfg.distributed
+    if d.strategy == "none":
+        if d.nproc_per_node != 1 or d.nnodes != 1:
+            raise UserFacingError(
+                f"distributed.nproc_per_node={d.nproc_per_node} and distributed.nnodes={d.nnodes} need "
+                "distributed=ddp or distributed=fsdp (one process otherwise)"
+            )
+        return
+    if d.node_rank >= d.nnodes:
+        raise UserFacingError(f"distributed.node_rank={d.node_rank} must be in [0, distributed.nnodes={d.nnodes})")
+    shape = BatchShape.from_config(cfg)
+    if shape.ranks == 1:
+        return
+    if cfg.sync.strategy in DISAGGREGATED:
+        raise UserFacingError(
+            f"sync={cfg.sync.strategy} runs its generator and learner as Ray actors and does not combine with "
+            f"distributed={d.strategy} over {shape.ranks} ranks yet: use sync=on_policy or sync=multi_epoch"
+        )
+    if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size != 1:
+        raise UserFacingError(
+            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} with distributed={d.strategy}: each "
+            "rank runs its own vLLM engine on its own device and samples its own prompts, so tensor parallelism "
+            "across ranks does not apply: use rollout.tensor_parallel_size=1"
+        )
+    if shape.prompts_per_rollout_batch % shape.ranks:
+        raise UserFacingError(
+            f"train.rollout_batch_size={cfg.train.rollout_batch_size} holds {shape.prompts_per_rollout_batch} "
+            f"groups of train.group_size={shape.group_size}, which do not split equally among {shape.ranks} ranks: "
+            f"use a multiple of {shape.ranks * shape.group_size}"
+        )
+    if shape.gradient_accumulation_steps % shape.ranks:
+        raise UserFacingError(
+            f"train.gradient_accumulation_steps={shape.gradient_accumulation_steps} microbatches per optimizer step "
+            f"do not split equally among {shape.ranks} ranks: use a multiple of {shape.ranks}"
+        )
+
+
+def validate_config(cfg: Any) -> None:
+    """Check every field against its declared constraint, then the rules between fields. Raises
+    UserFacingError with a one-line message naming the key."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_object(cfg)
+    check_fields(cfg)
+    engine_schema = ROLLOUT_SCHEMAS[cfg.rollout.engine]
+    if not isinstance(cfg.rollout, engine_schema):
+        chosen = next((name for name, s in ROLLOUT_SCHEMAS.items() if type(cfg.rollout) is s), "?")
+        raise UserFacingError(
+            f"rollout.engine={cfg.rollout.engine} with rollout={chosen}: pick the engine and its keys together "
+            f"with rollout={cfg.rollout.engine}"
+        )
+
+    if cfg.model.quantization == "4bit" and not cfg.model.lora.enabled:
+        raise UserFacingError(
+            "model.quantization=4bit freezes the quantized base weights, so only adapters can train: "
+            "set model.lora.enabled=true"
+        )
+    if cfg.model.lora.enabled and not cfg.model.lora.target_modules:
+        raise UserFacingError("model.lora.target_modules=[] with model.lora.enabled=true: name the modules to adapt")
+    t = cfg.train
+    if t.rollout_batch_size % t.group_size:
+        raise UserFacingError(
+            f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by train.group_size={t.group_size}: "
+            f"use a multiple of {t.group_size}"
+        )
+    if t.train_batch_size % t.gradient_accumulation_steps:
+        raise UserFacingError(
+            f"train.train_batch_size={t.train_batch_size} is not divisible by "
+            f"train.gradient_accumulation_steps={t.gradient_accumulation_steps}: pick a divisor of {t.train_batch_size}"
+        )
+    if t.train_batch_size < t.group_size:
+        raise UserFacingError(
+            f"train.train_batch_size={t.train_batch_size} is smaller than train.group_size={t.group_size}: "
+            "a train batch must hold at least one whole group"
+        )
+    if t.rollout_batch_size % t.train_batch_size:
+        raise UserFacingError(
+            f"train.rollout_batch_size={t.rollout_batch_size} is not divisible by "
+            f"train.train_batch_size={t.train_batch_size}: each rollout batch must split into whole train batches"
+        )
+    if t.group_size < 2 and cfg.normalization.advantage == "std":
+        raise UserFacingError(
+            f"train.group_size={t.group_size} with normalization.advantage=std: the std of one sample is "
+            "undefined; use train.group_size>=2"
+        )
+    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
+        raise UserFacingError(
+            f"rollout.min_tokens={cfg.rollout.min_tokens} exceeds rollout.max_tokens={cfg.rollout.max_tokens}"
+        )
+
+    validate_sync(cfg)
+    validate_distributed(cfg)
+    if len(cfg.optim.betas) != 2:
+        raise UserFacingError(f"optim.betas={list(cfg.optim.betas)} must be two numbers (Adam's beta1 and beta2)")
+    n_samples = cfg.eval.n_samples
+    if n_samples > 1 and cfg.rollout.eval_temperature <= 0:
+        raise UserFacingError(
+            f"eval.n_samples={n_samples} samples at rollout.eval_temperature={cfg.rollout.eval_temperature:g}, "
+            "where every sample is the same greedy answer: set rollout.eval_temperature>0 (e.g. 1.0 or 0.6)"
+        )
+    bad_k = [k for k in cfg.eval.pass_k or [] if k > n_samples]
+    if bad_k:
+        raise UserFacingError(f"eval.pass_k={list(cfg.eval.pass_k)}: each k must be in 1..eval.n_samples={n_samples}")
+    buffer = cfg.task.overlong_buffer
+    if buffer is not None and buffer > cfg.rollout.max_tokens:
+        raise UserFacingError(
+            f"task.overlong_buffer={buffer} must be between 1 and rollout.max_tokens={cfg.rollout.max_tokens} "
+            "(the overlong penalty ramps over that many tokens before the limit)"
+        )
+    from grpo_cli.tasks import validate_task_config  # the task registry knows each task's reward components
+
+    validate_task_config(cfg.task)

@@ -77,6 +77,20 @@ LOGGED_STEP_METRICS = (
 )
 
 
+def optimizer_step_totals(data: RolloutData, batch_indices: list[int]) -> tuple[float, float]:
+    """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
+    (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
+    the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
+    whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
+    loss (train.mask_truncated) do not count; the completion itself does (as in sequence_mean's batch mean)."""
+    keep = data.loss_mask.tolist() if data.loss_mask is not None else None
+    tokens = sum(len(data.completion_ids[i]) * (keep[i] if keep else 1.0) for i in batch_indices)
+    sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
+    ranks = parallel.world().size
+    # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
+    return sequences / ranks, max(tokens, 1.0) / ranks
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
@@ -289,7 +303,7 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        step_sequences, step_tokens = self._step_totals(data, batch_indices)
+        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices)
         starts = range(0, len(batch_indices), shape.microbatch_size)
         for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
@@ -357,16 +371,3 @@ class Learner:
         record("train/loss", batch_loss)
         record("train/grad_norm", grad_norm)
         return finite
-
-    def _step_totals(self, data: RolloutData, batch_indices: list[int]) -> tuple[float, float]:
-        """The optimizer step's responses and loss tokens, as the divisors of each microbatch's share of the step's
-        loss (core.aggregate_token_loss): over all ranks, divided by the ranks whose gradients DDP / FSDP average,
-        so R ranks of any microbatch sizes give the gradient of one process with the whole batch. Tokens of a
-        completion left out of the loss (train.mask_truncated) do not count; the completion itself does (as in
-        sequence_mean's batch mean)."""
-        keep = data.loss_mask.tolist() if data.loss_mask is not None else None
-        tokens = sum(len(data.completion_ids[i]) * (keep[i] if keep else 1.0) for i in batch_indices)
-        sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
-        ranks = self.world.size
-        # An optimizer step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
-        return sequences / ranks, max(tokens, 1.0) / ranks

@@ -213,3 +213,45 @@ def test_a_correction_without_sampler_log_probs_is_one_line(tmp_path):
     learner, data, _ = learner_and_batch(tmp_path, ["rollout.importance_correction=truncated"])
     with pytest.raises(UserFacingError, match="rollout.importance_correction=truncated needs the sampler's"):
         learner.learn(data, step=1)
+
+
+# --- dynamic sampling through the executors ----------------------------------------------------------------------
+
+
+def test_dynamic_sampling_in_process_fills_the_batch_or_says_what_is_missing(tmp_path, letter_e_task):
+    from rich.console import Console
+
+    from grpo_cli.drivers.loop import TrainingLoop
+
+    cfg = compose_config(
+        ["debug=smoke", "train.eval_every=0", "task.name=letter_e", "train.steps=3", "train.dynamic_sampling=true"],
+        output_dir=str(tmp_path),
+    )
+    validate_config(cfg)
+    TrainingLoop(cfg, tmp_path, Console(quiet=True)).run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/loss" in r]
+    assert len(train) == 3
+    for row in train:
+        # debug=smoke: 2 groups of 2 per step
+        assert row["train/groups_trained"] + row["train/groups_short"] == 2
+        assert 0 <= row["train/extra_rounds"] <= 3
+        # a round is only added while the batch is short; dropped groups are what made it short
+        assert row["train/groups_dropped"] >= row["train/extra_rounds"]
+    assert any(row["train/groups_trained"] > 0 for row in train)  # the letter-e reward varies within groups
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_one_behind_keeps_the_lag_bound(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    moving_task = ["task=lipogram", "task.reward_weights.correctness=0", "task.reward_weights.answer=1"]
+    args = ["debug=smoke", "sync=one_behind", "loss=grpo_clip", *moving_task, "train.eval_every=0", "train.steps=3"]
+    result = run_grpo([*args, "train.dynamic_sampling=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/loss" in r]
+    assert len(train) == 3
+    for row in train:
+        assert row["sync/lag"] <= 1
+        assert row["train/groups_trained"] + row["train/groups_short"] == 2

@@ -22,6 +22,9 @@ class RolloutData:
     advantages: torch.Tensor  # (n,)
     old_log_probs: list[torch.Tensor] | None = None  # per completion, (len_i,)
     ref_log_probs: list[torch.Tensor] | None = None
+    # The rollout engine's own log-probs of the sampled tokens (softmax(logits / T) over the full vocabulary), per
+    # completion (len_i,): the sampler side of the importance correction; None when the engine gives none.
+    sampler_log_probs: list[torch.Tensor] | None = None
     # (n,) 1.0: the completion counts in the loss, 0.0: left out (train.mask_truncated); None: all count.
     loss_mask: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
@@ -32,14 +35,14 @@ def make_microbatch(
     data: RolloutData, indices: list[int], pad_token_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """The rows `indices` of `data` as right-padded tensors on `device`: input_ids, labels, response_mask (B, T),
-    old/reference log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1), and loss_mask
+    old/reference/sampler log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1), and loss_mask
     (B, 1) when some completions are left out of the loss."""
     batch = tokenize_prompt_and_output_ids(
         [data.prompt_ids[i] for i in indices], [data.completion_ids[i] for i in indices], pad_token_id
     )
     batch = {k: v.to(device) for k, v in batch.items()}
     mask = batch["response_mask"].bool()
-    for name in ("old_log_probs", "ref_log_probs"):
+    for name in ("old_log_probs", "ref_log_probs", "sampler_log_probs"):
         per_sample = getattr(data, name)
         if per_sample is not None:
             # Row-major order of mask positions == per-completion order of the stored token log-probs.
@@ -97,3 +100,47 @@ def per_completion_log_probs(
     finally:
         model.train(was_training)
     return result
+
+
+def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
+    """The completions `indices` of `data` (every per-completion field; metrics and version kept)."""
+
+    def rows(values: list | None) -> list | None:
+        return None if values is None else [values[i] for i in indices]
+
+    index = torch.tensor(indices, dtype=torch.long)
+    return RolloutData(
+        prompt_ids=rows(data.prompt_ids),
+        completion_ids=rows(data.completion_ids),
+        raw_rewards=data.raw_rewards[index],
+        advantages=data.advantages[index],
+        old_log_probs=rows(data.old_log_probs),
+        ref_log_probs=rows(data.ref_log_probs),
+        sampler_log_probs=rows(data.sampler_log_probs),
+        loss_mask=None if data.loss_mask is None else data.loss_mask[index],
+        metrics=dict(data.metrics),
+        policy_version=data.policy_version,
+    )
+
+
+def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
+    """One RolloutData of several, in order (a per-completion field present in only some parts is dropped, except
+    loss_mask, whose missing rows count). Metrics are the first part's; the version is the oldest."""
+
+    def joined(name: str) -> list | None:
+        values = [getattr(part, name) for part in parts]
+        return None if any(v is None for v in values) else [row for v in values for row in v]
+
+    masks = [p.loss_mask if p.loss_mask is not None else torch.ones(len(p.completion_ids)) for p in parts]
+    return RolloutData(
+        prompt_ids=[row for part in parts for row in part.prompt_ids],
+        completion_ids=[row for part in parts for row in part.completion_ids],
+        raw_rewards=torch.cat([part.raw_rewards for part in parts]),
+        advantages=torch.cat([part.advantages for part in parts]),
+        old_log_probs=joined("old_log_probs"),
+        ref_log_probs=joined("ref_log_probs"),
+        sampler_log_probs=joined("sampler_log_probs"),
+        loss_mask=None if all(p.loss_mask is None for p in parts) else torch.cat(masks),
+        metrics=dict(parts[0].metrics),
+        policy_version=min(part.policy_version for part in parts),
+    )

@@ -36,7 +36,8 @@ from grpo_cli.checkpoint import (
     verify_checkpoint,
 )
 from grpo_cli.config import BatchShape, needs_old_log_probs
-from grpo_cli.core import grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli.core import RATIO_LOSS_TYPES, grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
 
@@ -68,6 +69,36 @@ class PolicyScorer(torch.nn.Module):
             share_prompts=share_prompts,
             logits_chunk_tokens=logits_chunk_tokens,
         )
+
+
+# The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
+LOGGED_STEP_METRICS = (
+    "kl",
+    "clip_fraction",
+    "clip_fraction_low",
+    "clip_fraction_high",
+    "clip_fraction_dual",
+    "ratio_mean",
+    "sampler_kl",
+    "importance_weight_mean",
+    "importance_weight_max",
+    "importance_truncated_frac",
+    "importance_masked_frac",
+)
+
+
+def optimizer_step_totals(data: RolloutData, batch_indices: list[int]) -> tuple[float, float]:
+    """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
+    (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
+    the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
+    whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
+    loss (train.mask_truncated) do not count; the completion itself does (as in sequence_mean's batch mean)."""
+    keep = data.loss_mask.tolist() if data.loss_mask is not None else None
+    tokens = sum(len(data.completion_ids[i]) * (keep[i] if keep else 1.0) for i in batch_indices)
+    sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
+    ranks = parallel.world().size
+    # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
+    return sequences / ranks, max(tokens, 1.0) / ranks
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -132,6 +163,11 @@ class Learner:
         self.logits_chunk_tokens = cfg.train.logits_chunk_tokens
         self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
         self.needs_old_log_probs = needs_old_log_probs(cfg)
+        # CISPO's cap reads loss.cliprange_high, falling back to the symmetric range like the clipped losses do.
+        loss = cfg.loss
+        self.cliprange_high = loss.cliprange_high
+        if loss.type == "cispo" and self.cliprange_high is None:
+            self.cliprange_high = loss.cliprange
         self.nonfinite_streak = 0
         self.version = 0  # optimizer passes over rollout batches so far: the step of the weights
 
@@ -194,6 +230,12 @@ class Learner:
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
         """Old and reference log-probs, then the updates. Returns (metrics, consecutive non-finite updates)."""
         self.model.train()
+        correction = self.cfg.rollout.importance_correction
+        if correction != "none" and data.sampler_log_probs is None:
+            raise UserFacingError(
+                f"rollout.importance_correction={correction} needs the sampler's log-probs of the sampled tokens, "
+                f"which rollout={self.cfg.rollout.engine} did not return: use rollout.importance_correction=none"
+            )
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
@@ -248,7 +290,10 @@ class Learner:
                     )
                     finite = self._optimizer_step(data, batch_indices, totals, timings)
                     skipped += not finite
-        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
+        # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+        metrics = {
+            key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
+        }
         metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
         metrics["train/nonfinite_skipped"] = skipped
         metrics["time/optimizer_s"] = timings["time/optimizer_s"]
@@ -273,6 +318,7 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
+        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices)
         starts = range(0, len(batch_indices), shape.microbatch_size)
         for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
@@ -296,7 +342,7 @@ class Learner:
                 if old is not None:
                     # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
                     record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
-                if old is None and cfg.loss.type == "grpo_clip":
+                if old is None and cfg.loss.type in RATIO_LOSS_TYPES:
                     old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
                 # train.mask_truncated: a left-out completion's row of the response mask is zeroed, so it adds 0 to
                 # the loss (the batch mean still divides by every completion); entropy and old-policy KL still
@@ -316,10 +362,19 @@ class Learner:
                     ref_log_probs=mb.get("ref_log_probs"),
                     kl_beta=cfg.kl.beta,
                     kl_estimator=cfg.kl.estimator,
+                    cliprange_high=self.cliprange_high,
+                    dual_clip=cfg.loss.dual_clip,
+                    step_sequences=step_sequences,
+                    step_tokens=step_tokens,
+                    sampler_log_probs=mb.get("sampler_log_probs"),
+                    importance_correction=cfg.rollout.importance_correction,
+                    importance_level=cfg.rollout.importance_level,
+                    importance_threshold=cfg.rollout.importance_threshold,
+                    importance_threshold_low=cfg.rollout.importance_threshold_low,
                 )
             batch_loss += float(loss)
             record("train/entropy", scored["token_entropy"][mask.bool()].mean())
-            for key in ("kl", "clip_fraction", "ratio_mean"):
+            for key in LOGGED_STEP_METRICS:
                 if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
                     record(f"train/{key}", meta[key])
         with timed(timings, "time/optimizer_s"):

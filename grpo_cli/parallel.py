@@ -16,7 +16,16 @@ import torch
 import torch.distributed as dist
 
 # How each metric combines across ranks; anything not listed is a mean (ranks hold equal shares).
-_SUMMED_SUFFIXES = ("reward_errors", "reward_timeouts", "n_tokens", "/train_tokens", "/response_tokens")
+_SUMMED_SUFFIXES = (
+    "reward_errors",
+    "reward_timeouts",
+    "n_tokens",
+    "/train_tokens",
+    "/response_tokens",
+    "/groups_dropped",
+    "/groups_trained",
+    "/groups_short",
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,24 @@ def any_rank(flag: bool) -> bool:
     value = torch.tensor([1.0 if flag else 0.0])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
+
+
+def sum_over_ranks(values: list[float]) -> list[float]:
+    """Each value summed over every rank (a step's token count); the values themselves outside a process group."""
+    if not world().distributed:
+        return list(values)
+    summed = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+    return summed.tolist()
+
+
+def min_over_ranks(value: int) -> int:
+    """The smallest of every rank's value (the groups every rank can train on)."""
+    if not world().distributed:
+        return value
+    smallest = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+    return int(smallest.item())
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -256,9 +256,18 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "stop": [],
         "eval_temperature": 0.0,
         "max_batch_prompts": None,
+        "importance_correction": "none",
+        "importance_level": "token",
+        "importance_threshold": 2.0,
+        "importance_threshold_low": None,
         "compile": "auto",
     }
-    assert printed["loss"] == {"type": "reinforce_with_baseline", "cliprange": 0.2}
+    assert printed["loss"] == {
+        "type": "reinforce_with_baseline",
+        "cliprange": 0.2,
+        "cliprange_high": None,
+        "dual_clip": None,
+    }
     assert printed["kl"] == {"beta": 0.0, "estimator": "k3", "monitor": False}
     assert printed["normalization"] == {
         "advantage": "std",

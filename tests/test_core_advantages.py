@@ -83,3 +83,33 @@ def test_group_size_one_is_fine_without_std() -> None:
 def test_reward_fn_missing_key_raises() -> None:
     with pytest.raises(ValueError, match="missing \\['format_reward', 'answer_reward'\\]"):
         compute_group_normalized_rewards(lambda r, g: {"reward": 1.0}, ["a", "b"], ["a", "b"], 2, 1e-6, True)
+
+
+def test_rloo_subtracts_the_mean_of_the_other_responses() -> None:
+    from grpo_cli.core import compute_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0, 3.0, 3.0])
+    # group 1: 1 - mean(0, 0, 1) = 2/3; 0 - mean(1, 0, 1) = -2/3; group 2 all equal -> 0
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(compute_advantages(rewards, 4, "rloo"), expected)
+    with pytest.raises(ValueError, match="rloo needs group_size >= 2"):
+        compute_advantages(rewards, 1, "rloo")
+
+
+def test_batch_std_divides_by_one_std_for_the_whole_batch() -> None:
+    from grpo_cli.core import compute_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0, 3.0, 3.0])
+    centered = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(compute_advantages(rewards, 4, "batch_std", 0.0), centered / rewards.std())
+    # the handout's two through the same entry point
+    torch.testing.assert_close(compute_advantages(rewards, 4, "mean"), centered)
+    with pytest.raises(ValueError, match="unknown advantage normalization 'whiten'"):
+        compute_advantages(rewards, 4, "whiten")
+
+
+def test_group_normalized_rewards_takes_any_advantage_normalization() -> None:
+    advantages, _, _ = compute_group_normalized_rewards(
+        exact_match_reward, RESPONSES, GROUND_TRUTHS, 4, 1e-6, True, advantage_normalization="rloo"
+    )
+    torch.testing.assert_close(advantages, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]))

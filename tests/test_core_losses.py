@@ -60,7 +60,7 @@ def test_policy_gradient_loss_dispatch() -> None:
         log_probs, "grpo_clip", advantages=torch.tensor([[2.0]]), old_log_probs=log_probs, cliprange=0.2
     )
     torch.testing.assert_close(loss, torch.tensor([[-2.0, -2.0]]))
-    assert set(metadata) == {"clipped", "ratio"}
+    assert set(metadata) == {"clipped", "clipped_low", "clipped_high", "ratio"}
 
 
 @pytest.mark.parametrize(

@@ -153,3 +153,114 @@ def test_train_step_validation(kwargs: dict, message: str) -> None:
     }
     with pytest.raises(ValueError, match=message):
         grpo_microbatch_train_step(**{**arguments, **kwargs})
+
+
+# --- the optimizer step's totals, importance correction, the new metrics -----------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sequence_mean", "constant", "token_mean"])
+def test_unequal_microbatches_with_step_totals_give_the_one_batch_gradient(mode: str) -> None:
+    # 3 responses of 1, 2 and 4 tokens, as 1 microbatch and as microbatches of 1 and 2 responses
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    log_probs = torch.tensor([[-1.0, 0, 0, 0], [-2.0, -0.5, 0, 0], [-1.0, -1.0, -3.0, -0.2]])
+    advantages = torch.tensor([[1.0], [-0.5], [2.0]])
+    common = {"loss_type": "reinforce_with_baseline", "length_normalization": mode, "normalize_constant": 4.0}
+    whole = leaf(log_probs)
+    whole_loss, _ = grpo_microbatch_train_step(whole, mask, 1, advantages=advantages, **common)
+    split = leaf(log_probs)
+    totals = {"step_sequences": 3.0, "step_tokens": 7.0}
+    parts = [
+        grpo_microbatch_train_step(split[rows], mask[rows], 2, advantages=advantages[rows], **common, **totals)[0]
+        for rows in (slice(0, 1), slice(1, 3))
+    ]
+    torch.testing.assert_close(sum(parts), whole_loss)
+    torch.testing.assert_close(split.grad, whole.grad)
+
+
+def test_token_mean_loss_and_gradient_by_hand() -> None:
+    log_probs = leaf(LOG_PROBS)
+    loss, _ = grpo_microbatch_train_step(
+        log_probs, MASK, 1, "reinforce_with_baseline", advantages=ADVANTAGES, length_normalization="token_mean"
+    )
+    # per-token -A * logp over the 5 response tokens: 1 + 2 - 2 - 2 - 8 = -9 -> -9 / 5
+    torch.testing.assert_close(loss, torch.tensor(-1.8))
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[-0.2, -0.2, 0.0], [0.4, 0.4, 0.4]]))
+
+
+def test_truncated_importance_weights_scale_the_token_gradients() -> None:
+    log_probs = leaf(LOG_PROBS)
+    # sampler gave the first token of each row a lower probability: ratio learner / sampler = e^1, capped at 2
+    sampler = LOG_PROBS.clone()
+    sampler[:, 0] -= 1.0
+    _, meta = grpo_microbatch_train_step(
+        log_probs,
+        MASK,
+        1,
+        "reinforce_with_baseline",
+        advantages=ADVANTAGES,
+        length_normalization="token_mean",
+        sampler_log_probs=sampler,
+        importance_correction="truncated",
+        importance_threshold=2.0,
+    )
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[-0.4, -0.2, 0.0], [0.8, 0.4, 0.4]]))
+    torch.testing.assert_close(meta["importance_weight_max"], torch.tensor(math.e))
+    torch.testing.assert_close(meta["importance_weight_mean"], torch.tensor((2 * math.e + 3) / 5))
+    torch.testing.assert_close(meta["importance_truncated_frac"], torch.tensor(0.4))
+    # k3 of KL(sampler || learner) per token: d = learner - sampler = 1 -> e - 1 - 1 on two of five tokens
+    torch.testing.assert_close(meta["sampler_kl"], torch.tensor(2 * (math.e - 2) / 5))
+
+
+def test_masked_importance_drops_tokens_but_keeps_them_counted() -> None:
+    log_probs = leaf(LOG_PROBS)
+    sampler = LOG_PROBS.clone()
+    sampler[1, 2] += 3.0  # ratio e^-3 < 1/2: dropped
+    _, meta = grpo_microbatch_train_step(
+        log_probs,
+        MASK,
+        1,
+        "reinforce_with_baseline",
+        advantages=ADVANTAGES,
+        length_normalization="token_mean",
+        sampler_log_probs=sampler,
+        importance_correction="masked",
+    )
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[-0.2, -0.2, 0.0], [0.4, 0.4, 0.0]]))
+    torch.testing.assert_close(meta["importance_masked_frac"], torch.tensor(0.2))
+
+
+def test_clip_fractions_low_high_and_dual_are_reported() -> None:
+    old = torch.zeros(2, 3)
+    log_probs = leaf(torch.tensor([[math.log(1.5), 0.0, 0.0], [math.log(0.5), math.log(5.0), 0.0]]))
+    _, meta = grpo_microbatch_train_step(
+        log_probs,
+        torch.ones(2, 3, dtype=torch.bool),
+        1,
+        "grpo_clip",
+        advantages=torch.tensor([[1.0], [-1.0]]),
+        old_log_probs=old,
+        cliprange=0.2,
+        cliprange_high=0.28,
+        dual_clip=3.0,
+    )
+    # high: A > 0 with r 1.5 > 1.28 (1 of 6); low: A < 0 with r .5 < .8 (1 of 6); dual: A < 0 with r 5 > 3
+    torch.testing.assert_close(meta["clip_fraction_high"], torch.tensor(1 / 6))
+    torch.testing.assert_close(meta["clip_fraction_low"], torch.tensor(1 / 6))
+    torch.testing.assert_close(meta["clip_fraction_dual"], torch.tensor(1 / 6))
+    torch.testing.assert_close(meta["clip_fraction"], torch.tensor(2 / 6))
+
+
+def test_step_totals_come_in_pairs_and_a_correction_needs_sampler_log_probs() -> None:
+    with pytest.raises(ValueError, match="pass both step_sequences and step_tokens"):
+        grpo_microbatch_train_step(
+            leaf(LOG_PROBS), MASK, 1, "reinforce_with_baseline", advantages=ADVANTAGES, step_sequences=2.0
+        )
+    with pytest.raises(ValueError, match="'truncated' needs sampler_log_probs"):
+        grpo_microbatch_train_step(
+            leaf(LOG_PROBS),
+            MASK,
+            1,
+            "reinforce_with_baseline",
+            advantages=ADVANTAGES,
+            importance_correction="truncated",
+        )

@@ -248,7 +248,12 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
     from grpo_cli.learner import Learner
 
-    cfg = compose_config(["debug=smoke", "train.mask_truncated=true"], output_dir=str(tmp_path))
+    # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
+    # autocast would round the differently grouped rows differently).
+    cfg = compose_config(
+        ["debug=smoke", "train.mask_truncated=true", "train.max_grad_norm=1e9", "model.mixed_precision=no"],
+        output_dir=str(tmp_path),
+    )
     learner = Learner(cfg, tmp_path)
     learner.optimizer.step = lambda: None  # keep the weights: only the gradients are compared
     prompts, completions = [[1, 2, 3]] * 4, [[5, 6], [7, 8, 9], [10], [11, 12]]
@@ -261,12 +266,12 @@ def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(t
     masked = RolloutData(prompts, completions, rewards, advantages, loss_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))
     kept = [0, 2]
     alone = RolloutData([prompts[i] for i in kept], [completions[i] for i in kept], rewards[kept], advantages[kept])
-    # 4 completions in 2 microbatches of 2: a kept completion weighs 1/4 either way (train_batch_size 4), as in
-    # a batch of the 2 kept ones in 1 microbatch divided by 2 accumulation steps: the gradients are the same (up
-    # to float32 sums over differently padded and grouped rows).
+    # The step's loss is the mean over its completions, and a left-out completion still counts in that mean (it
+    # adds 0): a kept one weighs 1/4 among the 4, 1/2 in a batch of the 2 kept ones alone, so the masked batch's
+    # gradient is half of theirs (up to float32 sums over differently padded and grouped rows).
     with_mask, without = gradient(masked), gradient(alone)
     assert without.abs().max() > 1e-3  # a real gradient, not two zeros
-    torch.testing.assert_close(with_mask, without, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(with_mask, without / 2, rtol=1e-4, atol=1e-5)
     everything_masked = RolloutData(prompts, completions, rewards, advantages, loss_mask=torch.zeros(4))
     assert gradient(everything_masked).abs().max() == 0.0
 

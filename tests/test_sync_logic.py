@@ -101,7 +101,7 @@ def test_replay_trajectories_round_trip_with_their_behaviour_log_probs():
 
 
 def test_rollout_metrics_of_several_batches_add_times_and_average_statistics():
-    from grpo_cli.drivers.ray_executor import combine_rollout_metrics
+    from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 
     combined = combine_rollout_metrics(
         [{"train/reward": 1.0, "time/generation_s": 2.0}, {"train/reward": 0.0, "time/generation_s": 3.0}]

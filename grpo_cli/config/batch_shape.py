@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.config.schemas import DISAGGREGATED
+from grpo_cli.fields import from_core
+
+# The losses with an importance ratio against the old policy: they need old log-probs off-policy and stay
+# correct there (grpo_cli.core.RATIO_LOSS_TYPES, read when first needed: the core imports torch).
+ratio_loss_types = from_core("losses", "RATIO_LOSS_TYPES")
 
 
 @dataclass(frozen=True)
@@ -87,9 +92,9 @@ class BatchShape:
 
 def needs_old_log_probs(cfg: Any) -> bool:
     """Whether old (behaviour) log-probs are computed once per rollout batch (sync.old_log_probs, null: when
-    needed). grpo_clip needs them whenever an update may run on a policy that moved since the rollout
-    (BatchShape.off_policy). With one on-policy step the ratio is exactly 1 and the current log-probs serve
-    (detached)."""
+    needed). The ratio losses (grpo_clip, gspo, cispo) need them whenever an update may run on a policy that moved
+    since the rollout (BatchShape.off_policy). With one on-policy step the ratio is exactly 1 and the current
+    log-probs serve (detached)."""
     if cfg.sync.old_log_probs is not None:
         return bool(cfg.sync.old_log_probs)
-    return cfg.loss.type == "grpo_clip" and BatchShape.from_config(cfg).off_policy
+    return cfg.loss.type in ratio_loss_types() and BatchShape.from_config(cfg).off_policy

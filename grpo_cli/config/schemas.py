@@ -73,19 +73,29 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio.
+    # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio |
+    # gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped,
+    # stop-gradient ratio (CISPO). Formulas and papers: docs/design.md section 1.
     type: str = choice("reinforce_with_baseline", from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
-    # PPO clip range epsilon for grpo_clip: ratios are clipped to [1 - cliprange, 1 + cliprange].
+    # Clip range epsilon (eps_low with cliprange_high): grpo_clip / gspo clip ratios to [1 - eps_low, 1 + eps_high].
     cliprange: float = in_range(0.2, 0, 1, low_open=True, high_open=True)
+    # eps_high, DAPO's clip-higher (0.28 in the paper); null: symmetric, = cliprange. For cispo: the cap of its
+    # importance weight, 1 + cliprange_high (null: 1 + cliprange).
+    cliprange_high: float | None = positive(None, hint="null: symmetric (= loss.cliprange)")
+    # Dual-clip constant c > 1 (Ye et al. 2020; 3 in the paper) for grpo_clip: a negative advantage's loss is
+    # bounded by -c * A however large the ratio; null: off.
+    dual_clip: float | None = in_range(None, 1, None, low_open=True)
 
 
 @dataclass
 class NormalizationConfig:
-    # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO)
-    advantage: str = choice("std", ("std", "mean"))
+    # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO) | rloo: r - mean of the other responses
+    # (RLOO) | batch_std: (r - group mean) / (std of the whole batch + eps) (TRL's scale_rewards="batch")
+    advantage: str = choice("std", from_core("advantages", "ADVANTAGE_NORMALIZATIONS"))
     advantage_eps: float = non_negative(1e-6)
-    # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO)
-    length: str = choice("sequence_mean", from_core("train_step", "LENGTH_NORMALIZATIONS"))
+    # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO) | token_mean:
+    # every response token of the optimizer step counts once (DAPO), over all microbatches and ranks
+    length: str = choice("sequence_mean", from_core("aggregation", "LENGTH_NORMALIZATIONS"))
     # The constant of length=constant; null means rollout.max_tokens.
     length_constant: float | None = positive(None)
 
@@ -156,6 +166,17 @@ class SamplingConfig:
     eval_temperature: float = non_negative(0.0, hint="0 is greedy")
     # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
     max_batch_prompts: int | None = positive(None)
+    # Correct the loss for the sampler/learner mismatch with the engine's own log-probs of the sampled tokens
+    # (grpo_cli/core/importance.py): none | truncated: weight each token by min(pi_learner / pi_sampler, C) (TIS) |
+    # masked: drop tokens (or sequences) whose ratio is outside [C_low, C] (MIS). The mismatch is measured either
+    # way (train/sampler_kl, train/importance_weight_*).
+    importance_correction: str = choice("none", from_core("importance", "IMPORTANCE_CORRECTIONS"))
+    # token: one ratio per token | sequence: one per response, the product of its token ratios.
+    importance_level: str = choice("token", from_core("importance", "IMPORTANCE_LEVELS"))
+    # C: the cap of truncated, the upper bound of masked.
+    importance_threshold: float = positive(2.0)
+    # The lower bound of masked; null: 1 / importance_threshold.
+    importance_threshold_low: float | None = positive(None, hint="null: 1 / rollout.importance_threshold")
 
 
 @dataclass
@@ -240,6 +261,11 @@ class TrainConfig:
     # Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's
     # mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.
     mask_truncated: bool = False
+    # DAPO's dynamic sampling: drop groups whose rewards are all equal (advantage 0: no signal) and sample more
+    # prompts until the step's batch is full of groups with signal, at most dynamic_sampling_max_extra_rounds
+    # extra generation rounds (then it trains on the groups it has; train/groups_dropped, train/extra_rounds).
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_extra_rounds: int = non_negative(3)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_cli.config.batch_shape import BatchShape
+from grpo_cli.config.batch_shape import BatchShape, ratio_loss_types
 from grpo_cli.config.declared import check_fields
 from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS
 from grpo_cli.errors import UserFacingError
@@ -26,19 +26,21 @@ def validate_sync(cfg: Any) -> None:
             f"{t.rollout_batch_size // t.train_batch_size} give more: use sync=multi_epoch, or set "
             "train.train_batch_size=train.rollout_batch_size and one epoch"
         )
-    if steps > 1 and cfg.loss.type != "grpo_clip":
+    ratio_losses = ratio_loss_types()
+    if steps > 1 and cfg.loss.type not in ratio_losses:
         raise UserFacingError(
             f"{steps} optimizer steps per rollout batch make later steps off-policy, which "
-            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping), gspo or cispo"
         )
-    if sync.strategy == "replay_buffer" and cfg.loss.type != "grpo_clip":
+    if sync.strategy == "replay_buffer" and cfg.loss.type not in ratio_losses:
         raise UserFacingError(
             f"sync=replay_buffer trains on trajectories up to sync.max_staleness={sync.max_staleness} policy "
-            f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping)"
+            f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with "
+            "clipping), gspo or cispo"
         )
-    if cfg.loss.type == "grpo_clip" and shape.off_policy and sync.old_log_probs is False:
+    if cfg.loss.type in ratio_losses and shape.off_policy and sync.old_log_probs is False:
         raise UserFacingError(
-            f"loss=grpo_clip with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
+            f"loss={cfg.loss.type} with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
             "sync.old_log_probs=false: drop that override (null computes them when needed)"
         )
     if sync.strategy == "replay_buffer":
@@ -52,6 +54,27 @@ def validate_sync(cfg: Any) -> None:
                 f"sync.max_staleness={sync.max_staleness}: the replay buffer needs at least 1 (the generator "
                 "samples the next batch while the learner updates); use sync=on_policy for on-policy training"
             )
+
+
+def validate_algorithm(cfg: Any) -> None:
+    """The loss variants' own knobs, set only where they act (a silently ignored key would mislead a comparison)."""
+    loss, rollout = cfg.loss, cfg.rollout
+    if loss.dual_clip is not None and loss.type != "grpo_clip":
+        raise UserFacingError(
+            f"loss.dual_clip={loss.dual_clip} bounds grpo_clip's ratio, but loss={loss.type}: use loss=grpo_clip "
+            "or drop loss.dual_clip"
+        )
+    if loss.cliprange_high is not None and loss.type not in ratio_loss_types():
+        raise UserFacingError(
+            f"loss.cliprange_high={loss.cliprange_high} clips an importance ratio, which loss={loss.type} has none "
+            "of: use loss=grpo_clip, gspo or cispo, or drop loss.cliprange_high"
+        )
+    low = rollout.importance_threshold_low
+    if low is not None and low > rollout.importance_threshold:
+        raise UserFacingError(
+            f"rollout.importance_threshold_low={low} is above rollout.importance_threshold="
+            f"{rollout.importance_threshold}: the band [low, C] is empty"
+        )
 
 
 def validate_distributed(cfg: Any) -> None:
@@ -140,6 +163,13 @@ def validate_config(cfg: Any) -> None:
             f"train.group_size={t.group_size} with normalization.advantage=std: the std of one sample is "
             "undefined; use train.group_size>=2"
         )
+    if t.group_size < 2 and (cfg.normalization.advantage == "rloo" or t.dynamic_sampling):
+        what = "train.dynamic_sampling=true" if t.dynamic_sampling else "normalization.advantage=rloo"
+        raise UserFacingError(
+            f"train.group_size={t.group_size} with {what}: it compares each response with the other responses to "
+            "its prompt; use train.group_size>=2"
+        )
+    validate_algorithm(cfg)
     if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
         raise UserFacingError(
             f"rollout.min_tokens={cfg.rollout.min_tokens} exceeds rollout.max_tokens={cfg.rollout.max_tokens}"

@@ -1,6 +1,8 @@
 """Group-relative advantages: each response's reward compared with the other responses to the same prompt.
 
 The rollout batch is laid out group by group: responses ``[k * G, (k + 1) * G)`` answer the k-th prompt.
+``ADVANTAGE_NORMALIZATIONS`` names the estimators (``normalization.advantage``); :func:`compute_advantages`
+computes any of them, :func:`normalize_group_rewards` is the handout's two (std / mean).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import torch
 RewardFn = Callable[[str, str], dict[str, float]]
 
 _REWARD_KEYS = ("reward", "format_reward", "answer_reward")
+
+# std: GRPO (DeepSeekMath) | mean: Dr. GRPO | rloo: leave-one-out baseline (Kool et al. 2019; Ahmadian et al.
+# 2024) | batch_std: group mean, std over the whole batch (TRL's scale_rewards="batch", Hu et al. 2025's
+# REINFORCE++ baseline idea).
+ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("std", "mean", "rloo", "batch_std")
 
 
 def _check_group_size(batch_size: int, group_size: int, normalize_by_std: bool) -> None:
@@ -68,6 +75,55 @@ def normalize_group_rewards(
     return advantages.reshape(-1)  # (rollout_batch_size,)
 
 
+def compute_advantages(
+    raw_rewards: torch.Tensor,
+    group_size: int,
+    mode: str,
+    advantage_eps: float = 1e-6,
+) -> torch.Tensor:
+    """Advantages of one rollout batch by any of ``ADVANTAGE_NORMALIZATIONS``.
+
+    Per group of G rewards r (mean and std over the group, std Bessel-corrected as ``torch.std``):
+
+    - "std":       ``A_i = (r_i - mean(r)) / (std(r) + eps)``
+    - "mean":      ``A_i = r_i - mean(r)``
+    - "rloo":      ``A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean(r))`` (the baseline leaves the
+      response itself out, so it is independent of it: an unbiased REINFORCE estimator)
+    - "batch_std": ``A_i = (r_i - mean(r)) / (std(R) + eps)`` with R every reward of the batch (one scale for
+      all groups, so a group whose rewards barely differ is not blown up to unit variance)
+
+    A group whose rewards are all equal gets advantages 0 under every mode.
+
+    Args:
+        raw_rewards (torch.Tensor): (rollout_batch_size,), grouped contiguously by prompt.
+        group_size (int): G.
+        mode (str): one of ``ADVANTAGE_NORMALIZATIONS``.
+        advantage_eps (float): added to the std of "std" and "batch_std".
+
+    Returns:
+        torch.Tensor: (rollout_batch_size,), float.
+
+    Raises:
+        ValueError: on an unknown mode, a bad shape, or G < 2 for "std" and "rloo".
+    """
+    if mode not in ADVANTAGE_NORMALIZATIONS:
+        raise ValueError(f"unknown advantage normalization {mode!r}; choose one of {list(ADVANTAGE_NORMALIZATIONS)}")
+    if mode in ("std", "mean"):
+        return normalize_group_rewards(raw_rewards, group_size, advantage_eps, normalize_by_std=mode == "std")
+    if raw_rewards.dim() != 1:
+        raise ValueError(f"raw_rewards must be (rollout_batch_size,), got shape {tuple(raw_rewards.shape)}")
+    _check_group_size(raw_rewards.numel(), group_size, normalize_by_std=False)
+    if mode == "rloo" and group_size < 2:
+        raise ValueError("rloo needs group_size >= 2 (a leave-one-out baseline needs another response)")
+    if not raw_rewards.is_floating_point():
+        raw_rewards = raw_rewards.float()
+    centered = normalize_group_rewards(raw_rewards, group_size, advantage_eps, normalize_by_std=False)
+    if mode == "rloo":
+        return centered * (group_size / (group_size - 1))
+    batch_std = raw_rewards.std() if raw_rewards.numel() > 1 else raw_rewards.new_zeros(())
+    return centered / (batch_std + advantage_eps)
+
+
 def fraction_of_zero_std_groups(raw_rewards: torch.Tensor, group_size: int) -> float:
     """Fraction of groups whose rewards are all equal (their advantages are all 0: no learning signal).
 
@@ -91,6 +147,7 @@ def compute_group_normalized_rewards(
     group_size: int,
     advantage_eps: float,
     normalize_by_std: bool,
+    advantage_normalization: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Score every response and normalize its reward within its group.
 
@@ -104,11 +161,13 @@ def compute_group_normalized_rewards(
         group_size (int): G, responses per prompt.
         advantage_eps (float): added to the group std to avoid dividing by zero.
         normalize_by_std (bool): divide by the group std (GRPO) or only subtract the group mean (Dr. GRPO).
+        advantage_normalization (str | None): any of ``ADVANTAGE_NORMALIZATIONS`` (see
+            :func:`compute_advantages`); given, it decides instead of ``normalize_by_std``.
 
     Returns:
         tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
 
-        - advantages: (rollout_batch_size,) float32, see :func:`normalize_group_rewards`.
+        - advantages: (rollout_batch_size,) float32, see :func:`compute_advantages`.
         - raw_rewards: (rollout_batch_size,) float32, the "reward" of each response.
         - metadata: "reward_mean", "reward_std" (Bessel-corrected over the batch, 0 for a single response),
           "reward_max", "reward_min", "format_reward_mean", "answer_reward_mean", "frac_zero_std_groups".
@@ -122,7 +181,8 @@ def compute_group_normalized_rewards(
             f"got {len(rollout_responses)} responses but {len(repeated_ground_truths)} ground truths; "
             "repeat each prompt's ground truth group_size times"
         )
-    _check_group_size(len(rollout_responses), group_size, normalize_by_std)
+    mode = advantage_normalization or ("std" if normalize_by_std else "mean")
+    _check_group_size(len(rollout_responses), group_size, mode == "std")
 
     scores = []
     for response, ground_truth in zip(rollout_responses, repeated_ground_truths, strict=True):
@@ -137,7 +197,7 @@ def compute_group_normalized_rewards(
     # (N, 3) -> (3, N), made contiguous so each row below is a plain (N,) tensor
     rewards, format_rewards, answer_rewards = torch.tensor(scores, dtype=torch.float32).T.contiguous()
 
-    advantages = normalize_group_rewards(rewards, group_size, advantage_eps, normalize_by_std)
+    advantages = compute_advantages(rewards, group_size, mode, advantage_eps)
     metadata = {
         "reward_mean": rewards.mean().item(),
         "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,

@@ -1,24 +1,17 @@
-"""One microbatch of a GRPO update: per-token loss -> per-example aggregation -> batch mean -> backward."""
+"""One microbatch of a GRPO update: per-token loss (x importance weights) -> aggregation over the optimizer
+step's tokens -> (+ KL) -> backward."""
 
 from __future__ import annotations
 
 import torch
 
+from grpo_cli.core.aggregation import LENGTH_NORMALIZATIONS, aggregate_token_loss
+from grpo_cli.core.importance import compute_importance_weights
 from grpo_cli.core.kl import compute_kl
 from grpo_cli.core.losses import compute_policy_gradient_loss
-from grpo_cli.core.masking import masked_mean, masked_normalize
+from grpo_cli.core.masking import masked_mean
 
-LENGTH_NORMALIZATIONS: tuple[str, ...] = ("sequence_mean", "constant")
-
-
-def _per_example_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked mean over each row's tokens, (B, T) -> (B,); an empty row gives 0 rather than nan.
-
-    Same as ``masked_mean(values, mask, dim=-1)`` on non-empty rows. An empty response (a row of zeros in the
-    mask) would otherwise make 0 / 0 and turn every gradient of the microbatch into nan.
-    """
-    mask = mask.to(values.dtype)
-    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)
+__all__ = ["LENGTH_NORMALIZATIONS", "grpo_microbatch_train_step"]
 
 
 def _check_inputs(
@@ -27,17 +20,13 @@ def _check_inputs(
     gradient_accumulation_steps: int,
     length_normalization: str,
     normalize_constant: float | None,
-    old_log_probs: torch.Tensor | None,
-    ref_log_probs: torch.Tensor | None,
+    tensors: dict[str, torch.Tensor | None],
     kl_beta: float,
+    importance_correction: str,
 ) -> None:
     if policy_log_probs.dim() != 2:
         raise ValueError(f"policy_log_probs must be (batch, seq), got shape {tuple(policy_log_probs.shape)}")
-    for name, tensor in (
-        ("response_mask", response_mask),
-        ("old_log_probs", old_log_probs),
-        ("ref_log_probs", ref_log_probs),
-    ):
+    for name, tensor in {"response_mask": response_mask, **tensors}.items():
         if tensor is not None and tensor.shape != policy_log_probs.shape:
             raise ValueError(
                 f"{name} has shape {tuple(tensor.shape)} but policy_log_probs "
@@ -56,8 +45,12 @@ def _check_inputs(
         )
     if kl_beta < 0:
         raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
-    if kl_beta > 0 and ref_log_probs is None:
+    if kl_beta > 0 and tensors["ref_log_probs"] is None:
         raise ValueError(f"kl_beta={kl_beta} needs ref_log_probs; pass them or set kl_beta=0")
+    if importance_correction != "none" and tensors["sampler_log_probs"] is None:
+        raise ValueError(
+            f"importance_correction={importance_correction!r} needs sampler_log_probs; pass them or use 'none'"
+        )
 
 
 def grpo_microbatch_train_step(
@@ -74,14 +67,33 @@ def grpo_microbatch_train_step(
     ref_log_probs: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     kl_estimator: str = "k3",
+    cliprange_high: float | None = None,
+    dual_clip: float | None = None,
+    step_sequences: float | None = None,
+    step_tokens: float | None = None,
+    sampler_log_probs: torch.Tensor | None = None,
+    importance_correction: str = "none",
+    importance_level: str = "token",
+    importance_threshold: float = 2.0,
+    importance_threshold_low: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Compute the loss of one microbatch and backpropagate it.
 
-    ``loss = (mean_i agg_i(policy loss) + kl_beta * mean_i masked_mean_i(KL)) / gradient_accumulation_steps``,
-    where ``agg_i`` aggregates example i's response tokens:
+    ``loss = agg(w * policy loss) + kl_beta * mean_i masked_mean_i(KL)``, where ``w`` are the sampler/learner
+    importance weights (1 without a correction) and ``agg`` is :func:`aggregate_token_loss` with
+    ``length_normalization``:
 
-    - "sequence_mean": masked mean over the response's tokens (GRPO).
-    - "constant": masked sum divided by ``normalize_constant`` (Dr. GRPO).
+    - "sequence_mean": masked mean over each response's tokens, then mean over responses (GRPO).
+    - "constant": masked sum divided by ``normalize_constant``, then mean over responses (Dr. GRPO).
+    - "token_mean": masked sum over every token divided by the number of tokens (DAPO).
+
+    How the microbatch's loss relates to the optimizer step's: by default each microbatch is normalized by
+    its own counts and the loss divided by ``gradient_accumulation_steps`` (exact when the microbatches are
+    equal; the handout's rule). Given ``step_sequences`` (and, for "token_mean", ``step_tokens``): the
+    microbatch's loss is its exact share of the whole step's loss (its sums divided by the step's totals, no
+    division by ``gradient_accumulation_steps``), so microbatches of any sizes add up to the one-big-batch
+    loss. Under data parallelism whose gradients are averaged over R ranks (DDP, FSDP), pass the totals over
+    all ranks divided by R.
 
     An example whose response mask is empty contributes 0 (not nan).
 
@@ -89,32 +101,47 @@ def grpo_microbatch_train_step(
         policy_log_probs (torch.Tensor): log-probs of the sampled tokens under the policy, (batch, seq), with
             grad.
         response_mask (torch.Tensor): (batch, seq), bool or float, 1 on response tokens.
-        gradient_accumulation_steps (int): microbatches per optimizer step; the loss is divided by it so the
-            accumulated gradient is the mean over the train batch.
-        loss_type (str): "no_baseline", "reinforce_with_baseline" or "grpo_clip"; see
-            :func:`compute_policy_gradient_loss`.
+        gradient_accumulation_steps (int): microbatches per optimizer step (the divisor without step totals).
+        loss_type (str): one of ``POLICY_GRADIENT_LOSS_TYPES``; see :func:`compute_policy_gradient_loss`.
         raw_rewards (torch.Tensor | None): (batch, 1), for "no_baseline".
-        advantages (torch.Tensor | None): (batch, 1), for "reinforce_with_baseline" and "grpo_clip".
-        old_log_probs (torch.Tensor | None): (batch, seq), for "grpo_clip".
-        cliprange (float | None): eps, for "grpo_clip".
+        advantages (torch.Tensor | None): (batch, 1), for every other loss.
+        old_log_probs (torch.Tensor | None): (batch, seq), for the ratio losses.
+        cliprange (float | None): eps (eps_low), for "grpo_clip" and "gspo".
         length_normalization (str): one of ``LENGTH_NORMALIZATIONS``.
         normalize_constant (float | None): the divisor for "constant", e.g. the maximum generation length.
         ref_log_probs (torch.Tensor | None): (batch, seq) log-probs under the reference policy; when given the
             KL is measured (and logged) even with ``kl_beta == 0``.
         kl_beta (float): weight of the KL penalty; > 0 needs ``ref_log_probs``.
         kl_estimator (str): "k1" or "k3"; see :func:`compute_kl`.
+        cliprange_high (float | None): eps_high (clip-higher; CISPO's cap); None: symmetric.
+        dual_clip (float | None): dual-clip constant c > 1 for "grpo_clip"; None: off.
+        step_sequences (float | None): responses in the whole optimizer step (see above).
+        step_tokens (float | None): response tokens (of ``response_mask``) in the whole optimizer step.
+        sampler_log_probs (torch.Tensor | None): (batch, seq) the sampled tokens' log-probs under the rollout
+            engine's sampling distribution; given, the sampler/learner mismatch is measured.
+        importance_correction (str): one of ``IMPORTANCE_CORRECTIONS``; see
+            :func:`compute_importance_weights` (the learner's side is ``old_log_probs`` when given, else the
+            current log-probs, detached).
+        importance_level (str): "token" or "sequence".
+        importance_threshold (float): C, the cap / upper bound.
+        importance_threshold_low (float | None): the lower bound of "masked"; None: 1 / C.
 
     Returns:
         tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
-        - loss: the scaled microbatch loss (divided by ``gradient_accumulation_steps``), 0-d, detached.
-        - metadata, 0-d detached tensors: "policy_loss" (unscaled, without KL); "kl" when ``ref_log_probs``
-          is given (mean over examples of the per-response masked mean); "clip_fraction" and "ratio_mean"
-          for "grpo_clip" (masked means over all response tokens of the microbatch).
+        - loss: the microbatch's contribution to the step's loss (what was backpropagated), 0-d, detached.
+        - metadata, 0-d detached tensors: "policy_loss" (this microbatch's own policy loss, normalized by its
+          own counts, without KL); "kl" when ``ref_log_probs`` is given (mean over examples of the
+          per-response masked mean); for the ratio losses "clip_fraction" (+ "clip_fraction_low",
+          "clip_fraction_high", "clip_fraction_dual" when dual-clip is on) and "ratio_mean" (masked means
+          over the response tokens); with ``sampler_log_probs`` "sampler_kl" (k3 estimate of
+          KL(sampler || learner)), "importance_weight_mean", "importance_weight_max" (token ratios
+          pi_learner / pi_sampler before any truncation), "importance_truncated_frac",
+          "importance_masked_frac" (fractions of response tokens).
 
     Raises:
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
-            ``normalize_constant`` or ``ref_log_probs``, or a bad loss configuration.
+            ``normalize_constant``, ``ref_log_probs`` or ``sampler_log_probs``, or a bad loss configuration.
     """
     _check_inputs(
         policy_log_probs,
@@ -122,9 +149,9 @@ def grpo_microbatch_train_step(
         gradient_accumulation_steps,
         length_normalization,
         normalize_constant,
-        old_log_probs,
-        ref_log_probs,
+        {"old_log_probs": old_log_probs, "ref_log_probs": ref_log_probs, "sampler_log_probs": sampler_log_probs},
         kl_beta,
+        importance_correction,
     )
     per_token_loss, loss_metadata = compute_policy_gradient_loss(
         policy_log_probs,
@@ -133,30 +160,71 @@ def grpo_microbatch_train_step(
         advantages=advantages,
         old_log_probs=old_log_probs,
         cliprange=cliprange,
+        cliprange_high=cliprange_high,
+        dual_clip=dual_clip,
+        response_mask=response_mask,
     )  # (B, T)
 
-    if length_normalization == "sequence_mean":
-        per_example_loss = _per_example_mean(per_token_loss, response_mask)  # (B,)
-    else:
-        per_example_loss = masked_normalize(per_token_loss, response_mask, normalize_constant, dim=-1)  # (B,)
-    policy_loss = per_example_loss.mean()
-    loss = policy_loss
+    metadata: dict[str, torch.Tensor] = {}
+    if sampler_log_probs is not None:
+        learner_log_probs = (old_log_probs if old_log_probs is not None else policy_log_probs).detach()
+        weights, importance = compute_importance_weights(
+            learner_log_probs,
+            sampler_log_probs,
+            response_mask,
+            importance_correction,
+            importance_level,
+            importance_threshold,
+            importance_threshold_low,
+        )
+        per_token_loss = per_token_loss * weights
+        token_ratio = torch.exp(learner_log_probs - sampler_log_probs)  # (B, T), the mismatch itself
+        mask = response_mask.bool()
+        metadata["sampler_kl"] = masked_mean(compute_kl(sampler_log_probs, learner_log_probs, "k3"), mask)
+        metadata["importance_weight_mean"] = masked_mean(token_ratio, mask)
+        metadata["importance_weight_max"] = token_ratio[mask].max() if mask.any() else token_ratio.new_ones(())
+        metadata["importance_truncated_frac"] = masked_mean(importance["truncated"].float(), mask)
+        metadata["importance_masked_frac"] = masked_mean(importance["masked"].float(), mask)
 
-    metadata: dict[str, torch.Tensor] = {"policy_loss": policy_loss.detach()}
+    exact_share = step_sequences is not None or step_tokens is not None
+    if exact_share and (step_sequences is None or step_tokens is None):
+        raise ValueError(
+            f"pass both step_sequences and step_tokens (the optimizer step's totals), got {step_sequences} and "
+            f"{step_tokens}"
+        )
+    loss = aggregate_token_loss(
+        per_token_loss,
+        response_mask,
+        length_normalization,
+        normalize_constant,
+        total_sequences=step_sequences,
+        total_tokens=step_tokens,
+    )
+    policy_loss = (
+        aggregate_token_loss(per_token_loss, response_mask, length_normalization, normalize_constant)
+        if exact_share
+        else loss
+    )
+    metadata["policy_loss"] = policy_loss.detach()
     if ref_log_probs is not None:
         # With beta == 0 the KL is only monitored: keep it out of the graph.
         with torch.set_grad_enabled(kl_beta > 0 and torch.is_grad_enabled()):
             per_token_kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # (B, T)
-            kl = _per_example_mean(per_token_kl, response_mask).mean()
-        if kl_beta > 0:
-            loss = loss + kl_beta * kl
+            kl = aggregate_token_loss(per_token_kl, response_mask, "sequence_mean")
+            if kl_beta > 0:
+                kl_share = aggregate_token_loss(
+                    per_token_kl, response_mask, "sequence_mean", total_sequences=step_sequences
+                )
+                loss = loss + kl_beta * kl_share
         metadata["kl"] = kl.detach()
 
-    if "clipped" in loss_metadata:
-        metadata["clip_fraction"] = masked_mean(loss_metadata["clipped"].float(), response_mask)
+    for key in ("clipped", "clipped_low", "clipped_high", "clipped_dual"):
+        if key in loss_metadata:
+            name = "clip_fraction" + key.removeprefix("clipped")
+            metadata[name] = masked_mean(loss_metadata[key].float(), response_mask)
     if "ratio" in loss_metadata:
         metadata["ratio_mean"] = masked_mean(loss_metadata["ratio"], response_mask)
 
-    scaled_loss = loss / gradient_accumulation_steps
+    scaled_loss = loss if exact_share else loss / gradient_accumulation_steps
     scaled_loss.backward()
     return scaled_loss.detach(), metadata

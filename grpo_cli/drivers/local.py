@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli import parallel
+from grpo_cli.batch import RolloutData
+from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number
 from grpo_cli.drivers.executor import step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
@@ -20,6 +22,7 @@ class InProcessExecutor:
     """The learner and a rollout worker that samples from the learner's own model (no weights to copy)."""
 
     def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
+        self.cfg = cfg
         self.sampler = sampler
         self.learner = Learner(cfg, output_dir)
         # The worker samples from the learner's weights: the policy itself, or its full copy under FSDP2.
@@ -52,10 +55,9 @@ class InProcessExecutor:
         With several ranks every rank draws the same prompts (the same seeded sampler) and takes its equal share
         of whole groups; the metrics are then combined over all ranks (parallel.reduce_metrics)."""
         step_start = time.perf_counter()
-        examples = self.sampler.next_batch(self.prompts_per_step)
-        share = len(examples) // self.world.size
-        first = self.world.rank * share
-        data = self.worker.produce(examples[first : first + share], batch_number=step, first_prompt_index=first)
+        data = self.produce_share(batch_number=step)
+        if self.cfg.train.dynamic_sampling:
+            data = self.fill_with_signal(data, step)
         # The learner sat idle for all of it: waiting == the producer's time, overlap 0.
         waiting_s = time.perf_counter() - step_start
         learned, nonfinite_streak = self.learner.learn(data, step)
@@ -72,6 +74,32 @@ class InProcessExecutor:
             metrics["train/reward_std"] = parallel.reduce_std(data.raw_rewards)  # of the whole batch, not a mean
             metrics = parallel.reduce_metrics(metrics)
         return metrics, nonfinite_streak
+
+    def produce_share(self, batch_number: int) -> RolloutData:
+        """The next prompts of the step, this rank's share of them, generated and scored."""
+        examples = self.sampler.next_batch(self.prompts_per_step)
+        share = len(examples) // self.world.size
+        first = self.world.rank * share
+        return self.worker.produce(examples[first : first + share], batch_number=batch_number, first_prompt_index=first)
+
+    def fill_with_signal(self, data: RolloutData, step: int) -> RolloutData:
+        """train.dynamic_sampling: drop groups with all-equal rewards and sample more prompts until the batch is full
+        (drivers/dynamic_sampling.py). Every rank takes as many rounds as the rank that needs the most (they draw
+        the same prompts), then trains on as many groups as the rank that has the fewest (equal shares keep the
+        ranks' collectives in step)."""
+        cfg = self.cfg
+        signal = SignalBatch(
+            self.learner.shape.group_size,
+            self.prompts_per_step // self.world.size,
+            cfg.normalization.advantage,
+            cfg.normalization.advantage_eps,
+        )
+        signal.add(data)
+        extra_round = 0
+        while extra_round < cfg.train.dynamic_sampling_max_extra_rounds and parallel.any_rank(not signal.full):
+            extra_round += 1
+            signal.add(self.produce_share(batch_number=extra_round_batch_number(step, extra_round)))
+        return signal.batch(parallel.min_over_ranks(min(signal.kept_groups, signal.target_groups)))
 
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None

@@ -36,6 +36,7 @@ import torch
 
 from grpo_cli.batch import RolloutData
 from grpo_cli.config import BatchShape, needs_old_log_probs
+from grpo_cli.drivers.dynamic_sampling import SignalBatch, combine_rollout_metrics, groups_with_signal
 from grpo_cli.drivers.executor import step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
@@ -66,37 +67,36 @@ def actor_resources(cfg: Any, local_cpus: int, has_cuda: bool) -> tuple[int, flo
 
 def split_trajectories(data: RolloutData) -> list[tuple]:
     """One scored rollout batch as per-completion tuples, for the replay buffer."""
-    old = data.old_log_probs or [None] * len(data.completion_ids)
-    keep = data.loss_mask.tolist() if data.loss_mask is not None else [1.0] * len(data.completion_ids)
-    columns = (data.prompt_ids, data.completion_ids, data.raw_rewards.tolist(), data.advantages.tolist(), old, keep)
+    n = len(data.completion_ids)
+    old = data.old_log_probs or [None] * n
+    sampler = data.sampler_log_probs or [None] * n
+    keep = data.loss_mask.tolist() if data.loss_mask is not None else [1.0] * n
+    columns = (
+        data.prompt_ids,
+        data.completion_ids,
+        data.raw_rewards.tolist(),
+        data.advantages.tolist(),
+        old,
+        keep,
+        sampler,
+    )
     return list(zip(*columns, strict=True))
 
 
 def join_trajectories(items: list[tuple], versions: list[int]) -> RolloutData:
     """A train batch assembled from replay-buffer trajectories (advantages as computed in their own group)."""
-    prompt_ids, completion_ids, rewards, advantages, old, keep = (list(column) for column in zip(*items, strict=True))
+    columns = (list(column) for column in zip(*items, strict=True))
+    prompt_ids, completion_ids, rewards, advantages, old, keep, sampler = columns
     return RolloutData(
         prompt_ids=prompt_ids,
         completion_ids=completion_ids,
         raw_rewards=torch.tensor(rewards, dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
         old_log_probs=None if any(o is None for o in old) else old,
+        sampler_log_probs=None if any(s is None for s in sampler) else sampler,
         loss_mask=None if all(k == 1.0 for k in keep) else torch.tensor(keep, dtype=torch.float32),
         policy_version=min(versions),
     )
-
-
-def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]:
-    """The rollout metrics of the batches that arrived during one step: times and token counts add up,
-    statistics (rewards, lengths, rates) are averaged."""
-    if not batches:
-        return {}
-    combined = {}
-    for key in batches[0]:
-        values = [b[key] for b in batches if key in b]
-        additive = key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts"))
-        combined[key] = sum(values) if additive else sum(values) / len(values)
-    return combined
 
 
 class Hosted:
@@ -138,6 +138,9 @@ class RayExecutor:
         self.version = 0  # the learner's policy version
         self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
         self.buffer: ReplayBuffer[tuple] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
+        # train.dynamic_sampling with the replay buffer: groups kept out of it, and the batches waited for this step
+        self.groups_dropped = 0
+        self.extra_rounds = 0
         cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
         t0 = time.perf_counter()
         if not ray.is_initialized():
@@ -279,6 +282,11 @@ class RayExecutor:
         if not self.requests:  # the first step, or the first after a resume: nothing was prefetched
             self.request()
         data, waiting_s = self.receive()
+        if self.cfg.train.dynamic_sampling:
+            # Extra rounds are asked for and awaited before batch k+1, so they queue behind nothing and are
+            # sampled by the same weights as batch k (or the next version): the lag bound holds.
+            data, waited = self.fill_with_signal(data)
+            waiting_s += waited
         lag = check_lag(self.version, data.policy_version, ONE_BEHIND_MAX_LAG)
         if step < self.cfg.train.steps:
             self.request()  # batch k+1 is sampled while the learner trains on batch k
@@ -289,11 +297,34 @@ class RayExecutor:
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
         return step_metrics(data.metrics, learned, timing, versions), nonfinite_streak
 
+    def fill_with_signal(self, data: RolloutData) -> tuple[RolloutData, float]:
+        """train.dynamic_sampling (one_behind): drop groups with all-equal rewards and ask for more batches until
+        the step's batch is full or the extra rounds run out (drivers/dynamic_sampling.py). Returns the batch and
+        the time spent waiting for the extra rounds."""
+        cfg = self.cfg
+        signal = SignalBatch(
+            self.shape.group_size,
+            self.shape.prompts_per_rollout_batch,
+            cfg.normalization.advantage,
+            cfg.normalization.advantage_eps,
+        )
+        signal.add(data)
+        waiting_s = 0.0
+        for _ in range(cfg.train.dynamic_sampling_max_extra_rounds):
+            if signal.full:
+                break
+            self.request()
+            extra, waited = self.receive()
+            waiting_s += waited
+            signal.add(extra)
+        return signal.batch(), waiting_s
+
     def replay_step(self, step: int) -> tuple[dict[str, float], int]:
         step_start = time.perf_counter()
         n = self.shape.completions_per_rollout_batch
         arrived: list[RolloutData] = []
         waiting_s = 0.0
+        self.extra_rounds = 0
         arrived += self.harvest()
         while not self.buffer.can_sample(n, self.version):
             data, waited = self.receive()
@@ -301,6 +332,7 @@ class RayExecutor:
             self.store(data)
             arrived.append(data)
             self.keep_generating()
+            self.extra_rounds += 1
         entries = self.buffer.sample(n, self.version, random.Random(self.cfg.seed * 104_729 + step))
         versions = [e.version for e in entries]
         batch = join_trajectories([e.item for e in entries], versions)
@@ -328,6 +360,10 @@ class RayExecutor:
         }
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         rollout = combine_rollout_metrics([d.metrics for d in arrived])
+        if self.cfg.train.dynamic_sampling:
+            rollout["train/groups_dropped"] = float(self.groups_dropped)
+            rollout["train/extra_rounds"] = float(max(0, self.extra_rounds - 1))
+            self.groups_dropped = 0
         metrics = step_metrics(rollout, learned, timing, sync)
         if not arrived:  # no generator work finished during this step: overlap is undefined, not 0
             metrics.pop("time/overlap_frac")
@@ -353,7 +389,16 @@ class RayExecutor:
         return arrived
 
     def store(self, data: RolloutData) -> None:
-        self.buffer.add(split_trajectories(data), data.policy_version)
+        """Into the replay buffer; with train.dynamic_sampling only the groups with signal, until a step has waited
+        more than train.dynamic_sampling_max_extra_rounds extra batches for a full sample (then every group goes
+        in, so the buffer fills)."""
+        trajectories = split_trajectories(data)
+        if self.cfg.train.dynamic_sampling and self.extra_rounds <= self.cfg.train.dynamic_sampling_max_extra_rounds:
+            g = self.shape.group_size
+            groups = groups_with_signal(data.raw_rewards, g)
+            self.groups_dropped += len(trajectories) // g - len(groups)
+            trajectories = [trajectories[i] for k in groups for i in range(k * g, (k + 1) * g)]
+        self.buffer.add(trajectories, data.policy_version)
 
     # --- evaluation ---------------------------------------------------------------------------------------
     def evaluate(

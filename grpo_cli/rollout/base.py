@@ -41,9 +41,9 @@ class RolloutBatch:
     completion_ids: list[list[int]]  # (n_prompts * n) sampled ids, incl. the final EOS / stop tokens
     texts: list[str]  # decoded completions without special tokens
     truncated: list[bool]  # True when max_tokens was reached before EOS or a stop string
-    sampler_log_probs: list[list[float]] | None = (
-        None  # per completion, one per completion id: log-prob of the sampled token under the sampler's softmax(logits / T) over the full vocabulary (before top-p truncation)
-    )
+    # Per completion, one per completion id: log-prob of the sampled token under the sampler's softmax(logits / T)
+    # over the full vocabulary (before top-p truncation).
+    sampler_log_probs: list[list[float]] | None = None
 
     @property
     def n_generated_tokens(self) -> int:

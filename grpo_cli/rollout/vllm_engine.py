@@ -163,6 +163,14 @@ def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
     return time.perf_counter() - started
 
 
+def sampled_log_probs(completion: Any, length: int) -> list[float]:
+    """The log-prob vLLM gave each of the first `length` sampled tokens (the ids kept after cutting at EOS or a
+    stop string). In processed_logprobs mode they are log softmax(logits / T) (over the full vocabulary when top_p is
+    1, the only case they are asked for)."""
+    ids = list(completion.token_ids)[:length]
+    return [float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)]
+
+
 class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
@@ -270,19 +278,26 @@ class VLLMRolloutEngine:
         n, first = settings.n, settings.first_prompt_index
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids for _ in range(n)]
         one = replace(settings, n=1)
+        # logprobs=0: the sampled token's own log-prob (the engine runs in processed_logprobs mode: after
+        # temperature), the sampler side of rollout.importance_correction and train/sampler_kl.
         params = [
-            self._sampling_params(one, seed=completion_seed(settings.seed, first + i, j))
+            self._sampling_params(one, seed=completion_seed(settings.seed, first + i, j), logprobs=0)
             for i in range(len(prompt_ids))
             for j in range(n)
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)  # in request order
         self.release_memory()
-        batch = RolloutBatch([], [], [], [])
+        # With top_p < 1 vLLM's processed log-probs are renormalized over the nucleus, not the full vocabulary the
+        # RolloutBatch contract (and the learner's scoring) speaks of: then there are none.
+        full_vocabulary = settings.top_p >= 1.0
+        batch = RolloutBatch([], [], [], [], sampler_log_probs=[] if full_vocabulary else None)
         for index, output in enumerate(outputs):
             completion = output.outputs[0]
             ids, finished = cut_completion(list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer)
             batch.prompt_ids.append(list(prompt_ids[index // n]))
             batch.completion_ids.append(ids)
+            if full_vocabulary:
+                batch.sampler_log_probs.append(sampled_log_probs(completion, len(ids)))
             batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
             batch.truncated.append(not finished)
         return batch

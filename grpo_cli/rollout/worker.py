@@ -17,7 +17,7 @@ import torch
 
 from grpo_cli.batch import RolloutData, per_completion_log_probs
 from grpo_cli.config import BatchShape
-from grpo_cli.core import normalize_group_rewards
+from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
 from grpo_cli.models import build_policy
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
@@ -96,14 +96,13 @@ class RolloutWorker:
             lengths = [len(ids) for ids in rollout.completion_ids]
             scores = score_responses(self.reward_fn, rollout.texts, truths, lengths)
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
-            advantages = normalize_group_rewards(
-                raw_rewards,
-                shape.group_size,
-                cfg.normalization.advantage_eps,
-                normalize_by_std=cfg.normalization.advantage == "std",
+            advantages = compute_advantages(
+                raw_rewards, shape.group_size, cfg.normalization.advantage, cfg.normalization.advantage_eps
             )
         data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
         data.policy_version = self.version
+        if rollout.sampler_log_probs is not None:
+            data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in rollout.sampler_log_probs]
         if cfg.train.mask_truncated:
             # DAPO's overlong filtering: a cut-off completion's reward says little about its tokens, so it stays
             # in its group's advantage statistics but leaves the loss.

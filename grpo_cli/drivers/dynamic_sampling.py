@@ -1,0 +1,102 @@
+"""DAPO's dynamic sampling (Yu et al. 2025): keep only groups with a learning signal, sample more until the step's
+batch is full of them.
+
+A group whose G rewards are all equal has advantages 0 under every normalization: it adds nothing to the policy
+gradient, but it still dilutes the batch (and its tokens the token_mean denominator). With
+`train.dynamic_sampling=true` such groups are dropped and the executor samples another batch of prompts, at most
+`train.dynamic_sampling_max_extra_rounds` times; the step then trains on the groups with signal it has (fewer
+than a full batch only when the rounds ran out), and says so in its metrics:
+
+    train/groups_dropped   groups with all-equal rewards dropped this step (every round)
+    train/extra_rounds     generation rounds beyond the first
+    train/groups_trained   groups the update trained on
+    train/groups_short     groups missing from a full batch (0 when the rounds filled it)
+
+Advantages are recomputed over the assembled batch (only batch_std depends on more than the group itself).
+Pure bookkeeping on RolloutData: the executors (drivers/local.py, drivers/ray_executor.py) do the sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_cli.batch import RolloutData, concat_rollouts, select_completions
+from grpo_cli.core import compute_advantages
+
+# Extra round r of step k samples with batch number k + r * EXTRA_ROUND_OFFSET: a sampling seed no regular step
+# (1..train.steps) and no other extra round of the run uses.
+EXTRA_ROUND_OFFSET = 1_000_000
+
+
+def extra_round_batch_number(step: int, extra_round: int) -> int:
+    return step + extra_round * EXTRA_ROUND_OFFSET
+
+
+def groups_with_signal(raw_rewards: torch.Tensor, group_size: int) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (contiguous groups of group_size)."""
+    grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
+    return [int(g) for g in torch.nonzero(grouped.amax(dim=1) > grouped.amin(dim=1)).flatten()]
+
+
+def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]:
+    """The rollout metrics of several batches as one step's: times and token counts add up, statistics (rewards,
+    lengths, rates) are averaged."""
+    if not batches:
+        return {}
+    combined = {}
+    for key in batches[0]:
+        values = [b[key] for b in batches if key in b]
+        additive = key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts"))
+        combined[key] = sum(values) if additive else sum(values) / len(values)
+    return combined
+
+
+@dataclass
+class SignalBatch:
+    """The groups with signal collected so far for one step, round by round."""
+
+    group_size: int
+    target_groups: int  # groups in a full batch (this rank's share)
+    advantage: str  # normalization.advantage, to recompute advantages over the assembled batch
+    advantage_eps: float
+    kept: list[RolloutData] = field(default_factory=list)
+    rounds: list[RolloutData] = field(default_factory=list)
+    dropped: int = 0
+
+    def add(self, data: RolloutData) -> None:
+        """One round's batch: keep its groups with signal."""
+        self.rounds.append(data)
+        groups = groups_with_signal(data.raw_rewards, self.group_size)
+        self.dropped += len(data.raw_rewards) // self.group_size - len(groups)
+        if groups:
+            g = self.group_size
+            self.kept.append(select_completions(data, [i for k in groups for i in range(k * g, (k + 1) * g)]))
+
+    @property
+    def kept_groups(self) -> int:
+        return sum(len(part.raw_rewards) for part in self.kept) // self.group_size
+
+    @property
+    def full(self) -> bool:
+        return self.kept_groups >= self.target_groups
+
+    def batch(self, groups: int | None = None) -> RolloutData:
+        """The batch to train on: the first `groups` (default: a full batch's worth) groups with signal, with
+        advantages recomputed over it and the metrics of every round. With no group with signal at all it is the
+        first round's batch, as training without dynamic sampling would have it (its policy gradient is 0)."""
+        groups = min(self.target_groups if groups is None else groups, self.kept_groups)
+        if groups == 0:
+            data = self.rounds[0]
+        else:
+            data = select_completions(concat_rollouts(self.kept), list(range(groups * self.group_size)))
+            data.advantages = compute_advantages(data.raw_rewards, self.group_size, self.advantage, self.advantage_eps)
+        data.metrics = {
+            **combine_rollout_metrics([r.metrics for r in self.rounds]),
+            "train/groups_dropped": float(self.dropped),
+            "train/extra_rounds": float(len(self.rounds) - 1),
+            "train/groups_trained": float(groups),
+            "train/groups_short": float(self.target_groups - groups),
+        }
+        return data

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from grpo_cli.tasks.base import (
     TaskDataError,
     TaskSpec,
     format_prompt,
+    iter_jsonl_objects,
     parse_question_row,
     prompt_stop_strings,
     stop_strings,
@@ -70,25 +70,14 @@ def load_jsonl_examples(
     question with `prompt_format`; errors name the file, the line and the field."""
     examples = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TaskDataError(
-                        f"{path}:{line_no}: not valid JSON ({e.msg}): fix or remove that line"
-                    ) from None
-                if not isinstance(row, dict):
-                    raise TaskDataError(f"{path}:{line_no}: expected a JSON object per line")
-                try:
-                    question, ground_truth, meta = parse_row(row)
-                except RowError as e:
-                    raise TaskDataError(f"{path}:{line_no}: {e}") from None
-                examples.append(Example(prompt_format(question, prompt_style), ground_truth, meta))
-                if n is not None and len(examples) >= n:
-                    break
+        for line_no, row in iter_jsonl_objects(path):
+            try:
+                question, ground_truth, meta = parse_row(row)
+            except RowError as e:
+                raise TaskDataError(f"{path}:{line_no}: {e}") from None
+            examples.append(Example(prompt_format(question, prompt_style), ground_truth, meta))
+            if n is not None and len(examples) >= n:
+                break
     except OSError as e:
         raise TaskDataError(
             f"cannot read data file {path}: {e.strerror}: check task.train_path / task.eval_path"

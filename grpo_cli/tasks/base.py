@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
@@ -48,6 +50,23 @@ class SanityCase:
     response: str
     expected_reward: float
     why: str
+
+
+def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSONL file; a line that is not a JSON object is one
+    TaskDataError naming the file and the line. OSError and UnicodeDecodeError reach the caller, which names the
+    key the path came from."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskDataError(f"{path}:{line_no}: not valid JSON ({e.msg}): fix or remove that line") from None
+            if not isinstance(row, dict):
+                raise TaskDataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
+            yield line_no, row
 
 
 def parse_question_row(row: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:

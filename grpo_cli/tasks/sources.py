@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.tasks.base import TaskDataError
+from grpo_cli.tasks.base import TaskDataError, iter_jsonl_objects
 from grpo_cli.tasks.hub import _one_line
 from grpo_cli.tasks.user_code import check_signature, load_callable
 
@@ -21,19 +21,10 @@ FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
 def _jsonl_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskDataError(f"{path}:{line_no}: not valid JSON ({e.msg}): fix or remove that line") from None
-            if not isinstance(row, dict):
-                raise TaskDataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
-            if n is not None and len(rows) >= n:
-                break
+    for _, row in iter_jsonl_objects(path):
+        rows.append(row)
+        if n is not None and len(rows) >= n:
+            break
     return rows
 
 

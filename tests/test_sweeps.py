@@ -295,7 +295,7 @@ def test_report_over_an_optuna_sweep_lists_its_trials(optuna_sweep, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-m", "sweep=nope"], "sweep=nope is not a sweep preset: use one of baselines, group_size"),
+        (["-m", "sweep=nope"], "sweep=nope is not a sweep preset: use one of algorithms, baselines, group_size"),
         (["sweep=lr"], "run it with -m (grpo-run -m sweep=lr)"),
     ],
 )

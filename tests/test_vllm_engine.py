@@ -261,6 +261,8 @@ def test_grpo_run_with_vllm_end_to_end(tmp_path, lora):
         [
             f"model.lora.enabled={str(lora).lower()}",
             "model=tiny_random",
+            # fp32 on every CPU: where mixed_precision=auto picks bf16 (AVX-512 BF16), 1e-3 is not the bound.
+            "model.mixed_precision=no",
             "rollout=vllm",
             "train.steps=2",
             "train.eval_every=0",
@@ -329,6 +331,7 @@ def test_a_resumed_run_samples_its_first_batch_from_the_resumed_weights(tmp_path
     # lipogram's answer reward differs across a random model's samples, so lr 1e-2 moves the weights at once.
     overrides = [
         "debug=smoke",
+        "model.mixed_precision=no",  # fp32 on every CPU (auto is bf16 on AVX-512 BF16 ones): the probe's 1e-3 bound
         "rollout=vllm",
         "task=lipogram",
         "task.reward_weights.correctness=0",

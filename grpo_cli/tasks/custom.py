@@ -31,6 +31,7 @@ it when one is configured).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -420,10 +421,9 @@ class CustomReward:
 
     def _checked(self, reward: NamedReward, value: Any, truth: Any, counts: dict[str, int]) -> float | None:
         if hasattr(value, "item") and not isinstance(value, str):  # a 0-d tensor or numpy scalar
-            try:
+            # An array of several values keeps its type, and _value_problem names it.
+            with contextlib.suppress(TypeError, ValueError):
                 value = value.item()
-            except (TypeError, ValueError):
-                pass
         problem = _value_problem(value)
         if problem is None:
             return None if value is None else float(value)

@@ -212,18 +212,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     state = json.loads((path / "state.json").read_text())  # first: a damaged one leaves the model untouched
     if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "sampler" not in state:
         raise ValueError("state.json lacks its step or sampler position")
-    tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    if set(tensors) != trainable:
-        raise CheckpointError(
-            f"checkpoint {path} does not match the model (missing {sorted(trainable - set(tensors))[:3]}, "
-            f"unexpected {sorted(set(tensors) - trainable)[:3]}): resume with the model and LoRA settings the "
-            "run was trained with"
-        )
-    parameters = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in tensors.items():  # into this rank's shard under FSDP2; the whole tensor otherwise
-            parameters[name].copy_(shard_like(value, parameters[name]))
+    copy_trained_weights(path, model, "checkpoint", "resume with the model and LoRA settings the run was trained with")
     saved = torch.load(path / "optimizer.pt", weights_only=False)
     in_order = [p for group in optimizer.param_groups for p in group["params"]]
     saved["state"] = {
@@ -253,16 +242,22 @@ def init_from_checkpoint(init_from: str) -> Path:
     raise CheckpointError(f"init_from={init_from} has no complete checkpoint: give a run directory with checkpoints/")
 
 
-def load_weights(path: Path, model: torch.nn.Module) -> None:
-    """Copy a checkpoint's trained weights into `model` (nothing else: not the optimizer, step or RNG states)."""
+def copy_trained_weights(path: Path, model: torch.nn.Module, label: str, fix: str) -> None:
+    """Copy a checkpoint's trained weights (model.safetensors) into `model`, into this rank's shard under FSDP2;
+    a one-line CheckpointError, "<label> <path> does not match the model (...): <fix>", when the names differ."""
     tensors = load_file(str(path / "model.safetensors"), device=str(next(model.parameters()).device))
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     if set(tensors) != trainable:
         raise CheckpointError(
-            f"init_from: checkpoint {path} does not match the model (missing {sorted(trainable - set(tensors))[:3]}, "
-            f"unexpected {sorted(set(tensors) - trainable)[:3]}): use the model and LoRA settings it was trained with"
+            f"{label} {path} does not match the model (missing {sorted(trainable - set(tensors))[:3]}, "
+            f"unexpected {sorted(set(tensors) - trainable)[:3]}): {fix}"
         )
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in tensors.items():
-            parameters[name].copy_(value)
+            parameters[name].copy_(shard_like(value, parameters[name]))
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """Copy a checkpoint's trained weights into `model` (nothing else: not the optimizer, step or RNG states)."""
+    copy_trained_weights(path, model, "init_from: checkpoint", "use the model and LoRA settings it was trained with")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core import logprobs as logprobs_module
@@ -135,6 +137,30 @@ def test_chunked_equals_unchunked_under_bf16_autocast(chunk_path):
     assert_same(results[1], results[0], atol=2e-2, rtol=2e-2)
 
 
+def test_a_head_with_a_bias_and_no_entropy_asked_equals_unchunked(chunk_path):
+    # The hand-written backward keeps the forward's log Z for its softmax and reuses one logits buffer across
+    # chunks; without entropies the forward exponentiates in place: all of it against autograd's unchunked path.
+    model = tiny_model("llama_untied")
+    model.lm_head = torch.nn.Linear(COMMON["hidden_size"], COMMON["vocab_size"], bias=True)
+    with torch.no_grad():
+        model.lm_head.bias.normal_(0, 0.5)
+    data = batch()
+    results = []
+    for chunk_tokens in (0, 4):
+        model.zero_grad(set_to_none=True)
+        out = response_log_probs(
+            model, data["input_ids"], data["labels"], data["response_mask"], logits_chunk_tokens=chunk_tokens
+        )
+        assert set(out) == {"log_probs"}
+        (out["log_probs"] * torch.linspace(-1, 2, out["log_probs"].numel()).view_as(out["log_probs"])).sum().backward()
+        results.append((out["log_probs"].detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (chunked, chunked_grads), (unchunked, unchunked_grads) = results[1], results[0]
+    torch.testing.assert_close(chunked, unchunked, atol=1e-5, rtol=1e-4)
+    assert unchunked_grads["lm_head.bias"].abs().sum() > 0
+    for name, grad in unchunked_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_no_grad_passes_are_chunked_too_and_equal(chunk_path):
     model = tiny_model("llama_tied").eval()
     data = batch()
@@ -163,6 +189,39 @@ def test_no_chunk_holds_more_rows_than_asked():
     torch.testing.assert_close(hidden.grad, 2 * hidden.detach())
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_label_log_probs(hidden, torch.zeros(13, dtype=torch.long), score, chunk_tokens=0)
+
+
+class _ShapeRecorder(TorchDispatchMode):
+    """Records the shape of every tensor an op returns while it is active (forward or backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_no_tensor_of_more_than_a_chunk_of_tokens_by_the_vocabulary_exists_in_either_pass(chunk_path):
+    model, data, vocab, chunk_tokens = tiny_model("llama_tied"), batch(), COMMON["vocab_size"], 4
+    scored = int(data["response_mask"].sum())  # 13 response tokens, more than a chunk, fewer than hidden_size
+
+    def too_large(shapes):  # any tensor with a vocabulary dimension and another one longer than a chunk
+        return [s for s in shapes if vocab in s and any(chunk_tokens < d <= scored for d in s if d != vocab)]
+
+    for chunk, expect_large in ((0, True), (chunk_tokens, False)):
+        model.zero_grad(set_to_none=True)
+        with _ShapeRecorder() as forward:
+            out = response_log_probs(
+                model, data["input_ids"], data["labels"], data["response_mask"], True, logits_chunk_tokens=chunk
+            )
+        with _ShapeRecorder() as backward:
+            out["log_probs"].sum().backward()
+        assert bool(too_large(forward.shapes)) is expect_large, too_large(forward.shapes)
+        assert bool(too_large(backward.shapes)) is expect_large, too_large(backward.shapes)
+        assert model.lm_head.weight.grad is not None
 
 
 def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph(chunk_path):

@@ -5,10 +5,12 @@ at Qwen2.5's 151,936-token vocabulary are 2.5 GB per float32 copy, and the log-s
 gradients make several. Here the head, the model's head semantics, the temperature and the float32 log-softmax
 run on `chunk_tokens` rows at a time, so no tensor larger than (chunk_tokens x vocabulary) exists:
 
-- forward: each chunk's logits are freed as soon as its log-probs (and entropies) are read off them;
+- forward: each chunk's logits are freed (or, for a plain ``nn.Linear`` head, overwritten by the next chunk's in
+  one reused float32 buffer) once its log-probs, log-normalizers log Z and entropies are read off them;
 - backward, for a plain ``nn.Linear`` head (tied or not; :func:`linear_head_label_log_probs`): a hand-written
-  backward recomputes each chunk's logits, turns them into d log p / d logits in place and adds the chunk's
-  weight gradient into one buffer in place, two (chunk x vocabulary) float32 tensors at a time;
+  backward recomputes each chunk's logits into that buffer, turns them into d log p / d logits in place with the
+  forward's log Z (softmax = exp(logits - log Z): no max or sum pass) and adds the chunk's weight gradient into
+  one buffer in place: one (chunk x vocabulary) float32 tensor at a time;
 - backward, for any other head (a LoRA-wrapped `lm_head`; :func:`chunked_label_log_probs`): each chunk runs under
   `torch.utils.checkpoint` (non-reentrant), which keeps only the chunk's hidden states and recomputes its logits
   when the backward pass reaches it, restoring autocast and the RNG state, and autograd differentiates the head.
@@ -101,9 +103,9 @@ def linear_head_label_log_probs(
     """:func:`chunked_label_log_probs` for a plain ``nn.Linear`` head (tied or not), with a hand-written backward.
 
     Autograd's backward of one chunk holds ~4 (chunk x vocabulary) float32 tensors and a fresh (vocabulary x
-    hidden) weight gradient per chunk; this one holds two and adds each chunk's weight gradient into one buffer
-    in place. Matmuls run in the autocast dtype when autocast is on (as ``nn.Linear`` under autocast would),
-    the softmax in float32.
+    hidden) weight gradient per chunk; this one holds one (two in the forward when entropies are asked) and adds
+    each chunk's weight gradient into one buffer in place. Matmuls run in the autocast dtype when autocast is on
+    (as ``nn.Linear`` under autocast would), the softmax in float32.
 
     Args: as :func:`chunked_label_log_probs`; `head` computes ``hidden @ weight.T + bias`` and `transform` turns
     its output into the scored logits.
@@ -129,11 +131,20 @@ def _chunk_logits(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     transform: LogitTransform,
+    out: torch.Tensor,
     keep_tanh: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(scored float32 logits (n, V), tanh(z / cap) (n, V) when `keep_tanh` and soft-capping, else None), with
-    as few (n, V) tensors as possible."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (n, V)
+    as few (n, V) tensors as possible: the logits are written into `out`'s first n rows, a float32 buffer reused
+    by every chunk (a fresh (n, V) tensor per chunk costs page faults on a CPU and allocator churn on a GPU)."""
+    logits = out[: hidden.shape[0]]
+    if hidden.dtype == weight.dtype == out.dtype:
+        if bias is None:
+            torch.mm(hidden, weight.t(), out=logits)
+        else:
+            torch.addmm(bias.to(out.dtype), hidden, weight.t(), out=logits)
+    else:  # a half-precision matmul (autocast or half weights), its output widened into the buffer
+        logits.copy_(torch.nn.functional.linear(hidden, weight, bias))
     capped = None
     if transform.softcap is not None:
         capped = logits.div_(transform.softcap).tanh_()  # in place: z is not needed again
@@ -158,59 +169,73 @@ class _LinearHeadLogProbs(torch.autograd.Function):
         compute_dtype: torch.dtype | None,
         want_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.transform, ctx.chunk_tokens, ctx.compute_dtype = transform, chunk_tokens, compute_dtype
         cast_hidden, cast_weight, cast_bias = _cast(compute_dtype, hidden, weight, bias)  # weight cast once
         count = hidden.shape[0]
         log_probs = torch.empty(count, dtype=torch.float32, device=hidden.device)
+        # Each row's log Z, kept for backward: softmax = exp(logits - log Z) there needs no max or sum pass.
+        log_normalizer = torch.empty(count, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(count if want_entropy else 0, dtype=torch.float32, device=hidden.device)
+        logits_buffer = _chunk_buffer(hidden, weight, chunk_tokens)
+        exp_buffer = _chunk_buffer(hidden, weight, chunk_tokens) if want_entropy else None
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, count, chunk_tokens):
                 rows = slice(start, start + chunk_tokens)
-                logits, _ = _chunk_logits(cast_hidden[rows], cast_weight, cast_bias, transform)  # (n, V)
+                logits, _ = _chunk_logits(cast_hidden[rows], cast_weight, cast_bias, transform, logits_buffer)
                 label_logits = logits.gather(1, labels[rows, None]).squeeze(1)  # (n,)
                 # log Z = max + log sum exp(logits - max); shifting in place keeps exp() finite and adds no tensor.
                 shift = logits.amax(dim=-1, keepdim=True)
                 shifted = logits.sub_(shift)
-                probs = shifted.exp()  # unnormalized
-                total = probs.sum(dim=-1, keepdim=True)
-                log_normalizer = (shift + total.log()).squeeze(1)
-                log_probs[rows] = label_logits - log_normalizer
-                if want_entropy:  # H = log Z - sum p z = log sum e^s - sum p s, s = shifted
-                    probs.div_(total)
-                    entropy[rows] = total.log().squeeze(1) - torch.einsum("nv,nv->n", probs, shifted)
-                del logits, shifted, probs
+                if want_entropy:  # H = log Z - sum p z = log S - (sum e^s s) / S, s = shifted, S = sum e^s
+                    unnormalized = torch.exp(shifted, out=exp_buffer[: shifted.shape[0]])
+                    total = unnormalized.sum(dim=-1, keepdim=True).squeeze(1)
+                    weighted = torch.einsum("nv,nv->n", unnormalized, shifted)
+                    entropy[rows] = total.log() - weighted / total
+                    del unnormalized
+                else:
+                    total = shifted.exp_().sum(dim=-1)  # the shifted logits are not needed again
+                log_normalizer[rows] = shift.squeeze(1) + total.log()
+                log_probs[rows] = label_logits - log_normalizer[rows]
+                del logits, shifted
+        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
         ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx: Any, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple:
-        hidden, weight, bias, labels = ctx.saved_tensors
+        hidden, weight, bias, labels, log_normalizer = ctx.saved_tensors
         transform, compute_dtype = ctx.transform, ctx.compute_dtype
         cast_hidden, cast_weight, cast_bias = _cast(compute_dtype, hidden, weight, bias)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None  # every row is written once
+        grad_weight = None
+        if need_weight:  # the first chunk writes it, later ones add: no (V, H) zero fill unless there is no chunk
+            grad_weight = (torch.empty_like if hidden.shape[0] else torch.zeros_like)(weight, dtype=torch.float32)
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        logits_buffer = _chunk_buffer(hidden, weight, ctx.chunk_tokens)
         for start in range(0, hidden.shape[0], ctx.chunk_tokens):
             rows = slice(start, start + ctx.chunk_tokens)
-            logits, capped = _chunk_logits(cast_hidden[rows], cast_weight, cast_bias, transform, keep_tanh=True)
-            # d log p(y) / d logits = onehot(y) - softmax(logits), times the incoming gradient; all in place.
-            grad_logits = _softmax_(logits)
+            logits, capped = _chunk_logits(
+                cast_hidden[rows], cast_weight, cast_bias, transform, logits_buffer, keep_tanh=True
+            )
+            # d log p(y) / d logits = onehot(y) - softmax(logits), times the incoming gradient g (and the logit
+            # multiplier): -g p everywhere, +g at the label; in place, softmax from the forward's log Z.
+            grad_logits = logits.sub_(log_normalizer[rows, None]).exp_()
             del logits
-            grad_logits.neg_()
-            grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), labels[rows]] += 1
-            grad_logits.mul_(grad_log_probs[rows, None] * transform.multiplier)
+            scale = grad_log_probs[rows] * transform.multiplier  # (n,)
+            grad_logits.mul_(scale.neg()[:, None])
+            grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), labels[rows]] += scale
             if capped is not None:  # d(cap tanh(z / cap)) / dz = 1 - tanh^2
                 grad_logits.mul_(capped.square_().neg_().add_(1))
                 del capped
             grad_z = grad_logits if compute_dtype is None else grad_logits.to(compute_dtype)  # (n, V)
             if need_hidden:
                 grad_hidden[rows] = grad_z @ cast_weight
-            if need_weight and compute_dtype is None:
-                grad_weight.addmm_(grad_z.T, cast_hidden[rows])  # in place: no (V, H) temporary
-            elif need_weight:
-                grad_weight.add_(grad_z.T @ cast_hidden[rows])  # a half-precision (V, H) product, summed in fp32
+            if need_weight and compute_dtype is None:  # in place: no (V, H) temporary
+                grad_weight.addmm_(grad_z.T, cast_hidden[rows], beta=0 if start == 0 else 1)
+            elif need_weight:  # a half-precision (V, H) product, summed in fp32
+                product = grad_z.T @ cast_hidden[rows]
+                grad_weight.copy_(product) if start == 0 else grad_weight.add_(product)
             if need_bias:
                 grad_bias.add_(grad_z.sum(dim=0))
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
@@ -218,10 +243,9 @@ class _LinearHeadLogProbs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
-def _softmax_(logits: torch.Tensor) -> torch.Tensor:
-    """softmax over the last dimension, in place."""
-    logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
-    return logits.div_(logits.sum(dim=-1, keepdim=True))
+def _chunk_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """An uninitialized float32 (min(chunk, rows), vocabulary) buffer for one chunk's logits."""
+    return torch.empty(min(chunk_tokens, hidden.shape[0]), weight.shape[0], dtype=torch.float32, device=hidden.device)
 
 
 def _cast(

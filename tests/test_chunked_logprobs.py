@@ -137,6 +137,15 @@ def test_chunked_equals_unchunked_under_bf16_autocast(chunk_path):
     assert_same(results[1], results[0], atol=2e-2, rtol=2e-2)
 
 
+def test_chunked_equals_unchunked_with_half_precision_weights(chunk_path):
+    # model.dtype=bfloat16 without autocast: the hand-written backward's matmuls run in the weight's dtype (it
+    # multiplied float32 gradients by the bf16 weight and stopped with a dtype error before).
+    model = tiny_model("llama_tied").to(torch.bfloat16)
+    chunked, unchunked = score_and_backward(model, 4), score_and_backward(model, 0)
+    assert unchunked[3]["model.embed_tokens.weight"].dtype == torch.bfloat16  # tied to the head
+    assert_same(chunked, unchunked, atol=2e-2, rtol=2e-2)
+
+
 def test_a_head_with_a_bias_and_no_entropy_asked_equals_unchunked(chunk_path):
     # The hand-written backward keeps the forward's log Z for its softmax and reuses one logits buffer across
     # chunks; without entropies the forward exponentiates in place: all of it against autograd's unchunked path.

@@ -228,10 +228,12 @@ class _LinearHeadLogProbs(torch.autograd.Function):
             if capped is not None:  # d(cap tanh(z / cap)) / dz = 1 - tanh^2
                 grad_logits.mul_(capped.square_().neg_().add_(1))
                 del capped
-            grad_z = grad_logits if compute_dtype is None else grad_logits.to(compute_dtype)  # (n, V)
+            # The gradient's matmuls in the forward's matmul dtype: the autocast dtype, or the weight's own
+            # (half-precision weights without autocast, model.dtype=bfloat16).
+            grad_z = grad_logits.to(cast_weight.dtype)  # (n, V); no copy when float32
             if need_hidden:
                 grad_hidden[rows] = grad_z @ cast_weight
-            if need_weight and compute_dtype is None:  # in place: no (V, H) temporary
+            if need_weight and grad_z.dtype == torch.float32:  # in place: no (V, H) temporary
                 grad_weight.addmm_(grad_z.T, cast_hidden[rows], beta=0 if start == 0 else 1)
             elif need_weight:  # a half-precision (V, H) product, summed in fp32
                 product = grad_z.T @ cast_hidden[rows]

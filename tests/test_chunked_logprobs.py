@@ -233,6 +233,41 @@ def test_no_tensor_of_more_than_a_chunk_of_tokens_by_the_vocabulary_exists_in_ei
         assert model.lm_head.weight.grad is not None
 
 
+def test_the_backward_recomputes_every_chunk_but_the_last_and_a_retained_graph_twice():
+    # The forward keeps the last chunk's softmax, so a one-chunk batch recomputes nothing and a batch of chunks
+    # 4, 4, 4, 1 recomputes the three 4-row chunks only; a second backward through a retained graph recomputes
+    # everything and gives the same gradients.
+    model, data, vocab = tiny_model("llama_untied"), batch(), COMMON["vocab_size"]
+
+    class MatmulShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.rows_by_vocab = []  # rows of every (rows, vocabulary) matmul output: the head's logits
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and out.shape[-1] == vocab:
+                self.rows_by_vocab.append(out.shape[0])
+            return out
+
+    for chunk, recomputed in ((64, []), (4, [4, 4, 4])):
+        model.zero_grad(set_to_none=True)
+        out = response_log_probs(
+            model, data["input_ids"], data["labels"], data["response_mask"], True, logits_chunk_tokens=chunk
+        )
+        loss = (out["log_probs"] * torch.linspace(-1, 1, out["log_probs"].numel()).view_as(out["log_probs"])).sum()
+        with MatmulShapes() as first:
+            loss.backward(retain_graph=True)
+        assert first.rows_by_vocab == recomputed
+        once = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        with MatmulShapes() as second:
+            loss.backward()
+        assert sorted(second.rows_by_vocab) == sorted(recomputed + [13 - sum(recomputed)])
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, once[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph(chunk_path):
     model = tiny_model("llama_untied")
     data = tokenize_prompt_and_output_ids([[5, 6], [7, 8]], [[], []], pad_token_id=0)

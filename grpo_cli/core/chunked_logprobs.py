@@ -117,8 +117,19 @@ def linear_head_label_log_probs(
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     device_type = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    # Keep the last chunk's softmax for backward only when one can follow (inside the Function grad mode is off).
+    trained = [t for t in (hidden, head.weight, head.bias) if t is not None and t.requires_grad]
+    keep_softmax = torch.is_grad_enabled() and bool(trained) and transform.softcap is None
     log_probs, entropy = _LinearHeadLogProbs.apply(
-        hidden, head.weight, head.bias, labels, transform, chunk_tokens, compute_dtype, return_token_entropy
+        hidden,
+        head.weight,
+        head.bias,
+        labels,
+        transform,
+        chunk_tokens,
+        compute_dtype,
+        return_token_entropy,
+        keep_softmax,
     )
     result = {"log_probs": log_probs}
     if return_token_entropy:
@@ -168,8 +179,10 @@ class _LinearHeadLogProbs(torch.autograd.Function):
         chunk_tokens: int,
         compute_dtype: torch.dtype | None,
         want_entropy: bool,
+        keep_softmax: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.transform, ctx.chunk_tokens, ctx.compute_dtype = transform, chunk_tokens, compute_dtype
+        ctx.kept_softmax = None
         cast_hidden, cast_weight, cast_bias = _cast(compute_dtype, hidden, weight, bias)  # weight cast once
         count = hidden.shape[0]
         log_probs = torch.empty(count, dtype=torch.float32, device=hidden.device)
@@ -191,12 +204,19 @@ class _LinearHeadLogProbs(torch.autograd.Function):
                     total = unnormalized.sum(dim=-1, keepdim=True).squeeze(1)
                     weighted = torch.einsum("nv,nv->n", unnormalized, shifted)
                     entropy[rows] = total.log() - weighted / total
-                    del unnormalized
+                    exponentials, buffer = unnormalized, exp_buffer
                 else:
                     total = shifted.exp_().sum(dim=-1)  # the shifted logits are not needed again
+                    exponentials, buffer = shifted, logits_buffer
                 log_normalizer[rows] = shift.squeeze(1) + total.log()
                 log_probs[rows] = label_logits - log_normalizer[rows]
-                del logits, shifted
+                if keep_softmax and start + chunk_tokens >= count:
+                    # The last chunk's softmax stays in its buffer and the backward starts with it: one chunk
+                    # fewer to recompute (none when the batch is one chunk), and no more peak memory, since the
+                    # backward needs a chunk-sized buffer anyway and reuses this one.
+                    exponentials.div_(total[:, None])
+                    ctx.kept_softmax = buffer
+                del logits, shifted, exponentials, buffer
         ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
         ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
@@ -212,16 +232,23 @@ class _LinearHeadLogProbs(torch.autograd.Function):
         if need_weight:  # the first chunk writes it, later ones add: no (V, H) zero fill unless there is no chunk
             grad_weight = (torch.empty_like if hidden.shape[0] else torch.zeros_like)(weight, dtype=torch.float32)
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
-        logits_buffer = _chunk_buffer(hidden, weight, ctx.chunk_tokens)
-        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
-            rows = slice(start, start + ctx.chunk_tokens)
-            logits, capped = _chunk_logits(
-                cast_hidden[rows], cast_weight, cast_bias, transform, logits_buffer, keep_tanh=True
-            )
+        # The forward's kept softmax serves once: a second backward through a retained graph recomputes.
+        kept_softmax, ctx.kept_softmax = ctx.kept_softmax, None
+        buffer = kept_softmax if kept_softmax is not None else _chunk_buffer(hidden, weight, ctx.chunk_tokens)
+        starts = range(0, hidden.shape[0], ctx.chunk_tokens)
+        for order, start in enumerate(reversed(starts)):  # the last chunk first: its softmax may be kept
+            rows, first = slice(start, start + ctx.chunk_tokens), order == 0
+            if first and kept_softmax is not None:
+                grad_logits, capped = kept_softmax[: hidden.shape[0] - start], None  # no soft-capping when kept
+            else:
+                logits, capped = _chunk_logits(
+                    cast_hidden[rows], cast_weight, cast_bias, transform, buffer, keep_tanh=True
+                )
+                # softmax from the forward's log Z, in place
+                grad_logits = logits.sub_(log_normalizer[rows, None]).exp_()
+                del logits
             # d log p(y) / d logits = onehot(y) - softmax(logits), times the incoming gradient g (and the logit
-            # multiplier): -g p everywhere, +g at the label; in place, softmax from the forward's log Z.
-            grad_logits = logits.sub_(log_normalizer[rows, None]).exp_()
-            del logits
+            # multiplier): -g p everywhere, +g at the label; in place.
             scale = grad_log_probs[rows] * transform.multiplier  # (n,)
             grad_logits.mul_(scale.neg()[:, None])
             grad_logits[torch.arange(grad_logits.shape[0], device=grad_logits.device), labels[rows]] += scale
@@ -234,15 +261,15 @@ class _LinearHeadLogProbs(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[rows] = grad_z @ cast_weight
             if need_weight and grad_z.dtype == torch.float32:  # in place: no (V, H) temporary
-                grad_weight.addmm_(grad_z.T, cast_hidden[rows], beta=0 if start == 0 else 1)
+                grad_weight.addmm_(grad_z.T, cast_hidden[rows], beta=0 if first else 1)
             elif need_weight:  # a half-precision (V, H) product, summed in fp32
                 product = grad_z.T @ cast_hidden[rows]
-                grad_weight.copy_(product) if start == 0 else grad_weight.add_(product)
+                grad_weight.copy_(product) if first else grad_weight.add_(product)
             if need_bias:
                 grad_bias.add_(grad_z.sum(dim=0))
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _chunk_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk_tokens: int) -> torch.Tensor:

@@ -8,9 +8,10 @@ run on `chunk_tokens` rows at a time, so no tensor larger than (chunk_tokens x v
 - forward: each chunk's logits are freed (or, for a plain ``nn.Linear`` head, overwritten by the next chunk's in
   one reused float32 buffer) once its log-probs, log-normalizers log Z and entropies are read off them;
 - backward, for a plain ``nn.Linear`` head (tied or not; :func:`linear_head_label_log_probs`): a hand-written
-  backward recomputes each chunk's logits into that buffer, turns them into d log p / d logits in place with the
-  forward's log Z (softmax = exp(logits - log Z): no max or sum pass) and adds the chunk's weight gradient into
-  one buffer in place: one (chunk x vocabulary) float32 tensor at a time;
+  backward starts with the last chunk, whose softmax the forward left in its buffer (none recomputed when the
+  batch is one chunk), then recomputes each other chunk's logits into that buffer, turns them into
+  d log p / d logits in place with the forward's log Z (softmax = exp(logits - log Z): no max or sum pass) and
+  adds each chunk's weight gradient into one buffer in place: one (chunk x vocabulary) float32 tensor at a time;
 - backward, for any other head (a LoRA-wrapped `lm_head`; :func:`chunked_label_log_probs`): each chunk runs under
   `torch.utils.checkpoint` (non-reentrant), which keeps only the chunk's hidden states and recomputes its logits
   when the backward pass reaches it, restoring autocast and the RNG state, and autograd differentiates the head.

@@ -55,3 +55,48 @@ def build_prompts(split, n, seed, prompt_style="chat"):
 @pytest.fixture
 def letter_e_task(monkeypatch):
     monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))
+
+
+# A 2-layer causal LM small enough for exact comparisons; every architecture below shares it.
+TINY_LM_CONFIG = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=64,
+)
+
+
+def tiny_head_lm(architecture: str):
+    """A tiny random causal LM of each LM-head kind the scorer supports (tied or untied Llama, Gemma-2's
+    soft-capping, Cohere's logit_scale, Granite's logits_scaling), in train mode, its weights drawn large enough
+    that the softmax is far from uniform."""
+    import torch
+    import transformers
+
+    builders = {
+        "llama_tied": lambda: transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=True)
+        ),
+        "llama_untied": lambda: transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=False)
+        ),
+        "gemma2_softcap": lambda: transformers.Gemma2ForCausalLM(
+            transformers.Gemma2Config(**TINY_LM_CONFIG, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
+        ),
+        "cohere_scale": lambda: transformers.CohereForCausalLM(
+            transformers.CohereConfig(**TINY_LM_CONFIG, logit_scale=3.0)
+        ),
+        "granite_scale": lambda: transformers.GraniteForCausalLM(
+            transformers.GraniteConfig(**TINY_LM_CONFIG, logits_scaling=0.25)
+        ),
+    }
+    model = builders[architecture]()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    return model.train()

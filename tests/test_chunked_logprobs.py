@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -13,35 +12,7 @@ from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokeni
 from grpo_cli.core import logprobs as logprobs_module
 from grpo_cli.core.chunked_logprobs import chunked_label_log_probs
 from grpo_cli.models import apply_lora
-
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=64,
-)
-
-
-def tiny_model(architecture: str) -> torch.nn.Module:
-    """A 2-layer causal LM of each head kind, weights large enough that the softmax is far from uniform."""
-    if architecture == "llama_tied":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=True))
-    elif architecture == "llama_untied":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=False))
-    elif architecture == "gemma2_softcap":
-        config = transformers.Gemma2Config(**COMMON, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
-        model = transformers.Gemma2ForCausalLM(config)
-    else:  # Cohere: logit_scale on a tied head
-        model = transformers.CohereForCausalLM(transformers.CohereConfig(**COMMON, logit_scale=3.0))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.5)
-    return model.train()
+from tests.conftest import TINY_LM_CONFIG, tiny_head_lm
 
 
 def batch():
@@ -102,7 +73,7 @@ def chunk_path(request, monkeypatch):
 
 @pytest.mark.parametrize("architecture", ["llama_tied", "llama_untied", "gemma2_softcap", "cohere_scale"])
 def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture, chunk_path):
-    model = tiny_model(architecture)
+    model = tiny_head_lm(architecture)
     unchunked = score_and_backward(model, 0)
     assert unchunked[0][batch()["response_mask"]].abs().min() > 0  # real log-probs, not zeros
     for chunk_tokens in (1, 4, 5, 64):
@@ -110,12 +81,12 @@ def test_chunked_equals_unchunked_values_loss_and_every_gradient(architecture, c
 
 
 def test_chunked_equals_unchunked_with_shared_prompts(chunk_path):
-    model = tiny_model("llama_tied")
+    model = tiny_head_lm("llama_tied")
     assert_same(score_and_backward(model, 4, share_prompts=True), score_and_backward(model, 0, share_prompts=True))
 
 
 def test_chunked_equals_unchunked_with_lora_on_the_lm_head():
-    model = apply_lora(tiny_model("llama_untied"), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
+    model = apply_lora(tiny_head_lm("llama_untied"), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
     with torch.no_grad():  # LoRA's B starts at zero; make the adapters matter
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
@@ -127,7 +98,7 @@ def test_chunked_equals_unchunked_with_lora_on_the_lm_head():
 
 
 def test_chunked_equals_unchunked_under_bf16_autocast(chunk_path):
-    model = tiny_model("gemma2_softcap")
+    model = tiny_head_lm("gemma2_softcap")
     results = []
     for chunk_tokens in (0, 4):
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -140,7 +111,7 @@ def test_chunked_equals_unchunked_under_bf16_autocast(chunk_path):
 def test_chunked_equals_unchunked_with_half_precision_weights(chunk_path):
     # model.dtype=bfloat16 without autocast: the hand-written backward's matmuls run in the weight's dtype (it
     # multiplied float32 gradients by the bf16 weight and stopped with a dtype error before).
-    model = tiny_model("llama_tied").to(torch.bfloat16)
+    model = tiny_head_lm("llama_tied").to(torch.bfloat16)
     chunked, unchunked = score_and_backward(model, 4), score_and_backward(model, 0)
     assert unchunked[3]["model.embed_tokens.weight"].dtype == torch.bfloat16  # tied to the head
     assert_same(chunked, unchunked, atol=2e-2, rtol=2e-2)
@@ -149,8 +120,8 @@ def test_chunked_equals_unchunked_with_half_precision_weights(chunk_path):
 def test_a_head_with_a_bias_and_no_entropy_asked_equals_unchunked(chunk_path):
     # The hand-written backward keeps the forward's log Z for its softmax and reuses one logits buffer across
     # chunks; without entropies the forward exponentiates in place: all of it against autograd's unchunked path.
-    model = tiny_model("llama_untied")
-    model.lm_head = torch.nn.Linear(COMMON["hidden_size"], COMMON["vocab_size"], bias=True)
+    model = tiny_head_lm("llama_untied")
+    model.lm_head = torch.nn.Linear(TINY_LM_CONFIG["hidden_size"], TINY_LM_CONFIG["vocab_size"], bias=True)
     with torch.no_grad():
         model.lm_head.bias.normal_(0, 0.5)
     data = batch()
@@ -171,7 +142,7 @@ def test_a_head_with_a_bias_and_no_entropy_asked_equals_unchunked(chunk_path):
 
 
 def test_no_grad_passes_are_chunked_too_and_equal(chunk_path):
-    model = tiny_model("llama_tied").eval()
+    model = tiny_head_lm("llama_tied").eval()
     data = batch()
     with torch.inference_mode():
         full = response_log_probs(
@@ -214,7 +185,7 @@ class _ShapeRecorder(TorchDispatchMode):
 
 
 def test_no_tensor_of_more_than_a_chunk_of_tokens_by_the_vocabulary_exists_in_either_pass(chunk_path):
-    model, data, vocab, chunk_tokens = tiny_model("llama_tied"), batch(), COMMON["vocab_size"], 4
+    model, data, vocab, chunk_tokens = tiny_head_lm("llama_tied"), batch(), TINY_LM_CONFIG["vocab_size"], 4
     scored = int(data["response_mask"].sum())  # 13 response tokens, more than a chunk, fewer than hidden_size
 
     def too_large(shapes):  # any tensor with a vocabulary dimension and another one longer than a chunk
@@ -237,7 +208,7 @@ def test_the_backward_recomputes_every_chunk_but_the_last_and_a_retained_graph_t
     # The forward keeps the last chunk's softmax, so a one-chunk batch recomputes nothing and a batch of chunks
     # 4, 4, 4, 1 recomputes the three 4-row chunks only; a second backward through a retained graph recomputes
     # everything and gives the same gradients.
-    model, data, vocab = tiny_model("llama_untied"), batch(), COMMON["vocab_size"]
+    model, data, vocab = tiny_head_lm("llama_untied"), batch(), TINY_LM_CONFIG["vocab_size"]
 
     class MatmulShapes(TorchDispatchMode):
         def __init__(self):
@@ -269,7 +240,7 @@ def test_the_backward_recomputes_every_chunk_but_the_last_and_a_retained_graph_t
 
 
 def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph(chunk_path):
-    model = tiny_model("llama_untied")
+    model = tiny_head_lm("llama_untied")
     data = tokenize_prompt_and_output_ids([[5, 6], [7, 8]], [[], []], pad_token_id=0)
     for chunk_tokens in (0, 4):
         model.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ from grpo_cli.models import TINY_RANDOM, apply_lora, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.runtime import compute_dtype, pure_half_precision_warning, resolve_dtype
 from grpo_cli.tracking import read_metrics, truncate_metrics
+from tests.conftest import tiny_head_lm
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -161,38 +162,9 @@ def test_learner_scores_at_rollout_temperature(tmp_path, monkeypatch, letter_e_t
 # --- head semantics ---------------------------------------------------------------------------------------------
 
 
-def tiny_causal_lm(architecture: str) -> torch.nn.Module:
-    import transformers
-
-    common = dict(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    if architecture == "gemma2":
-        config = transformers.Gemma2Config(**common, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
-        model = transformers.Gemma2ForCausalLM(config)
-    elif architecture == "cohere":
-        config = transformers.CohereConfig(**common, logit_scale=3.0)
-        model = transformers.CohereForCausalLM(config)
-    else:
-        config = transformers.GraniteConfig(**common, logits_scaling=0.25)
-        model = transformers.GraniteForCausalLM(config)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.5)
-    return model.eval()
-
-
-@pytest.mark.parametrize("architecture", ["gemma2", "cohere", "granite"])
+@pytest.mark.parametrize("architecture", ["gemma2_softcap", "cohere_scale", "granite_scale"])
 def test_response_scoring_applies_the_models_own_head_semantics(architecture):
-    model = tiny_causal_lm(architecture)
+    model = tiny_head_lm(architecture).eval()
     batch = tokenize_prompt_and_output_ids([[1, 5, 7], [2, 9]], [[11, 12, 13], [14]], pad_token_id=0)
     mask = batch["response_mask"]
     with torch.no_grad():

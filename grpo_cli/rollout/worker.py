@@ -183,3 +183,6 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.engine.close()
+        close_reward = getattr(self.reward_fn, "close", None)  # task=custom: its reward worker processes
+        if close_reward is not None:
+            close_reward()

@@ -20,7 +20,9 @@ None means "no reward from this function for this sample": the sample's reward i
 (TRL's nansum), and the function's logged mean leaves it out.
 
 A reward that raises, returns the wrong number of values, NaN, a string, or runs past task.reward_timeout_s is
-one line naming the function, the row and what it returned. task.on_reward_error decides what happens then:
+one line naming the function, the row and what it returned. The functions run in task.reward_workers worker
+processes (tasks/reward_workers.py), so one blocked in C is killed at the limit and an exit or a crash is that
+function's error; 0 calls them in this process, unprotected. task.on_reward_error decides what happens then:
 stop (the default: the run stops with its checkpoints kept, and a save of the last update) or skip (that function
 gives that sample no reward, counted in train/reward_errors and train/reward_timeouts).
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.fields import any_value, choice, path, positive
+from grpo_cli.fields import any_value, choice, non_negative, path, positive
 from grpo_cli.tasks.base import (
     PROMPT_STYLES,
     R1_ZERO_TEMPLATE,
@@ -54,10 +57,11 @@ from grpo_cli.tasks.base import (
     TaskDataError,
     TaskSpec,
 )
+from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.sources import check_json_values, dataset_rows, file_rows, generated_rows
-from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+from grpo_cli.tasks.timelimit import RewardTimeout
 from grpo_cli.tasks.user_code import (
     UserCodeError,
     absolute_reference,
@@ -130,6 +134,10 @@ class CustomTaskConfig(TaskConfig):
     # What a reward that raises, hangs, returns NaN, a string or the wrong count does to the run: stop (one line
     # naming it; checkpoints kept) or skip (no reward from it for that sample, counted in train/reward_errors).
     on_reward_error: str = choice("stop", ON_REWARD_ERROR)
+    # Worker processes that run the reward functions (task.rewards), each call killed at task.reward_timeout_s;
+    # calls of several functions, or of per_sample rows, run in parallel across them. 0: in this process, where
+    # a call blocked in C outlives the limit and sys.exit ends the run (the reward model always runs here).
+    reward_workers: int = non_negative(1, hint="0: call the functions in this process, unprotected")
     # The reward logged as answer_reward, whose value >= 1 marks an answer correct (eval/pass@k, maj@n); null:
     # the weighted total.
     answer_from: str | None = any_value(None)
@@ -264,6 +272,8 @@ class NamedReward:
     convention: str  # trl | per_sample | model
     accepts_any_keyword: bool = True
     parameters: tuple[str, ...] = ()
+    # Picklable, returns fn: how a worker process loads the function itself (None: it runs in this process).
+    loader: Callable[[], Callable[..., Any]] | None = None
 
     def check_columns(self, row: dict[str, Any], where: str) -> None:
         """A TRL function's required parameters are columns of the data (TRL passes each column by its name)."""
@@ -300,13 +310,14 @@ def _bind_or_fail(reward: NamedReward, kwargs: dict[str, Any], where: str) -> No
 def _user_reward(name: str, reference: str, convention: str, base_dir: Path) -> NamedReward:
     key = f"task.rewards.{name}"
     fn = load_callable(key, reference, base_dir)
+    loader = functools.partial(load_callable, key, reference, base_dir)
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return NamedReward(name, f"{key}={reference}", fn, convention)
+        return NamedReward(name, f"{key}={reference}", fn, convention, loader=loader)
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
     names = tuple(p.name for p in params)
-    reward = NamedReward(name, f"{key}={reference}", fn, convention, any_keyword, names)
+    reward = NamedReward(name, f"{key}={reference}", fn, convention, any_keyword, names, loader)
     if convention == "per_sample":
         check_signature(key, reference, fn, "response", {})
     elif not any_keyword and "completions" not in names:
@@ -341,7 +352,9 @@ class CustomReward:
     shaping: Shaping = Shaping()
     model_factory: Callable[[str | None], Any] | None = None
     device: str | None = None
+    workers: int = 0  # task.reward_workers (0: the functions run in this process)
     _model: Any = field(default=None, repr=False)
+    _pool: RewardWorkers | None = field(default=None, repr=False)
 
     @property
     def uses_n_tokens(self) -> bool:
@@ -356,6 +369,11 @@ class CustomReward:
     def __call__(self, response: str, ground_truth: Any, n_tokens: int | None = None) -> dict[str, float]:
         return self.score_batch([response], [ground_truth], [n_tokens]).rewards[0]
 
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+
     # --- one batch --------------------------------------------------------------------------------------
     def score_batch(
         self, responses: Sequence[str], truths: Sequence[Any], n_tokens: Sequence[int | None] | None = None
@@ -364,8 +382,10 @@ class CustomReward:
         lengths = list(n_tokens) if n_tokens is not None else [None] * n
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
+        # Every function's calls first, then their results: with workers, the calls run in parallel.
+        calls = {reward.name: self._start_batch(reward, list(responses), list(truths)) for reward in self.rewards}
         for reward in self.rewards:
-            values[reward.name] = self._values(reward, list(responses), list(truths), counts)
+            values[reward.name] = self._values(reward, list(responses), list(truths), counts, calls[reward.name])
         if self.weights.get("overlong"):
             if self.shaping.max_tokens is None or any(length is None for length in lengths):
                 raise ValueError("the overlong reward term needs rollout.max_tokens and each completion's token count")
@@ -384,14 +404,22 @@ class CustomReward:
             out.append(result)
         return BatchScores(out, counts["errors"], counts["timeouts"])
 
+    def _start_batch(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> Any:
+        """The calls of one function on the batch, started: one per row (per_sample) or one (trl)."""
+        if reward.convention == "model":
+            return None
+        if reward.convention == "per_sample":
+            return [self._start(reward, (r, t), {}) for r, t in zip(responses, truths, strict=True)]
+        return self._start(reward, (), self._trl_arguments(reward, responses, truths))
+
     def _values(
-        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int]
+        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int], calls: Any
     ) -> list[float | None]:
         if reward.convention == "model":
             return self._model_values(reward, responses, truths)
         if reward.convention == "per_sample":
-            return [self._one(reward, r, t, counts) for r, t in zip(responses, truths, strict=True)]
-        return self._trl_batch(reward, responses, truths, counts)
+            return [self._one(reward, r, t, counts, c) for r, t, c in zip(responses, truths, calls, strict=True)]
+        return self._trl_batch(reward, responses, truths, counts, calls)
 
     def _fail(self, reward: NamedReward, what: str, truth: Any, where: str = "on row") -> None:
         """Stop: one line naming the function, the row and what it did."""
@@ -400,13 +428,23 @@ class CustomReward:
             "give such samples no reward from it"
         )
 
-    def _call(self, reward: NamedReward, *args: Any, **kwargs: Any) -> Any:
-        return call_with_time_limit(self.time_limit_s, reward.fn, *args, **kwargs)
+    def _start(
+        self, reward: NamedReward, args: tuple[Any, ...], kwargs: dict[str, Any], callbacks: dict | None = None
+    ) -> PendingCall | InProcessCall:
+        """One call of a user's function, started: in a worker process, or (task.reward_workers=0) in this one when
+        its result is read. `callbacks` (log_extra, log_metric) among the arguments reach the caller's."""
+        if not self.workers or reward.loader is None:
+            return InProcessCall(reward.fn, args, kwargs, self.time_limit_s)
+        if self._pool is None:
+            self._pool = RewardWorkers(self.workers, self.time_limit_s)
+        return self._pool.submit(reward.loader, args, kwargs, callbacks, label=reward.key)
 
-    def _one(self, reward: NamedReward, response: str, truth: Any, counts: dict[str, int]) -> float | None:
+    def _one(
+        self, reward: NamedReward, response: str, truth: Any, counts: dict[str, int], call: Any = None
+    ) -> float | None:
         """per_sample: fn(response, row)."""
         try:
-            value = self._call(reward, response, truth)
+            value = (call or self._start(reward, (response, truth), {})).result()
         except RewardTimeout:
             if self.on_error == "stop":
                 self._fail(reward, f"ran past task.reward_timeout_s={self.time_limit_s:g}s", truth)
@@ -414,7 +452,7 @@ class CustomReward:
             return None
         except Exception as e:  # noqa: BLE001 - the user's code: stop with one line, or skip the sample
             if self.on_error == "stop":
-                self._fail(reward, f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}", truth)
+                self._fail(reward, describe_error(e), truth)
             counts["errors"] += 1
             return None
         return self._checked(reward, value, truth, counts)
@@ -432,16 +470,19 @@ class CustomReward:
         counts["errors"] += 1
         return None
 
-    def _trl_batch(
-        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int]
-    ) -> list[float | None]:
+    def _trl_arguments(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> dict[str, Any]:
         prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
         completions: list[Any] = (
             [[{"role": "assistant", "content": r}] for r in responses] if self.conversational else list(responses)
         )
+        return reward.trl_kwargs(prompts, completions, truths)
+
+    def _trl_batch(
+        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int], call: Any = None
+    ) -> list[float | None]:
         n = len(responses)
         try:
-            out = self._call(reward, **reward.trl_kwargs(prompts, completions, truths))
+            out = (call or self._start(reward, (), self._trl_arguments(reward, responses, truths))).result()
         except RewardTimeout:
             if self.on_error == "stop":
                 self._fail(
@@ -450,7 +491,7 @@ class CustomReward:
             counts["timeouts"] += n
             return [None] * n
         except Exception as e:  # noqa: BLE001 - find the row(s) it fails on, one sample at a time
-            error = f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            error = describe_error(e)
             if n == 1:
                 if self.on_error == "stop":
                     self._fail(reward, error, truths[0])
@@ -578,6 +619,7 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
         answer_from=task_cfg.answer_from,
         format_from=task_cfg.format_from,
         shaping=Shaping(None, task_cfg.overlong_buffer, task_cfg.repetition_ngram),
+        workers=task_cfg.reward_workers,
     )
 
     def build(split: str, n: int | None = None, seed: int = 0, prompt_style: str = "chat", **_: Any) -> list[Example]:

@@ -1,0 +1,468 @@
+"""The user's reward functions in worker processes that can be stopped (task=custom, `task.reward_workers`).
+
+Why processes: tasks/timelimit.py interrupts a call between two bytecodes, so a call blocked inside one C call
+(time.sleep, a catastrophic regex, a stuck socket) outlives its limit, and `sys.exit` or `os._exit` in the user's
+code ends the run. In a worker process a call past its limit is killed with the process (and whatever it
+started), and an exit or a crash is that call's error, reported like an exception.
+
+Why not concurrent.futures.ProcessPoolExecutor: it cannot kill one stuck worker (a killed worker breaks the whole
+pool). Why the `spawn` start method: the parent holds the threads of torch, Ray and the rollout engine, and
+forking a threaded process is unsafe; a spawned worker is a fresh interpreter that imports this module, the
+user's code and what that imports (about a second per worker start on this project's 2-core CPU, paid once per
+run and after each kill).
+
+    pool = RewardWorkers(n, time_limit_s)     n workers, started on first use, one call at a time each
+    pending = pool.submit(loader, args, kwargs, callbacks)   sent to the first idle worker (or queued)
+    pending.result()   the function's return value, or RewardTimeout (killed at the limit) or RewardCallFailed
+                       (raised, sys.exit, os._exit, crashed); waiting for one call serves every call in flight,
+                       so calls submitted together run in parallel across the workers
+
+`loader` is a picklable callable that returns the function (functools.partial(user_code.load_callable, key,
+reference, base_dir)); each worker calls it once and keeps the function, so module-level state of the user's
+code is per worker, as under TRL with several processes. Loading does not count toward the time limit (it has its
+own, LOAD_LIMIT_S). `callbacks` (TRL's log_extra and log_metric) are recorded in the worker and replayed, in
+order, in the caller when it reads the result.
+
+No worker outlives its parent: each asks the kernel for SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG,
+which also covers the parent being killed outright), and the pool kills them on close, when it is garbage
+collected and at exit. Each worker leads its own process group, so a kill also ends what the user's code started,
+and ignores SIGINT and SIGTERM: Ctrl-C or a SIGTERM to the whole process group reaches the parent, which finishes
+its step (docs/reliability.md) and then stops its workers.
+
+A stop request (grpo-run's SIGINT/SIGTERM handler calls `notice_stop`) gives a call without a time limit
+STOP_GRACE_S more seconds; one still running then is killed and raises RewardsAbandoned, which abandons the step.
+A call with a limit is killed at its limit anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.util  # registers its exit hook (which waits for child processes) before ours
+import os
+import pickle
+import signal
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+
+# A worker's start plus the user's imports (a module that imports torch or transformers takes seconds).
+LOAD_LIMIT_S = 300.0
+# After a stop request, how long a call without a time limit may still run before the step is abandoned.
+STOP_GRACE_S = 5.0
+# The longest single wait, so a stop request is seen within it.
+_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+_SPAWN = multiprocessing.get_context("spawn")
+
+_stop_requested_at: float | None = None
+
+
+def notice_stop() -> None:
+    """The run was asked to stop (SIGINT/SIGTERM): calls without a time limit get STOP_GRACE_S more seconds.
+    Safe in a signal handler."""
+    global _stop_requested_at
+    if _stop_requested_at is None:
+        _stop_requested_at = time.monotonic()
+
+
+def clear_stop_notice() -> None:
+    global _stop_requested_at
+    _stop_requested_at = None
+
+
+class RewardCallFailed(Exception):
+    """The user's function did not return a value: `what` says how, for the error line ("raised ValueError: x",
+    "called sys.exit(3)", "ended its worker process with exit code 7", ...)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class RewardsAbandoned(BaseException):  # noqa: N818 - not an error of the user's code: the run is stopping
+    """A stop was requested and a call without a time limit was still running STOP_GRACE_S later: its worker was
+    killed and the step is abandoned. A BaseException, so that no reward's `except Exception` counts it."""
+
+
+def describe_error(error: BaseException) -> str:
+    """How a call failed, as the error line says it: `raised ValueError: message`, or what a worker reported
+    (`called sys.exit(3)`, ...)."""
+    if isinstance(error, RewardCallFailed):
+        return error.what
+    return f"raised {_summary(error)}"
+
+
+def _summary(error: BaseException) -> str:
+    """`ValueError: message`, whitespace collapsed, the message cut at 200 characters."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
+# ---------------------------------------------------------------------------------------------- in the worker
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """Stands in for a callback (TRL's log_extra, log_metric) inside a worker: records each call for the parent."""
+
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        _RECORDED.append((self.name, args, kwargs))
+
+
+_RECORDED: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGKILL when the parent dies, however it dies; a parent already gone ends this worker now."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _worker_main(conn: Connection, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    functions: dict[bytes, Callable[..., Any]] = {}
+    while True:
+        try:
+            request = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the pool closed its end
+        conn.send_bytes(_serve(request, functions, conn))
+
+
+def _serve(request: bytes, functions: dict[bytes, Callable[..., Any]], conn: Connection) -> bytes:
+    """One call: load the function on first use (saying "loaded", so the time limit starts), call it, and return
+    the pickled reply."""
+    try:
+        loader, args, kwargs = pickle.loads(request)
+    except BaseException as e:  # noqa: BLE001 - anything the arguments do when read is this call's failure
+        return _reply("failed", f"could not read its arguments in its worker process ({_summary(e)})")
+    fn = functions.get(loader)
+    if fn is None:
+        try:
+            fn = pickle.loads(loader)()
+        except BaseException as e:  # noqa: BLE001 - one line, as when the parent loaded it
+            return _reply("failed", f"could not be loaded in its worker process: {_summary(e)}")
+        functions[loader] = fn
+        conn.send_bytes(pickle.dumps(("loaded",)))
+    _RECORDED.clear()
+    try:
+        value = fn(*args, **kwargs)
+    except SystemExit as e:
+        return _reply("failed", f"called sys.exit({'' if e.code is None else repr(e.code)})")
+    except BaseException as e:  # noqa: BLE001 - the user's code: its error goes back to the parent
+        return _reply("failed", describe_error(e))
+    try:
+        return pickle.dumps(("ok", value, list(_RECORDED)), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - a value pickle cannot send
+        return _reply("failed", f"returned or logged a value its worker process cannot send back ({e})")
+
+
+def _reply(kind: str, *parts: Any) -> bytes:
+    return pickle.dumps((kind, *parts), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# ---------------------------------------------------------------------------------------------- in the caller
+
+
+class PendingCall:
+    """One submitted call; `result()` waits for it (making progress on every call in flight)."""
+
+    def __init__(
+        self, pool: RewardWorkers, request: bytes, loader: bytes, callbacks: Mapping[str, Callable], label: str
+    ) -> None:
+        self._pool = pool
+        self.request = request
+        self.loader = loader
+        self._callbacks = callbacks
+        self.label = label
+        self.done = False
+        self._value: Any = None
+        self._records: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._error: BaseException | None = None
+
+    def finish(self, value: Any = None, records: Sequence[Any] = (), error: BaseException | None = None) -> None:
+        self.done, self._value, self._records, self._error = True, value, list(records), error
+
+    def result(self) -> Any:
+        """The function's return value, after replaying its recorded callbacks; or the call's error."""
+        if not self.done:
+            self._pool.wait_for(self)
+        if self._error is not None:
+            raise self._error
+        records, self._records = self._records, []
+        for name, args, kwargs in records:
+            self._callbacks[name](*args, **kwargs)
+        return self._value
+
+
+class InProcessCall:
+    """task.reward_workers=0: the call runs in the caller's process when its result is read, under the in-process
+    time limit (tasks/timelimit.py), as before workers existed: a C call that blocks outlives the limit, and an exit
+    ends the run."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], limit: float | None):
+        self.fn, self.args, self.kwargs, self.limit = fn, args, kwargs, limit
+
+    def result(self) -> Any:
+        return call_with_time_limit(self.limit, self.fn, *self.args, **self.kwargs)
+
+
+@dataclass
+class _Worker:
+    process: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    loaded: set[bytes] = field(default_factory=set)  # the loaders it has called (it keeps their functions)
+    call: PendingCall | None = None
+    loading: bool = False  # the current call is waiting for its function to load
+    started: float = 0.0  # when the current call's function started (or its loading)
+
+
+def _start_worker() -> _Worker:
+    here, there = _SPAWN.Pipe(duplex=True)
+    process = _SPAWN.Process(target=_worker_main, args=(there, os.getpid()), name="grpo-cli-reward-worker")
+    process.start()
+    there.close()
+    return _Worker(process, here)
+
+
+def _kill(worker: _Worker) -> int | None:
+    """Kill the worker and everything in its process group; its exit code (negative: the signal)."""
+    pid = worker.process.pid
+    if pid is not None and worker.process.exitcode is None:
+        with contextlib.suppress(OSError):  # gone already, or not yet a group leader
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            worker.process.kill()
+    worker.process.join(timeout=10)
+    worker.conn.close()
+    return worker.process.exitcode
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    while workers:
+        _kill(workers.pop())
+
+
+_LIVE_POOLS: weakref.WeakSet[RewardWorkers] = weakref.WeakSet()
+_EXIT_HOOK = threading.Lock()
+_exit_hook_registered = False
+
+
+def _close_all_pools() -> None:
+    for pool in list(_LIVE_POOLS):
+        pool.close()
+
+
+def _register_exit_hook() -> None:
+    """Once, at the first start: atexit runs hooks last-registered-first, so ours runs before multiprocessing's
+    (registered on import), which would wait for the workers forever (they ignore its SIGTERM)."""
+    global _exit_hook_registered
+    with _EXIT_HOOK:
+        if not _exit_hook_registered:
+            atexit.register(_close_all_pools)
+            _exit_hook_registered = True
+
+
+class RewardWorkers:
+    """`n_workers` worker processes running the user's functions, each call killed at `time_limit_s` (None: no
+    limit). Safe to use from one thread at a time per call (a lock serializes waits)."""
+
+    def __init__(self, n_workers: int, time_limit_s: float | None) -> None:
+        if n_workers < 1:
+            raise ValueError(f"a reward worker pool needs at least one worker, not {n_workers}")
+        self.n_workers = n_workers
+        self.time_limit_s = time_limit_s or None
+        self._workers: list[_Worker] = []
+        self._queue: deque[PendingCall] = deque()
+        self._lock = threading.RLock()
+        self._loaders: dict[int, tuple[Any, bytes]] = {}  # id(loader) -> (loader, its pickle)
+        # Kills the workers when the pool is garbage collected (not at exit: _close_all_pools runs first then).
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        self._finalizer.atexit = False
+        _LIVE_POOLS.add(self)
+
+    # --- the API ------------------------------------------------------------------------------------------
+    def submit(
+        self,
+        loader: Callable[[], Callable[..., Any]],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        callbacks: Mapping[str, Callable[..., Any]] | None = None,
+        label: str = "the reward function",
+    ) -> PendingCall:
+        """Queue `loader()(*args, **kwargs)` for a worker. A value of `kwargs`, or of a dict in `args` (a
+        per-sample row), that is one of `callbacks` is sent as a Recorder of that name, and its calls are replayed
+        on the callback when the result is read. `label` names the function in RewardsAbandoned's message."""
+        callbacks = dict(callbacks or {})
+        swap = {id(fn): Recorder(name) for name, fn in callbacks.items()}
+        args = tuple(_with_recorders(a, swap) if isinstance(a, dict) else a for a in args)
+        kwargs = _with_recorders(dict(kwargs), swap)
+        loader_bytes = self._loader_bytes(loader)
+        try:
+            request = pickle.dumps((loader_bytes, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - an argument pickle cannot send: that call's error
+            pending = PendingCall(self, b"", loader_bytes, callbacks, label)
+            pending.finish(error=RewardCallFailed(f"got an argument its worker process cannot receive ({e})"))
+            return pending
+        pending = PendingCall(self, request, loader_bytes, callbacks, label)
+        with self._lock:
+            self._queue.append(pending)
+            self._dispatch()
+        return pending
+
+    def wait_for(self, pending: PendingCall) -> None:
+        with self._lock:
+            while not pending.done:
+                self._dispatch()
+                self.poll(_POLL_S)
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers started and not yet stopped."""
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    def close(self) -> None:
+        """Kill every worker; calls in flight or queued fail. The pool starts new workers if used again."""
+        with self._lock:
+            for worker in self._workers:
+                if worker.call is not None:
+                    worker.call.finish(error=RewardCallFailed("did not finish: its worker pool was closed"))
+            while self._queue:
+                self._queue.popleft().finish(error=RewardCallFailed("did not start: its worker pool was closed"))
+            _kill_all(self._workers)
+
+    # --- the machinery ------------------------------------------------------------------------------------
+    def _loader_bytes(self, loader: Callable[[], Callable[..., Any]]) -> bytes:
+        # Pickled once per loader object (kept alive here, so its id stays its own).
+        known = self._loaders.get(id(loader))
+        if known is None or known[0] is not loader:
+            known = self._loaders[id(loader)] = (loader, pickle.dumps(loader, protocol=pickle.HIGHEST_PROTOCOL))
+        return known[1]
+
+    def _dispatch(self) -> None:
+        """Start the workers on first use, replace any that died while idle, and hand queued calls to idle ones."""
+        if not self._workers:
+            _register_exit_hook()
+            self._workers.extend(_start_worker() for _ in range(self.n_workers))
+        for index, worker in enumerate(self._workers):
+            if not self._queue:
+                return
+            if worker.call is not None:
+                continue
+            if not worker.process.is_alive():  # killed while idle (the OOM killer): nothing was lost
+                _kill(worker)
+                worker = self._workers[index] = _start_worker()
+            pending = self._queue.popleft()
+            try:
+                worker.conn.send_bytes(pending.request)
+            except OSError:  # it died just now, before reading the call: a new worker takes it
+                _kill(worker)
+                worker = self._workers[index] = _start_worker()
+                worker.conn.send_bytes(pending.request)
+            worker.call, worker.loading, worker.started = pending, pending.loader not in worker.loaded, time.monotonic()
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to `timeout` s for a busy worker to reply, die or reach its deadline, and settle those calls."""
+        with self._lock:
+            busy = [w for w in self._workers if w.call is not None]
+            if not busy:
+                return
+            now = time.monotonic()
+            deadlines = [d for d in map(self._deadline, busy) if d is not None]
+            timeout = max(0.0, min([timeout, *(d - now for d in deadlines)]))
+            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout))
+            for worker in busy:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    self._read(worker)
+                if worker.call is not None:
+                    self._enforce_deadline(worker)
+
+    def _deadline(self, worker: _Worker) -> float | None:
+        if worker.loading:
+            return worker.started + LOAD_LIMIT_S
+        if self.time_limit_s is not None:
+            return worker.started + self.time_limit_s
+        if _stop_requested_at is not None:
+            return max(worker.started, _stop_requested_at) + STOP_GRACE_S
+        return None
+
+    def _read(self, worker: _Worker) -> None:
+        """Every message the worker has sent; a closed pipe (or a reply missing when the process ended) means the
+        process died in the call."""
+        while worker.call is not None:
+            try:
+                if not worker.conn.poll():
+                    break
+                message = pickle.loads(worker.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if message[0] == "loaded":
+                worker.loaded.add(worker.call.loader)
+                worker.loading, worker.started = False, time.monotonic()
+            elif message[0] == "ok":
+                worker.call.finish(value=message[1], records=message[2])
+                worker.call = None
+            else:
+                worker.call.finish(error=RewardCallFailed(message[1]))
+                worker.call = None
+        if worker.call is not None and not worker.process.is_alive():
+            self._replace(worker, RewardCallFailed(_how_it_ended(_kill(worker))))
+
+    def _enforce_deadline(self, worker: _Worker) -> None:
+        deadline = self._deadline(worker)
+        if deadline is None or time.monotonic() < deadline:
+            return
+        if worker.loading:
+            error: BaseException = RewardCallFailed(
+                f"did not load in its worker process within {LOAD_LIMIT_S:g}s: its worker process was killed"
+            )
+        elif self.time_limit_s is not None:
+            error = RewardTimeout(f"took longer than {self.time_limit_s:g}s: its worker process was killed")
+        else:
+            error = RewardsAbandoned(
+                f"{worker.call.label} was still running {STOP_GRACE_S:g}s after the stop was requested (with no "
+                "task.reward_timeout_s)"
+            )
+        _kill(worker)
+        self._replace(worker, error)
+
+    def _replace(self, worker: _Worker, error: BaseException) -> None:
+        """The call of a killed or dead worker fails with `error`; a new worker takes its place."""
+        call, worker.call = worker.call, None
+        if call is not None:
+            call.finish(error=error)
+        self._workers[self._workers.index(worker)] = _start_worker()
+
+
+def _with_recorders(values: dict[str, Any], swap: dict[int, Recorder]) -> dict[str, Any]:
+    if not swap:
+        return values
+    return {key: swap.get(id(value), value) for key, value in values.items()}
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "ended its worker process (it could not be reaped)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"ended its worker process by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"ended its worker process with exit code {exitcode}"

@@ -27,7 +27,7 @@ from grpo_cli.errors import EXIT_USER_ERROR, RunStopped, UserFacingError
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.runtime import timed
-from grpo_cli.tasks import load_eval_sets, load_examples
+from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
 from grpo_cli.tasks.custom import RewardFunctionError
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
@@ -125,6 +125,7 @@ class TrainingLoop:
         )
         summary: dict[str, float] = {}
         previous_handlers = self._install_signal_handlers()
+        step = self.start_step
         try:
             if self.start_step == 0:
                 summary.update(self.run_eval(step=0))
@@ -142,7 +143,16 @@ class TrainingLoop:
                     self._stop_if_asked(step)
         except RewardFunctionError as error:
             raise self._stopped_by_reward(error) from None
+        except reward_workers.RewardsAbandoned as error:
+            # A reward without a time limit still ran STOP_GRACE_S after the signal: the step is dropped.
+            raise RunStopped(
+                f"stopped by {self.stop_signal} during step {step}: reward {error}, so the step is abandoned; "
+                f"the checkpoints in {self.output_dir / 'checkpoints'} are kept; continue with: "
+                f"grpo-run resume={self.output_dir}",
+                exit_code=130 if self.stop_signal == "SIGINT" else 143,
+            ) from None
         finally:
+            reward_workers.clear_stop_notice()
             _restore_signal_handlers(previous_handlers)
             self.close()
         if cfg.verbose:
@@ -217,6 +227,7 @@ class TrainingLoop:
             if self.stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_signal = signal.Signals(signum).name
+            reward_workers.notice_stop()  # a reward call without a time limit now gets a short grace
             self.console.print(
                 f"{self.stop_signal} received: finishing this step, then writing a checkpoint "
                 "(press Ctrl-C again to stop at once, without one)",

@@ -283,6 +283,9 @@ def test_no_worker_outlives_its_pool_its_garbage_collection_or_its_killed_parent
     assert pool.submit(loader(folder, "sleeps"), (0,), {}).result() == 0
     pids = pool.pids()
     assert len(pids) == 2 and all(map(alive, pids))
+    # Each in its own session (and process group): a terminal's Ctrl-C reaches only the caller, which finishes its
+    # step, and killing the group ends whatever the user's code started.
+    assert [os.getsid(pid) for pid in pids] == pids and [os.getpgid(pid) for pid in pids] == pids
     os.kill(pids[0], signal.SIGKILL)  # an idle worker that died (the OOM killer) is replaced on the next call
     while alive(pids[0]):
         time.sleep(0.01)

@@ -6,10 +6,12 @@ code ends the run. In a worker process a call past its limit is killed with the 
 started), and an exit or a crash is that call's error, reported like an exception.
 
 Why not concurrent.futures.ProcessPoolExecutor: it cannot kill one stuck worker (a killed worker breaks the whole
-pool). Why the `spawn` start method: the parent holds the threads of torch, Ray and the rollout engine, and
-forking a threaded process is unsafe; a spawned worker is a fresh interpreter that imports this module, the
-user's code and what that imports (about a second per worker start on this project's 2-core CPU, paid once per
-run and after each kill).
+pool). Why a fresh interpreter (subprocess, as tasks/symbolic.py's helper), not a fork: the parent holds the
+threads of torch, Ray and the rollout engine, and forking a threaded process is unsafe. Why not multiprocessing's
+`spawn`: it re-imports the parent's `__main__` in every worker (Ray's worker script in a Ray actor) and cannot
+start the worker in its own session. A worker imports this module, the user's code and what that imports (about a
+second per start on this project's 2-core CPU, paid once per run and after each kill); it talks to the pool over
+a socket pair through multiprocessing.connection's framing, and gets the caller's sys.path first.
 
     pool = RewardWorkers(n, time_limit_s)     n workers, started on first use, one call at a time each
     pending = pool.submit(loader, args, kwargs, callbacks)   sent to the first idle worker (or queued)
@@ -25,9 +27,11 @@ order, in the caller when it reads the result.
 
 No worker outlives its parent: each asks the kernel for SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG,
 which also covers the parent being killed outright), and the pool kills them on close, when it is garbage
-collected and at exit. Each worker leads its own process group, so a kill also ends what the user's code started,
-and ignores SIGINT and SIGTERM: Ctrl-C or a SIGTERM to the whole process group reaches the parent, which finishes
-its step (docs/reliability.md) and then stops its workers.
+collected and at exit. Each worker starts in its own session (so its own process group): a kill ends what the
+user's code started too, and a terminal's Ctrl-C reaches only the parent, which finishes its step
+(docs/reliability.md) and then stops its workers. A SIGINT or SIGTERM sent to every process (a batch scheduler's
+stop) is ignored by the worker for the same reason (by a Python handler: the programs the user's code runs get
+the default back).
 
 A stop request (grpo-run's SIGINT/SIGTERM handler calls `notice_stop`) gives a call without a time limit
 STOP_GRACE_S more seconds; one still running then is killed and raises RewardsAbandoned, which abandons the step.
@@ -39,11 +43,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import multiprocessing
-import multiprocessing.util  # registers its exit hook (which waits for child processes) before ours
 import os
 import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -62,7 +67,16 @@ STOP_GRACE_S = 5.0
 # The longest single wait, so a stop request is seen within it.
 _POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1
-_SPAWN = multiprocessing.get_context("spawn")
+# How a worker starts: read the caller's sys.path (so grpo_cli and the user's code are found as the caller finds
+# them), then serve. argv: the socket's file descriptor, the parent's pid.
+_BOOTSTRAP = """
+import pickle, sys
+from multiprocessing.connection import Connection
+conn = Connection(int(sys.argv[1]))
+sys.path[:] = pickle.loads(conn.recv_bytes())
+from grpo_cli.tasks.reward_workers import worker_main
+worker_main(conn, int(sys.argv[2]))
+"""
 
 _stop_requested_at: float | None = None
 
@@ -131,12 +145,15 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _worker_main(conn: Connection, parent_pid: int) -> None:
+def _ignore(signum: int, frame: Any) -> None:
+    """A stop signal sent to every process is the parent's to act on."""
+
+
+def worker_main(conn: Connection, parent_pid: int) -> None:
+    """A worker's loop: one call per request, until the pool closes its end."""
     _die_with_parent(parent_pid)
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _ignore)
     functions: dict[bytes, Callable[..., Any]] = {}
     while True:
         try:
@@ -226,7 +243,7 @@ class InProcessCall:
 
 @dataclass
 class _Worker:
-    process: Any  # multiprocessing.process.BaseProcess
+    process: subprocess.Popen
     conn: Connection
     loaded: set[bytes] = field(default_factory=set)  # the loaders it has called (it keeps their functions)
     call: PendingCall | None = None
@@ -235,24 +252,30 @@ class _Worker:
 
 
 def _start_worker() -> _Worker:
-    here, there = _SPAWN.Pipe(duplex=True)
-    process = _SPAWN.Process(target=_worker_main, args=(there, os.getpid()), name="grpo-cli-reward-worker")
-    process.start()
-    there.close()
-    return _Worker(process, here)
+    here, there = socket.socketpair()
+    with there:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, str(there.fileno()), str(os.getpid())],
+            pass_fds=[there.fileno()],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    conn = Connection(here.detach())
+    conn.send_bytes(pickle.dumps(sys.path))
+    return _Worker(process, conn)
 
 
 def _kill(worker: _Worker) -> int | None:
-    """Kill the worker and everything in its process group; its exit code (negative: the signal)."""
-    pid = worker.process.pid
-    if pid is not None and worker.process.exitcode is None:
-        with contextlib.suppress(OSError):  # gone already, or not yet a group leader
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            worker.process.kill()
-    worker.process.join(timeout=10)
+    """Kill the worker and everything left in its process group; its exit code (negative: the signal)."""
+    # The group outlives a worker that exited while a process it started runs (its id is not reused meanwhile).
+    with contextlib.suppress(OSError):
+        os.killpg(worker.process.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        worker.process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        worker.process.wait(timeout=10)
     worker.conn.close()
-    return worker.process.exitcode
+    return worker.process.returncode
 
 
 def _kill_all(workers: list[_Worker]) -> None:
@@ -261,28 +284,17 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 
 _LIVE_POOLS: weakref.WeakSet[RewardWorkers] = weakref.WeakSet()
-_EXIT_HOOK = threading.Lock()
-_exit_hook_registered = False
 
 
+@atexit.register
 def _close_all_pools() -> None:
     for pool in list(_LIVE_POOLS):
         pool.close()
 
 
-def _register_exit_hook() -> None:
-    """Once, at the first start: atexit runs hooks last-registered-first, so ours runs before multiprocessing's
-    (registered on import), which would wait for the workers forever (they ignore its SIGTERM)."""
-    global _exit_hook_registered
-    with _EXIT_HOOK:
-        if not _exit_hook_registered:
-            atexit.register(_close_all_pools)
-            _exit_hook_registered = True
-
-
 class RewardWorkers:
     """`n_workers` worker processes running the user's functions, each call killed at `time_limit_s` (None: no
-    limit). Safe to use from one thread at a time per call (a lock serializes waits)."""
+    limit). Thread-safe: a lock serializes submitting and waiting."""
 
     def __init__(self, n_workers: int, time_limit_s: float | None) -> None:
         if n_workers < 1:
@@ -293,7 +305,7 @@ class RewardWorkers:
         self._queue: deque[PendingCall] = deque()
         self._lock = threading.RLock()
         self._loaders: dict[int, tuple[Any, bytes]] = {}  # id(loader) -> (loader, its pickle)
-        # Kills the workers when the pool is garbage collected (not at exit: _close_all_pools runs first then).
+        # Kills the workers when the pool is garbage collected (at exit, _close_all_pools does).
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         self._finalizer.atexit = False
         _LIVE_POOLS.add(self)
@@ -335,7 +347,7 @@ class RewardWorkers:
 
     def pids(self) -> list[int]:
         """The process ids of the workers started and not yet stopped."""
-        return [w.process.pid for w in self._workers if w.process.pid is not None]
+        return [w.process.pid for w in self._workers]
 
     def close(self) -> None:
         """Kill every worker; calls in flight or queued fail. The pool starts new workers if used again."""
@@ -358,14 +370,13 @@ class RewardWorkers:
     def _dispatch(self) -> None:
         """Start the workers on first use, replace any that died while idle, and hand queued calls to idle ones."""
         if not self._workers:
-            _register_exit_hook()
             self._workers.extend(_start_worker() for _ in range(self.n_workers))
         for index, worker in enumerate(self._workers):
             if not self._queue:
                 return
             if worker.call is not None:
                 continue
-            if not worker.process.is_alive():  # killed while idle (the OOM killer): nothing was lost
+            if worker.process.poll() is not None:  # killed while idle (the OOM killer): nothing was lost
                 _kill(worker)
                 worker = self._workers[index] = _start_worker()
             pending = self._queue.popleft()
@@ -386,10 +397,12 @@ class RewardWorkers:
             now = time.monotonic()
             deadlines = [d for d in map(self._deadline, busy) if d is not None]
             timeout = max(0.0, min([timeout, *(d - now for d in deadlines)]))
-            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout))
+            ready = set(wait([w.conn for w in busy], timeout))
             for worker in busy:
-                if worker.conn in ready or worker.process.sentinel in ready:
+                if worker.conn in ready:
                     self._read(worker)
+                if worker.call is not None and worker.process.poll() is not None:
+                    self._read(worker)  # died: a reply it sent first still counts
                 if worker.call is not None:
                     self._enforce_deadline(worker)
 
@@ -403,14 +416,16 @@ class RewardWorkers:
         return None
 
     def _read(self, worker: _Worker) -> None:
-        """Every message the worker has sent; a closed pipe (or a reply missing when the process ended) means the
-        process died in the call."""
+        """Every message the worker has sent; a closed connection, or a process that ended with no reply, means
+        the process died in the call."""
+        closed = False
         while worker.call is not None:
             try:
                 if not worker.conn.poll():
                     break
                 message = pickle.loads(worker.conn.recv_bytes())
             except (EOFError, OSError):
+                closed = True
                 break
             if message[0] == "loaded":
                 worker.loaded.add(worker.call.loader)
@@ -421,7 +436,12 @@ class RewardWorkers:
             else:
                 worker.call.finish(error=RewardCallFailed(message[1]))
                 worker.call = None
-        if worker.call is not None and not worker.process.is_alive():
+        if worker.call is None:
+            return
+        if closed:  # the process is ending (its socket closed with it): wait for its exit code
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(timeout=5)
+        if closed or worker.process.poll() is not None:
             self._replace(worker, RewardCallFailed(_how_it_ended(_kill(worker))))
 
     def _enforce_deadline(self, worker: _Worker) -> None:

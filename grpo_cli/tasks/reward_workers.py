@@ -9,9 +9,9 @@ Why not concurrent.futures.ProcessPoolExecutor: it cannot kill one stuck worker 
 pool). Why a fresh interpreter (subprocess, as tasks/symbolic.py's helper), not a fork: the parent holds the
 threads of torch, Ray and the rollout engine, and forking a threaded process is unsafe. Why not multiprocessing's
 `spawn`: it re-imports the parent's `__main__` in every worker (Ray's worker script in a Ray actor) and cannot
-start the worker in its own session. A worker imports this module, the user's code and what that imports (about a
-second per start on this project's 2-core CPU, paid once per run and after each kill); it talks to the pool over
-a socket pair through multiprocessing.connection's framing, and gets the caller's sys.path first.
+start the worker in its own session. A worker imports this module, the user's code and what that imports
+(0.6-0.7 s per start on this project's 2-core CPU, paid once per run and after each kill); it talks to the pool
+over a socket pair through multiprocessing.connection's framing, and gets the caller's sys.path first.
 
     pool = RewardWorkers(n, time_limit_s)     n workers, started on first use, one call at a time each
     pending = pool.submit(loader, args, kwargs, callbacks)   sent to the first idle worker (or queued)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
@@ -103,12 +103,17 @@ def generate_in_chunks(
     on_generated: Callable[[int], None] | None = None,
 ) -> RolloutBatch:
     """engine.generate over about EVAL_CHUNK_PROMPTS completions at a time (EVAL_CHUNK_PROMPTS / n prompts),
-    concatenated in prompt order; on_generated gets the number of prompts of each chunk."""
+    concatenated in prompt order; on_generated gets the number of prompts of each chunk.
+
+    Each chunk starts at its first prompt's index in the whole list (`first_prompt_index`), so its completions
+    continue the random streams where the previous chunk stopped: the result is one generate() call's over every
+    prompt, and a prompt repeated in another chunk gets fresh samples rather than the first chunk's again.
+    """
     out = RolloutBatch([], [], [], [])
     per_call = max(1, EVAL_CHUNK_PROMPTS // settings.n)
     for start in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[start : start + per_call]
-        part = engine.generate(chunk, settings)
+        part = engine.generate(chunk, replace(settings, first_prompt_index=settings.first_prompt_index + start))
         for name in ("prompt_ids", "completion_ids", "texts", "truncated"):
             getattr(out, name).extend(getattr(part, name))
         if on_generated is not None:

@@ -37,7 +37,7 @@ import torch
 from grpo_cli.batch import RolloutData
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, combine_rollout_metrics, groups_with_signal
-from grpo_cli.drivers.executor import step_metrics
+from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
@@ -295,7 +295,8 @@ class RayExecutor:
         sync_s = self.publish(step)
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
-        return step_metrics(data.metrics, learned, timing, versions), nonfinite_streak
+        metrics = step_metrics(data.metrics, learned, timing, versions)
+        return finish_step_metrics(metrics, data.raw_rewards), nonfinite_streak
 
     def fill_with_signal(self, data: RolloutData) -> tuple[RolloutData, float]:
         """train.dynamic_sampling (one_behind): drop groups with all-equal rewards and ask for more batches until
@@ -367,7 +368,7 @@ class RayExecutor:
         metrics = step_metrics(rollout, learned, timing, sync)
         if not arrived:  # no generator work finished during this step: overlap is undefined, not 0
             metrics.pop("time/overlap_frac")
-        return metrics, nonfinite_streak
+        return finish_step_metrics(metrics, batch.raw_rewards), nonfinite_streak
 
     def keep_generating(self) -> None:
         """replay_buffer: exactly one batch in flight, so the generator never idles and never runs far ahead

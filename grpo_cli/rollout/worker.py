@@ -135,7 +135,8 @@ class RolloutWorker:
             **timings,
             "time/weight_load_s": self.load_s,
             "time/produce_s": time.perf_counter() - busy_start + self.load_s,
-            "throughput/generation_tokens_per_s": sum(lengths) / max(timings["time/generation_s"], 1e-9),
+            # Generated tokens: throughput/* are computed from it once the step's rounds and ranks are summed
+            # (drivers/executor.py add_throughput).
             "n_tokens": float(sum(lengths)),
         }
         self.load_s = 0.0

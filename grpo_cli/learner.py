@@ -72,8 +72,8 @@ class PolicyScorer(torch.nn.Module):
 
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
+# train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
 LOGGED_STEP_METRICS = (
-    "kl",
     "clip_fraction",
     "clip_fraction_low",
     "clip_fraction_high",
@@ -99,6 +99,18 @@ def optimizer_step_totals(data: RolloutData, batch_indices: list[int]) -> tuple[
     ranks = parallel.world().size
     # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
     return sequences / ranks, max(tokens, 1.0) / ranks
+
+
+# Per microbatch: its KL summed over its responses in the loss, and their number (update() pops both).
+_KL_SUM, _KL_RESPONSES = "kl_sum", "kl_responses"
+
+
+def kl_over_responses(kl_sum: float, responses: float) -> float | None:
+    """train/kl: the mean, over every response in the loss on every rank, of its token-mean KL to the reference.
+    Summed before dividing, so microbatches and ranks holding different numbers of responses in the loss
+    (train.mask_truncated) weigh by them; None when no response is in the loss. Every rank calls it."""
+    kl_sum, responses = parallel.sum_over_ranks([kl_sum, responses])
+    return kl_sum / responses if responses > 0 else None
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -291,6 +303,10 @@ class Learner:
                     finite = self._optimizer_step(data, batch_indices, totals, timings)
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+        if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
+            kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
+            if kl is not None:
+                totals["train/kl"] = [kl]
         metrics = {
             key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
         }
@@ -377,6 +393,10 @@ class Learner:
             for key in LOGGED_STEP_METRICS:
                 if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
                     record(f"train/{key}", meta[key])
+            if "kl" in meta:  # meta's kl: the mean over this microbatch's responses in the loss (nan: none)
+                responses = float((loss_mask.sum(dim=-1) > 0).sum())
+                record(_KL_SUM, float(meta["kl"]) * responses if responses else 0.0)
+                record(_KL_RESPONSES, responses)
         with timed(timings, "time/optimizer_s"):
             grad_norm = parallel.full_tensor(
                 torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)

@@ -131,13 +131,13 @@ def grpo_microbatch_train_step(
 
         - loss: the microbatch's contribution to the step's loss (what was backpropagated), 0-d, detached.
         - metadata, 0-d detached tensors: "policy_loss" (this microbatch's own policy loss, normalized by its
-          own counts, without KL); "kl" when ``ref_log_probs`` is given (mean over examples of the
-          per-response masked mean); for the ratio losses "clip_fraction" (+ "clip_fraction_low",
-          "clip_fraction_high", "clip_fraction_dual" when dual-clip is on) and "ratio_mean" (masked means
-          over the response tokens); with ``sampler_log_probs`` "sampler_kl" (k3 estimate of
-          KL(sampler || learner)), "importance_weight_mean", "importance_weight_max" (token ratios
-          pi_learner / pi_sampler before any truncation), "importance_truncated_frac",
-          "importance_masked_frac" (fractions of response tokens).
+          own counts, without KL); "kl" when ``ref_log_probs`` is given (mean over the examples with a non-empty
+          mask of the per-response masked mean; nan when every mask is empty); for the ratio losses
+          "clip_fraction" (+ "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual" when dual-clip is
+          on) and "ratio_mean" (masked means over the response tokens); with ``sampler_log_probs``
+          "sampler_kl" (k3 estimate of KL(sampler || learner)), "importance_weight_mean",
+          "importance_weight_max" (token ratios pi_learner / pi_sampler before any truncation),
+          "importance_truncated_frac", "importance_masked_frac" (fractions of response tokens).
 
     Raises:
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
@@ -210,13 +210,16 @@ def grpo_microbatch_train_step(
         # With beta == 0 the KL is only monitored: keep it out of the graph.
         with torch.set_grad_enabled(kl_beta > 0 and torch.is_grad_enabled()):
             per_token_kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # (B, T)
-            kl = aggregate_token_loss(per_token_kl, response_mask, "sequence_mean")
             if kl_beta > 0:
                 kl_share = aggregate_token_loss(
                     per_token_kl, response_mask, "sequence_mean", total_sequences=step_sequences
                 )
                 loss = loss + kl_beta * kl_share
-        metadata["kl"] = kl.detach()
+        # The logged KL: the mean over the responses in the loss of each one's token mean. A response whose mask
+        # is empty (left out by train.mask_truncated) has no KL in the loss and does not dilute it; nan when none
+        # is left (the caller skips it).
+        in_loss = response_mask.sum(dim=-1) > 0  # (B,)
+        metadata["kl"] = masked_mean(per_token_kl.detach()[in_loss], response_mask[in_loss], dim=-1).mean()
 
     for key in ("clipped", "clipped_low", "clipped_high", "clipped_dual"):
         if key in loss_metadata:

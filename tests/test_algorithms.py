@@ -113,7 +113,8 @@ def test_signal_batch_fills_from_later_rounds_and_recomputes_advantages():
     torch.testing.assert_close(batch.advantages, torch.tensor([-0.5, 0.5, 0.5, -0.5]) / rewards.std())
     assert batch.metrics["train/groups_dropped"] == 2 and batch.metrics["train/extra_rounds"] == 1
     assert batch.metrics["train/groups_short"] == 0 and batch.metrics["time/generation_s"] == 2.0
-    assert batch.metrics["train/reward"] == pytest.approx(0.5)  # every sampled completion: (.75 + .25) / 2
+    assert batch.metrics["train/reward"] == pytest.approx(0.5)  # the trained batch: [0, 1, 1, 0]
+    assert batch.metrics["train/reward_all_sampled"] == pytest.approx(0.5)  # every round's: (.75 + .25) / 2
 
 
 def test_signal_batch_trains_on_fewer_when_the_rounds_run_out():

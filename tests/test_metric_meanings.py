@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_cli.batch import RolloutData
+from grpo_cli.drivers.dynamic_sampling import SignalBatch
 from tests.conftest import compose_config
 
 
@@ -55,3 +56,33 @@ def test_kl_under_mask_truncated_is_the_mean_over_the_completions_kept_in_the_lo
     assert metrics["train/kl"] == pytest.approx(expected, rel=1e-4)
     everything_masked = RolloutData(**{**data.__dict__, "loss_mask": torch.zeros(4), "metrics": {}})
     assert "train/kl" not in learner.update(everything_masked, step=2)  # no completion in the loss: no KL
+
+
+def rounds_batch(rewards: list[float], tag: int) -> RolloutData:
+    """One round of a rollout batch, its train/reward as the worker logs it (the mean over the round)."""
+    n = len(rewards)
+    return RolloutData(
+        prompt_ids=[[tag, i // 3] for i in range(n)],
+        completion_ids=[[tag, i] for i in range(n)],
+        raw_rewards=torch.tensor(rewards),
+        advantages=torch.zeros(n),
+        metrics={"train/reward": sum(rewards) / n, "train/reward_std": torch.tensor(rewards).std().item()},
+    )
+
+
+def test_dynamic_sampling_reward_is_the_trained_batchs_and_the_sampled_mean_keeps_its_own_name():
+    signal = SignalBatch(group_size=3, target_groups=2, advantage="std", advantage_eps=1e-6)
+    signal.add(rounds_batch([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], tag=0))  # group 0 all equal: dropped
+    signal.add(rounds_batch([0.0, 0.0, 0.0, 1.0, 0.0, 0.0], tag=1))  # group 0 all equal: dropped
+    batch = signal.batch()
+    assert batch.completion_ids == [[0, 3], [0, 4], [0, 5], [1, 3], [1, 4], [1, 5]]
+    trained = batch.raw_rewards
+    assert batch.metrics["train/reward"] == pytest.approx(trained.mean().item())  # 1/3; every round's: 5/12
+    assert batch.metrics["train/reward_std"] == pytest.approx(trained.std().item())
+    assert batch.metrics["train/reward_all_sampled"] == pytest.approx(5 / 12)
+    # No group with signal at all: it trains on the first round, and that is its reward.
+    empty = SignalBatch(group_size=3, target_groups=2, advantage="std", advantage_eps=1e-6)
+    empty.add(rounds_batch([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], tag=0))
+    empty.add(rounds_batch([1.0, 1.0, 1.0, 1.0, 1.0, 1.0], tag=1))
+    first_round = empty.batch()
+    assert first_round.metrics["train/reward"] == 0.5 and first_round.metrics["train/reward_all_sampled"] == 0.75

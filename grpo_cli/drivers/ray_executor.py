@@ -36,7 +36,12 @@ import torch
 
 from grpo_cli.batch import RolloutData
 from grpo_cli.config import BatchShape, needs_old_log_probs
-from grpo_cli.drivers.dynamic_sampling import SignalBatch, combine_rollout_metrics, groups_with_signal
+from grpo_cli.drivers.dynamic_sampling import (
+    SignalBatch,
+    combine_rollout_metrics,
+    groups_with_signal,
+    trained_reward_metrics,
+)
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
@@ -362,6 +367,7 @@ class RayExecutor:
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         rollout = combine_rollout_metrics([d.metrics for d in arrived])
         if self.cfg.train.dynamic_sampling:
+            rollout = trained_reward_metrics(rollout, batch.raw_rewards)
             rollout["train/groups_dropped"] = float(self.groups_dropped)
             rollout["train/extra_rounds"] = float(max(0, self.extra_rounds - 1))
             self.groups_dropped = 0

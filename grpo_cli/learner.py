@@ -36,7 +36,13 @@ from grpo_cli.checkpoint import (
     verify_checkpoint,
 )
 from grpo_cli.config import BatchShape, needs_old_log_probs
-from grpo_cli.core import RATIO_LOSS_TYPES, grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli.core import (
+    RATIO_LOSS_TYPES,
+    compute_importance_weights,
+    grpo_microbatch_train_step,
+    masked_mean,
+    response_log_probs,
+)
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
@@ -87,14 +93,43 @@ LOGGED_STEP_METRICS = (
 )
 
 
-def optimizer_step_totals(data: RolloutData, batch_indices: list[int]) -> tuple[float, float]:
+def rejected_token_counts(data: RolloutData, rollout: Any) -> list[int] | None:
+    """Per completion, how many of its tokens `rollout.importance_correction=masked` rejects, where that is known
+    before the step: the batch has old log-probs (the learner's side of the ratio). None otherwise: without them
+    the learner's side is the current policy, known only in each microbatch's forward, after the step's totals."""
+    if rollout.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
+        return None
+    counts = []
+    for old, sampler in zip(data.old_log_probs, data.sampler_log_probs, strict=True):
+        # float32, as make_microbatch hands them to the train step, which decides on the same numbers
+        old_row, sampler_row = old.float().unsqueeze(0), sampler.float().unsqueeze(0)
+        _, importance = compute_importance_weights(
+            old_row,
+            sampler_row,
+            torch.ones_like(old_row, dtype=torch.bool),
+            "masked",
+            rollout.importance_level,
+            rollout.importance_threshold,
+            rollout.importance_threshold_low,
+        )
+        counts.append(int(importance["masked"].sum()))
+    return counts
+
+
+def optimizer_step_totals(
+    data: RolloutData, batch_indices: list[int], rejected: list[int] | None = None
+) -> tuple[float, float]:
     """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
     (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
     the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
     whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
-    loss (train.mask_truncated) do not count; the completion itself does (as in sequence_mean's batch mean)."""
+    loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
+    correction "masked", rejected_token_counts); the completion itself does (as in sequence_mean's batch mean)."""
     keep = data.loss_mask.tolist() if data.loss_mask is not None else None
-    tokens = sum(len(data.completion_ids[i]) * (keep[i] if keep else 1.0) for i in batch_indices)
+    tokens = sum(
+        (len(data.completion_ids[i]) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0)
+        for i in batch_indices
+    )
     sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
     ranks = parallel.world().size
     # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
@@ -288,6 +323,7 @@ class Learner:
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients
         computed_tokens = 0
+        rejected = rejected_token_counts(data, cfg.rollout)  # once: every epoch reuses the old log-probs
         with timed(timings, "time/update_s"):
             for _epoch in range(shape.epochs_per_rollout_batch):
                 order = list(range(n))
@@ -300,7 +336,7 @@ class Learner:
                         tokens_through_model(data, batch_indices[i : i + shape.microbatch_size], self.share_prompts)
                         for i in range(0, len(batch_indices), shape.microbatch_size)
                     )
-                    finite = self._optimizer_step(data, batch_indices, totals, timings)
+                    finite = self._optimizer_step(data, batch_indices, totals, timings, rejected)
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
         if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
@@ -323,10 +359,17 @@ class Learner:
         return metrics
 
     def _optimizer_step(
-        self, data: RolloutData, batch_indices: list[int], totals: dict[str, list[float]], timings: dict[str, float]
+        self,
+        data: RolloutData,
+        batch_indices: list[int],
+        totals: dict[str, list[float]],
+        timings: dict[str, float],
+        rejected: list[int] | None = None,
     ) -> bool:
         """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step.
-        Returns False when the loss or the gradients were not finite (the step is skipped and counted)."""
+        Returns False when the loss or the gradients were not finite (the step is skipped and counted).
+        `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
+        which leave the step's token total."""
         cfg, shape = self.cfg, self.shape
 
         def record(key: str, value: float) -> None:
@@ -334,7 +377,7 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices)
+        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices, rejected)
         starts = range(0, len(batch_indices), shape.microbatch_size)
         for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]

@@ -168,8 +168,8 @@ class SamplingConfig:
     max_batch_prompts: int | None = positive(None)
     # Correct the loss for the sampler/learner mismatch with the engine's own log-probs of the sampled tokens
     # (grpo_cli/core/importance.py): none | truncated: weight each token by min(pi_learner / pi_sampler, C) (TIS) |
-    # masked: drop tokens (or sequences) whose ratio is outside [C_low, C] (MIS). The mismatch is measured either
-    # way (train/sampler_kl, train/importance_weight_*).
+    # masked: weight by the ratio inside [C_low, C], reject tokens (or sequences) outside it (MIS / IcePop). The
+    # mismatch is measured either way (train/sampler_kl, train/importance_weight_*).
     importance_correction: str = choice("none", from_core("importance", "IMPORTANCE_CORRECTIONS"))
     # token: one ratio per token | sequence: one per response, the product of its token ratios.
     importance_level: str = choice("token", from_core("importance", "IMPORTANCE_LEVELS"))

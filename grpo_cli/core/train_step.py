@@ -95,7 +95,9 @@ def grpo_microbatch_train_step(
     loss. Under data parallelism whose gradients are averaged over R ranks (DDP, FSDP), pass the totals over
     all ranks divided by R.
 
-    An example whose response mask is empty contributes 0 (not nan).
+    With ``importance_correction="masked"`` a rejected token (outside the band) leaves the loss's sums and its
+    response's and this microbatch's token counts: it does not count as a 0. An example whose response mask is
+    empty, or all rejected, contributes 0 (not nan) and still counts among the responses.
 
     Args:
         policy_log_probs (torch.Tensor): log-probs of the sampled tokens under the policy, (batch, seq), with
@@ -116,7 +118,8 @@ def grpo_microbatch_train_step(
         cliprange_high (float | None): eps_high (clip-higher; CISPO's cap); None: symmetric.
         dual_clip (float | None): dual-clip constant c > 1 for "grpo_clip"; None: off.
         step_sequences (float | None): responses in the whole optimizer step (see above).
-        step_tokens (float | None): response tokens (of ``response_mask``) in the whole optimizer step.
+        step_tokens (float | None): response tokens (of ``response_mask``) in the whole optimizer step; less
+            the ones ``importance_correction="masked"`` rejects when the caller knows them before the step.
         sampler_log_probs (torch.Tensor | None): (batch, seq) the sampled tokens' log-probs under the rollout
             engine's sampling distribution; given, the sampler/learner mismatch is measured.
         importance_correction (str): one of ``IMPORTANCE_CORRECTIONS``; see
@@ -166,6 +169,7 @@ def grpo_microbatch_train_step(
     )  # (B, T)
 
     metadata: dict[str, torch.Tensor] = {}
+    loss_mask = response_mask  # the tokens the policy loss's sums and counts run over
     if sampler_log_probs is not None:
         learner_log_probs = (old_log_probs if old_log_probs is not None else policy_log_probs).detach()
         weights, importance = compute_importance_weights(
@@ -178,6 +182,12 @@ def grpo_microbatch_train_step(
             importance_threshold_low,
         )
         per_token_loss = per_token_loss * weights
+        if importance_correction == "masked":
+            # A rejected token leaves the loss's counts (its response's token count, this microbatch's own token
+            # count) instead of adding 0 to them, as verl's and slime's rejection masks do. The step's totals are
+            # the caller's: the learner leaves rejected tokens out of step_tokens when old log-probs fix the
+            # rejection before the step (learner.optimizer_step_totals; docs/design.md).
+            loss_mask = response_mask.bool() & ~importance["masked"]
         token_ratio = torch.exp(learner_log_probs - sampler_log_probs)  # (B, T), the mismatch itself
         mask = response_mask.bool()
         metadata["sampler_kl"] = masked_mean(compute_kl(sampler_log_probs, learner_log_probs, "k3"), mask)
@@ -194,14 +204,14 @@ def grpo_microbatch_train_step(
         )
     loss = aggregate_token_loss(
         per_token_loss,
-        response_mask,
+        loss_mask,
         length_normalization,
         normalize_constant,
         total_sequences=step_sequences,
         total_tokens=step_tokens,
     )
     policy_loss = (
-        aggregate_token_loss(per_token_loss, response_mask, length_normalization, normalize_constant)
+        aggregate_token_loss(per_token_loss, loss_mask, length_normalization, normalize_constant)
         if exact_share
         else loss
     )

@@ -137,7 +137,7 @@ class Learner:
         self.strategy = cfg.distributed.strategy if self.world.distributed else "none"
         # What samples and computes no-grad log-probs: the policy itself, except under FSDP2, whose sharded
         # parameters every forward must gather collectively (ranks stop generating at different tokens): there a
-        # full copy, refreshed after every update, does it.
+        # full copy, refreshed after every update and after a resume, does it.
         self.inference_model = frozen_copy(self.model) if self.strategy == "fsdp" else self.model
         # The training forward as a module, wrapped by DDP / FSDP2 when data-parallel (their hooks must see it).
         self.scorer = parallel.wrap_for_training(
@@ -190,6 +190,8 @@ class Learner:
             if problem is not None:
                 messages.append(f"skipping checkpoint {path}: {problem}; trying the previous one")
                 continue
+            # FSDP2: the checkpoint went into the shards; the copy every rank samples from must follow.
+            self.refresh_inference_copy()
             self.nonfinite_streak = int(checkpoint.state.get("nonfinite_streak", 0))
             self.version = checkpoint.step
             messages.append(f"resumed {self.output_dir} from {path.name} (step {checkpoint.step})")
@@ -206,12 +208,14 @@ class Learner:
 
     @torch.no_grad()
     def refresh_inference_copy(self) -> None:
-        """FSDP2: gather the updated shards into the full copy that samples (a collective: every rank calls it)."""
+        """FSDP2: gather the trained shards into the full copy that samples, after an update and after a resume (a
+        collective: every rank calls it). Frozen weights (LoRA's base) never change after the copy is made."""
         if self.inference_model is self.model:
             return
         copies = dict(self.inference_model.named_parameters())
         for name, parameter in self.model.named_parameters():
-            copies[name].copy_(parallel.full_tensor(parameter.detach()))
+            if parameter.requires_grad:
+                copies[name].copy_(parallel.full_tensor(parameter.detach()))
 
     def trainable_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of the trained weights (only the adapters with LoRA), for the generator's copy."""

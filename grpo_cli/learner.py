@@ -243,7 +243,7 @@ class Learner:
             yield self.reference, self.reference_scorer
         else:
             with self.model.disable_adapter():
-                yield self.model, None
+                yield self.model, self.scorer if self.strategy == "fsdp" else None
 
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:

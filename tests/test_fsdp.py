@@ -210,4 +210,44 @@ def test_the_first_update_of_a_multi_epoch_batch_has_ratio_one_in_bf16_and_fp32(
         assert bf16["later_ratio_spread"] > 1e-2 and fp32["later_ratio_spread"] > 1e-2, (rank, found)
 
 
-CASES = {"resume": _resume_case, "ratio": _ratio_case}
+# --- 3. LoRA + FSDP2 + KL: the reference is the base model --------------------------------------------------------
+
+
+def _lora_reference_case(rank: int, tmp: Path) -> dict:
+    import grpo_cli.learner as learner_module
+    from grpo_cli.batch import per_completion_log_probs
+    from grpo_cli.learner import Learner
+    from grpo_cli.models import build_policy
+    from grpo_cli.runtime import seed_everything
+
+    overrides = [*RANK_SHARE, "model.mixed_precision=no", "kl.beta=0.04", "train.gradient_accumulation_steps=2"]
+    cfg = compose_config([*overrides, "model.lora.enabled=true"], output_dir=str(tmp))
+    learner = Learner(cfg, tmp)
+    with torch.no_grad():  # adapters that change the policy (LoRA starts with B = 0, the base model itself)
+        for name, parameter in learner.model.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(0.2)
+    seen = record_loss_inputs(learner_module)
+    data = rank_batch(rank)
+    metrics, _ = learner.learn(data, step=1)
+    # The independent computation: the base model, built as a run without LoRA builds it, in one process.
+    base_cfg = compose_config([*overrides, "model.lora.enabled=false"], output_dir=str(tmp))
+    seed_everything(base_cfg.seed)
+    base, tokenizer = build_policy(base_cfg.model, torch.device("cpu"))
+    expected = per_completion_log_probs(base, data, 2, tokenizer.pad_token_id, torch.device("cpu"))
+    return {
+        "ref_vs_base": max((r - e).abs().max().item() for r, e in zip(data.ref_log_probs, expected, strict=True)),
+        "policy_vs_base": max((mb["current"] - mb["ref"]).abs().max().item() for mb in seen),
+        "kl": metrics["train/kl"],
+        "steps": metrics["train/optimizer_steps"],
+    }
+
+
+def test_lora_with_kl_trains_under_fsdp_against_the_base_model(two_ranks):
+    for rank, result in results_of(two_ranks, "lora_reference").items():
+        assert result["ref_vs_base"] <= 1e-5, (rank, result)
+        assert result["policy_vs_base"] > 1e-3, (rank, result)  # the adapters were on for the policy
+        assert result["steps"] == 1 and result["kl"] > 0, (rank, result)
+
+
+CASES = {"resume": _resume_case, "ratio": _ratio_case, "lora_reference": _lora_reference_case}

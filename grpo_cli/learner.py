@@ -313,9 +313,11 @@ class Learner:
         # gather into an inference tensor fails ("Inplace update to inference tensor outside InferenceMode").
         with torch.no_grad(), self.autocast():
             rows = per_completion_rows(score, scorer, data, self.shape.microbatch_size, self.pad_token_id, self.device)
-        # The root keeps its gathered parameters after a forward (expecting a backward): free them, so no later
-        # forward reuses them past an optimizer step, and a frozen reference does not hold them for the run.
-        scorer.reshard()
+        # A forward without a backward leaves FSDP2's iteration half done: the root's parameters stay gathered
+        # (a backward would need them) and its post-forward trackers grow until a backward clears them, which a
+        # frozen reference never runs. End the iteration: no gathered root outlives an optimizer step, no list
+        # grows for the run (no gradients are in flight here: the passes run before the step's updates).
+        scorer.reset_iter_state()
         return rows
 
     def update(self, data: RolloutData, step: int) -> dict[str, float]:

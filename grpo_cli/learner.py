@@ -25,7 +25,13 @@ from typing import Any
 import torch
 
 from grpo_cli import parallel
-from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_probs, tokens_through_model
+from grpo_cli.batch import (
+    RolloutData,
+    make_microbatch,
+    per_completion_log_probs,
+    per_completion_rows,
+    tokens_through_model,
+)
 from grpo_cli.checkpoint import (
     CheckpointError,
     init_from_checkpoint,
@@ -64,13 +70,14 @@ class PolicyScorer(torch.nn.Module):
         temperature: float,
         share_prompts: bool,
         logits_chunk_tokens: int,
+        return_token_entropy: bool = True,
     ) -> dict[str, torch.Tensor]:
         return response_log_probs(
             self.policy,
             input_ids,
             labels,
             response_mask,
-            return_token_entropy=True,
+            return_token_entropy=return_token_entropy,
             temperature=temperature,
             share_prompts=share_prompts,
             logits_chunk_tokens=logits_chunk_tokens,
@@ -182,14 +189,21 @@ class Learner:
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
         self.world = parallel.world()
         self.strategy = cfg.distributed.strategy if self.world.distributed else "none"
-        # What samples and computes no-grad log-probs: the policy itself, except under FSDP2, whose sharded
-        # parameters every forward must gather collectively (ranks stop generating at different tokens): there a
-        # full copy, refreshed after every update, does it.
+        # What samples: the policy itself, except under FSDP2, whose sharded parameters every forward must gather
+        # collectively (ranks stop generating at different tokens): there a full copy, refreshed after every update
+        # and after a resume. It does not compute the old log-probs (the sharded training forward does).
         self.inference_model = frozen_copy(self.model) if self.strategy == "fsdp" else self.model
         # The training forward as a module, wrapped by DDP / FSDP2 when data-parallel (their hooks must see it).
-        self.scorer = parallel.wrap_for_training(
-            PolicyScorer(self.model), self.strategy, self.device, compute_dtype(self.device, cfg.model.mixed_precision)
-        )
+        forward_dtype = compute_dtype(self.device, cfg.model.mixed_precision)
+        self.scorer = parallel.wrap_for_training(PolicyScorer(self.model), self.strategy, self.device, forward_dtype)
+        # Under FSDP2 the old and reference log-probs run sharded modules too, with the training forward's
+        # mixed-precision policy (log_probs_under): the reference copy is sharded like the policy, which also
+        # keeps a second full copy off every rank. DDP has nothing to synchronize in a frozen copy.
+        self.reference_scorer = None
+        if self.reference is not None and self.strategy == "fsdp":
+            self.reference_scorer = parallel.wrap_for_training(
+                PolicyScorer(self.reference).eval(), "fsdp", self.device, forward_dtype
+            )
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters,
@@ -237,6 +251,8 @@ class Learner:
             if problem is not None:
                 messages.append(f"skipping checkpoint {path}: {problem}; trying the previous one")
                 continue
+            # FSDP2: the checkpoint went into the shards; the copy every rank samples from must follow.
+            self.refresh_inference_copy()
             self.nonfinite_streak = int(checkpoint.state.get("nonfinite_streak", 0))
             self.version = checkpoint.step
             messages.append(f"resumed {self.output_dir} from {path.name} (step {checkpoint.step})")
@@ -253,25 +269,28 @@ class Learner:
 
     @torch.no_grad()
     def refresh_inference_copy(self) -> None:
-        """FSDP2: gather the updated shards into the full copy that samples (a collective: every rank calls it)."""
+        """FSDP2: gather the trained shards into the full copy that samples, after an update and after a resume (a
+        collective: every rank calls it). Frozen weights (LoRA's base) never change after the copy is made."""
         if self.inference_model is self.model:
             return
         copies = dict(self.inference_model.named_parameters())
         for name, parameter in self.model.named_parameters():
-            copies[name].copy_(parallel.full_tensor(parameter.detach()))
+            if parameter.requires_grad:
+                copies[name].copy_(parallel.full_tensor(parameter.detach()))
 
     def trainable_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of the trained weights (only the adapters with LoRA), for the generator's copy."""
         return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
 
     @contextmanager
-    def reference_policy(self) -> Iterator[torch.nn.Module]:
-        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off."""
+    def reference_policy(self) -> Iterator[tuple[torch.nn.Module, torch.nn.Module | None]]:
+        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off. Yields
+        (the model, its sharded scorer under FSDP2 or None)."""
         if self.reference is not None:
-            yield self.reference
+            yield self.reference, self.reference_scorer
         else:
             with self.model.disable_adapter():
-                yield self.model
+                yield self.model, self.scorer if self.strategy == "fsdp" else None
 
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
@@ -286,12 +305,15 @@ class Learner:
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
+        # Both in the training forward's numerics (the policy itself, or under FSDP2 its sharded scorer with the
+        # mixed-precision policy, never the sampling copy): on the batch's own weights the ratio is 1.
         if self.needs_old_log_probs and data.old_log_probs is None:
             with timed(timings, "time/old_log_probs_s"):
-                data.old_log_probs = self.log_probs_under(self.inference_model, data)
+                fsdp_scorer = self.scorer if self.strategy == "fsdp" else None
+                data.old_log_probs = self.log_probs_under(self.model, data, fsdp_scorer)
         if self.needs_reference:
-            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference:
-                data.ref_log_probs = self.log_probs_under(reference, data)
+            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as (reference, fsdp_scorer):
+                data.ref_log_probs = self.log_probs_under(reference, data, fsdp_scorer)
         with timed(timings, "time/training_s"):
             metrics = self.update(data, step)
             self.refresh_inference_copy()
@@ -299,9 +321,13 @@ class Learner:
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
 
-    def log_probs_under(self, model: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+    def log_probs_under(
+        self, model: torch.nn.Module, data: RolloutData, fsdp_scorer: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
         """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
-        sampling temperature."""
+        sampling temperature; under FSDP2 through `fsdp_scorer`, `model`'s sharded PolicyScorer."""
+        if fsdp_scorer is not None:
+            return self._sharded_log_probs(fsdp_scorer, data)
         with self.autocast():
             return per_completion_log_probs(
                 model,
@@ -313,6 +339,33 @@ class Learner:
                 self.temperature,
                 self.logits_chunk_tokens,
             )
+
+    def _sharded_log_probs(self, scorer: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+        """log_probs_under through an FSDP2 module: its bf16 parameters under model.mixed_precision=bf16, as in
+        training (the fp32 sampling copy under autocast gave on-policy ratios of 0.90 to 1.15). Each microbatch is
+        a collective: every rank holds as many completions, so all make the same calls."""
+
+        def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            return scorer(
+                batch["input_ids"],
+                batch["labels"],
+                batch["response_mask"],
+                self.temperature,
+                self.share_prompts,
+                self.logits_chunk_tokens,
+                return_token_entropy=False,
+            )["log_probs"]
+
+        # no_grad, not inference_mode: FSDP2 reuses the tensors it gathers parameters into, and training's next
+        # gather into an inference tensor fails ("Inplace update to inference tensor outside InferenceMode").
+        with torch.no_grad(), self.autocast():
+            rows = per_completion_rows(score, scorer, data, self.shape.microbatch_size, self.pad_token_id, self.device)
+        # A forward without a backward leaves FSDP2's iteration half done: the root's parameters stay gathered
+        # (a backward would need them) and its post-forward trackers grow until a backward clears them, which a
+        # frozen reference never runs. End the iteration: no gathered root outlives an optimizer step, no list
+        # grows for the run (no gradients are in flight here: the passes run before the step's updates).
+        scorer.reset_iter_state()
+        return rows
 
     def update(self, data: RolloutData, step: int) -> dict[str, float]:
         """epochs x train batches of optimizer steps over `data`; the metrics are means over the steps."""

@@ -58,9 +58,9 @@ def _fail(message: str) -> None:
 def _check_output_dir(output_dir: Path) -> None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_probe"
-        probe.write_text("")
-        probe.unlink()
+        # A name of its own: the nodes of a multi-node run probe the same shared run directory at once.
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write_probe"):
+            pass
     except OSError as e:
         raise UserFacingError(
             f"output directory {output_dir} is not writable ({e.strerror}): "

@@ -94,7 +94,7 @@ def test_rank_shares_keep_the_one_process_microbatch():
 
 def test_one_node_rendezvous_stays_on_the_loopback_address():
     cfg = compose_config(["distributed=ddp"])
-    config = launch_config(cfg, "test")
+    config = launch_config(cfg, Path("test"))
     assert config.rdzv_endpoint.startswith("127.0.0.1:") and config.local_addr == "127.0.0.1"
     assert config.max_restarts == 0 and config.nproc_per_node == 2
 

@@ -362,6 +362,12 @@ class DistributedConfig:
     node_rank: int = non_negative(0)
     master_addr: str = any_value("127.0.0.1")
     master_port: int = in_range(29511, 1, 65535)
+    # The c10d rendezvous id the nodes of one run share (torchrun's --rdzv-id). null: derived from what every node
+    # is given, master_addr:master_port and the run directory (the same shared hydra.run.dir on every node).
+    rdzv_id: str | None = any_value(None)
+    # How long a node waits at the rendezvous for all distributed.nnodes nodes (elastic's join_timeout; a node
+    # also waits this long to reach node 0's rendezvous store) before stopping with one line.
+    rdzv_timeout_s: int = positive(600)
     # auto: nccl on CUDA, gloo on CPU.
     backend: str = choice("auto", ("auto", "nccl", "gloo"))
     # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grpo_cli.drivers.versions import overlap_fraction
+from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import Example
 
 
@@ -61,6 +62,14 @@ def step_metrics(
     n_tokens = rollout.pop("n_tokens", 0.0)
     produce_s = rollout.pop("time/produce_s", 0.0)
     weight_load_s = rollout.pop("time/weight_load_s", 0.0)
+    # The rollout's and the learner's names differ (but the old log-probs' time, added below), so a shared name is
+    # a reward function's log_metric taking one of the learner's.
+    shared = sorted(set(rollout) & set(learned) - {"time/old_log_probs_s"})
+    if shared:
+        raise UserFacingError(
+            f"a reward function called log_metric({shared[0].partition('/')[2]!r}, ...), which would overwrite the "
+            f"learner's {shared[0]}: give the metric another name"
+        )
     metrics = {**rollout, **learned, **timing, **sync}
     # Old log-probs come from the learner (in-process) or from the generator (disaggregated): one is 0.
     metrics["time/old_log_probs_s"] = rollout.get("time/old_log_probs_s", 0.0) + learned["time/old_log_probs_s"]

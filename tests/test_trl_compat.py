@@ -412,11 +412,13 @@ def test_a_factory_node_is_instantiated_once_per_process_and_partial_and_file_ta
         ({"_target_": "rewards.py:make_scaled"}, "missing 1 required positional argument: 'scale'"),
         ({"_target_": "no_such_pkg_t.mod.f"}, "no module named no_such_pkg_t"),
         (3, "give path/to/file.py:function, package.module:function or a node"),
+        ("rewards.py:only_ids", "overlong is the name of a shaping term"),
     ],
 )
 def test_a_bad_factory_node_is_one_line(folder, spec, said):
+    name = "overlong" if "shaping" in said else "bad"
     with pytest.raises(UserFacingError) as info:
-        validate_task_config(custom_cfg(folder, rewards={"bad": spec}))
+        validate_task_config(custom_cfg(folder, rewards={name: spec}))
     assert said in str(info.value) and "\n" not in str(info.value)
 
 
@@ -619,3 +621,22 @@ def test_trls_functions_through_check_reward_and_a_two_step_run_give_their_direc
         for name, expected in values.items():
             assert [r.get(f"reward/{name}") for r in records] == expected, (step, name)
     assert "eval/ids_mean" in metrics[0]
+
+
+@pytest.mark.slow
+def test_the_readmes_task_custom_line_runs_as_written(tmp_path):
+    import shlex
+
+    repo = Path(__file__).parents[1]
+    line = next(
+        text.strip() for text in (repo / "README.md").read_text().splitlines() if "grpo-run task=custom" in text
+    )
+    folder, _, command = line.removeprefix("cd ").partition(" && ")
+    args = shlex.split(command)[1:]
+    # as written, then only what makes it a seconds-long run (a tiny model, one short step) and where it writes
+    quick = ["model=tiny_random", "train.steps=1", "train.rollout_batch_size=4", "train.group_size=2"]
+    quick += ["train.train_batch_size=4", "task.n_eval=2", "rollout.max_tokens=8", f"output_dir={tmp_path / 'run'}"]
+    run = run_grpo([*args, *quick], cwd=repo / folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/reward/f" in row and "train/boxed_frac" in row for row in rows)

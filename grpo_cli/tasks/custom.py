@@ -921,6 +921,12 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
     base_dir = base_dir_of(task_cfg)
     specs = reward_specs(task_cfg)
     names = list(specs)
+    for name in names:
+        if name in SHAPING_COMPONENTS:  # its values and the shaping term's would share train/reward/<name>
+            raise UserFacingError(
+                f"task.rewards.{name}: {name} is the name of a shaping term (task.reward_weights.{name}): give this "
+                "reward another name"
+            )
     rewards = [_user_reward(name, spec, task_cfg.reward_convention, base_dir) for name, spec in specs.items()]
     model = _reward_model(task_cfg)
     if model is not None:

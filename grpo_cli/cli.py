@@ -302,7 +302,7 @@ def _config_from_hydra_copy(run_dir: Path, damaged: SavedConfigError) -> DictCon
 
 # Parts of Hydra/OmegaConf messages that are noise on one line (or wrong advice: schema keys cannot be added).
 _HYDRA_NOISE = re.compile(
-    r"\s*(full_key|reference_type|object_type)=?:?\s*\S+|\s*To append to your config use \S+|"
+    r"\s*(full_key|reference_type|object_type)=?:?\s*(?:[\w.]*\[[^\]]*\]|\S+)|\s*To append to your config use \S+|"
     r"\s*Config search path:.*$",
     re.DOTALL,
 )

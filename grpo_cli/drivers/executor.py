@@ -15,6 +15,7 @@ import torch
 
 from grpo_cli import parallel
 from grpo_cli.drivers.versions import overlap_fraction
+from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import Example
 
 
@@ -65,6 +66,14 @@ def step_metrics(
     rollout = dict(rollout)
     produce_s = rollout.pop("time/produce_s", 0.0)
     weight_load_s = rollout.pop("time/weight_load_s", 0.0)
+    # The rollout's and the learner's names differ (but the old log-probs' time, added below), so a shared name is
+    # a reward function's log_metric taking one of the learner's.
+    shared = sorted(set(rollout) & set(learned) - {"time/old_log_probs_s"})
+    if shared:
+        raise UserFacingError(
+            f"a reward function called log_metric({shared[0].partition('/')[2]!r}, ...), which would overwrite the "
+            f"learner's {shared[0]}: give the metric another name"
+        )
     metrics = {**rollout, **learned, **timing, **sync}
     metrics.setdefault("n_tokens", 0.0)  # a replay step where no batch arrived generated nothing
     # Old log-probs come from the learner (in-process) or from the generator (disaggregated): one is 0.

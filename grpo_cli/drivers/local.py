@@ -74,10 +74,13 @@ class InProcessExecutor:
 
     def produce_share(self, batch_number: int) -> RolloutData:
         """The next prompts of the step, this rank's share of them, generated and scored."""
+        epoch = self.sampler.epoch
         examples = self.sampler.next_batch(self.prompts_per_step)
         share = len(examples) // self.world.size
         first = self.world.rank * share
-        return self.worker.produce(examples[first : first + share], batch_number=batch_number, first_prompt_index=first)
+        return self.worker.produce(
+            examples[first : first + share], batch_number=batch_number, first_prompt_index=first, epoch=epoch
+        )
 
     def fill_with_signal(self, data: RolloutData, step: int) -> RolloutData:
         """train.dynamic_sampling: drop groups with all-equal rewards and sample more prompts until the batch is full
@@ -101,7 +104,7 @@ class InProcessExecutor:
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        metrics, records, _version = self.worker.evaluate(examples, on_generated=on_generated)
+        metrics, records, _version = self.worker.evaluate(examples, on_generated=on_generated, epoch=self.sampler.epoch)
         return metrics, records
 
     def close(self) -> None:

@@ -244,10 +244,12 @@ class RayExecutor:
     # --- moving batches and weights -----------------------------------------------------------------------
     def request(self) -> None:
         """Ask the generator for the next rollout batch (it starts when its earlier calls are done)."""
-        state = self.sampler.state()
+        state, epoch = self.sampler.state(), self.sampler.epoch
         examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
         self.batch_counter += 1
-        ref = self.generator_actor.call.remote("produce", examples, self.batch_counter, self.with_old_log_probs)
+        ref = self.generator_actor.call.remote(
+            "produce", examples, self.batch_counter, self.with_old_log_probs, 0, epoch
+        )
         self.requests.append(Request(ref, state))
 
     def receive(self) -> tuple[RolloutData, float]:
@@ -412,7 +414,9 @@ class RayExecutor:
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         # Queued behind the load of this step's weights, so it evaluates exactly the learner's current policy.
-        metrics, records, version = self.get(self.generator_actor.call.remote("evaluate", examples))
+        metrics, records, version = self.get(
+            self.generator_actor.call.remote("evaluate", examples, None, self.sampler.epoch)
+        )
         if version != self.version:
             raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
         if on_generated is not None:

@@ -5,12 +5,17 @@ Both sides use it (the worker also computes behaviour log-probs for the Ray stra
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.prompt_sharing import prompt_sharing_problem
+
+log = logging.getLogger(__name__)
+_REFUSALS_LOGGED: set[str] = set()  # each reason once per process
 
 
 @dataclass
@@ -55,6 +60,25 @@ def make_microbatch(
     if data.loss_mask is not None:
         batch["loss_mask"] = data.loss_mask[indices].unsqueeze(1).to(device)  # (B, 1)
     return batch
+
+
+def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
+    """Whether the learner's forward passes (training, old and reference log-probs, and their token counts)
+    share prompts: `train.share_prompt_forward` asked for it and the shared forward can score `model` exactly
+    (core.prompt_sharing.prompt_sharing_problem); a model it cannot gets the plain forward, said in one log line."""
+    if not wanted:
+        return False
+    problem = prompt_sharing_problem(model)
+    if problem is None:
+        return True
+    if problem not in _REFUSALS_LOGGED:
+        _REFUSALS_LOGGED.add(problem)
+        log.warning(
+            "train: no shared-prompt forward for this model (%s); every completion runs with its own copy of its "
+            "prompt (train.share_prompt_forward: same log-probs, more compute)",
+            problem,
+        )
+    return False
 
 
 def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:

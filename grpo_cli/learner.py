@@ -30,6 +30,7 @@ from grpo_cli.batch import (
     make_microbatch,
     per_completion_log_probs,
     per_completion_rows,
+    shares_prompts,
     tokens_through_model,
 )
 from grpo_cli.checkpoint import (
@@ -216,8 +217,8 @@ class Learner:
         )
         self.pad_token_id = self.tokenizer.pad_token_id
         # Under FSDP2 every rank must run the same sequence of layer calls; the shared prompt pass runs the decoder
-        # once or twice depending on the batch, so it stays off there.
-        self.share_prompts = cfg.train.share_prompt_forward and self.strategy != "fsdp"
+        # once or twice depending on the batch, so it stays off there; and off for a model it cannot score.
+        self.share_prompts = self.strategy != "fsdp" and shares_prompts(self.model, cfg.train.share_prompt_forward)
         # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
         self.temperature = cfg.rollout.temperature
         # Response tokens per LM-head chunk: no (tokens x vocabulary) logits of a whole microbatch (0: unchunked).

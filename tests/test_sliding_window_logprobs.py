@@ -90,9 +90,15 @@ def _one_thread():
 
 def build(architecture: str, **overrides) -> torch.nn.Module:
     model_name, config_name, extra = ARCHITECTURES[architecture]
+    return build_tiny(model_name, config_name, {**TINY, **extra, **overrides})
+
+
+def build_tiny(model_name: str, config_name: str, config_keys: dict) -> torch.nn.Module:
+    """transformers' `model_name` on `config_name(**config_keys)`, random weights, fp32, train mode (skipped where
+    the installed transformers has no such model)."""
     if not hasattr(transformers, model_name):
         pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
-    config = getattr(transformers, config_name)(**{**TINY, **extra, **overrides})
+    config = getattr(transformers, config_name)(**config_keys)
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config)
     with torch.no_grad():
@@ -139,11 +145,16 @@ def test_the_window_is_active_in_the_tiny_config(architecture):
 @pytest.mark.parametrize("architecture", list(ARCHITECTURES))
 @pytest.mark.parametrize("share_prompts", [True, False], ids=["shared_prompt", "plain"])
 def test_response_log_probs_equal_one_unpadded_forward_per_sequence(architecture, share_prompts):
-    model = build(architecture)
+    assert_scored_like_one_unpadded_forward_per_sequence(build(architecture), share_prompts)
+
+
+def assert_scored_like_one_unpadded_forward_per_sequence(model: torch.nn.Module, share_prompts: bool) -> None:
+    """The trainer's scoring of `group_batch` (response log-probs, and the gradients of a non-uniform loss of
+    them) equals one unpadded forward per sequence."""
     prompt_ids, completions = group_batch()
     batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
     mask = batch["response_mask"].bool()
-    assert worth_sharing(batch["input_ids"], mask)  # so share_prompts=True takes the shared path
+    assert worth_sharing(batch["input_ids"], mask)  # so share_prompts=True asks for the shared path
     weights = torch.linspace(-1, 1, int(mask.sum()))  # any non-uniform loss
 
     def gradients(score: torch.Tensor) -> dict[str, torch.Tensor]:

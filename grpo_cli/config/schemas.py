@@ -241,7 +241,8 @@ class TrainConfig:
     gradient_accumulation_steps: int = positive(2)
     max_grad_norm: float = positive(1.0)
     # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
-    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
+    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) and
+    # for models with layers other than attention (linear attention, convolutions, SSMs; one log line).
     share_prompt_forward: bool = True
     # Response tokens whose logits exist at once: the LM head and the log-softmax run chunk by chunk, recomputed in
     # backward, so no (tokens x vocabulary) tensor of a whole microbatch is held (same numbers; docs/memory.md

@@ -15,11 +15,52 @@ positions the plain forward would give it, and the distance between two real tok
 distance. Sliding-window attention (Mistral, Qwen2/3 with `use_sliding_window`, Gemma-2/3, Phi-3, GPT-OSS, ...)
 measures distance in cache columns: right-padded prompts put padding inside the window, and a sliding cache
 keeping the last window's columns kept padding instead of the prompt (up to 3.7 nats off, before this layout).
+
+What it serves (:func:`prompt_sharing_problem`): models whose every layer is full, sliding-window or chunked
+attention over a per-token key/value cache; transformers builds the chunked mask from the left padding, so the
+chunks start at each prompt's first token (tested). A linear-attention, convolution or SSM layer (Qwen3-Next,
+Qwen3.5, LFM2, Mamba and its hybrids: Jamba, Bamba, Falcon-H1, Zamba, ...) carries a recurrent state instead:
+the prompt pass would run it through the left padding and `batch_select_indices` cannot hand it to the
+completions; indexed (DeepSeek-V3.2) and compressed (DeepSeek-V4) attention keep caches of their own. Those
+models get the plain forward, whose right padding comes after every real token.
 """
 
 from __future__ import annotations
 
 import torch
+
+# The layer kinds the shared layout is proven for (tests/test_sliding_window_logprobs.py,
+# tests/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention beside
+# "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
+SERVED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+
+
+def prompt_sharing_problem(model: torch.nn.Module) -> str | None:
+    """Why the shared-prompt forward cannot score `model` exactly (one clause naming the model type), or None
+    when it can. Read from the model's (text) config and class, never from a batch: one model, one answer.
+
+    Refused: a layer kind outside SERVED_LAYER_TYPES in `layer_types` (or transformers 4's `layers_block_type`,
+    RecurrentGemma's `block_types`), and a model transformers marks as keeping a recurrent state or a cache of
+    its own (`_is_stateful`, `_supports_default_dynamic_cache`: Mamba, RWKV, xLSTM, MiniMax, transformers 4's
+    Jamba / Bamba / Falcon-H1 / Zamba, ... whatever their config says).
+    """
+    config = model.config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text_config, "model_type", None) or type(model).__name__
+    kinds: set[str] = set()
+    for key in ("layer_types", "layers_block_type", "block_types"):
+        listed = getattr(text_config, key, None)
+        if isinstance(listed, list | tuple):
+            kinds.update(str(kind) for kind in listed)
+    unserved = sorted(kinds - SERVED_LAYER_TYPES)
+    if unserved:
+        return f"{model_type} has {'/'.join(unserved)} layers"
+    if getattr(model, "_is_stateful", False):
+        return f"{model_type} keeps a recurrent state"
+    supports_dynamic_cache = getattr(model, "_supports_default_dynamic_cache", None)
+    if callable(supports_dynamic_cache) and not supports_dynamic_cache():
+        return f"{model_type} needs a cache class of its own"
+    return None
 
 
 def distinct_prompts(

@@ -5,11 +5,17 @@ Both sides use it (the worker also computes behaviour log-probs for the Ray stra
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.prompt_sharing import prompt_sharing_problem
+
+log = logging.getLogger(__name__)
+_REFUSALS_LOGGED: set[str] = set()  # each reason once per process
 
 
 @dataclass
@@ -56,6 +62,25 @@ def make_microbatch(
     return batch
 
 
+def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
+    """Whether the learner's forward passes (training, old and reference log-probs, and their token counts)
+    share prompts: `train.share_prompt_forward` asked for it and the shared forward can score `model` exactly
+    (core.prompt_sharing.prompt_sharing_problem); a model it cannot gets the plain forward, said in one log line."""
+    if not wanted:
+        return False
+    problem = prompt_sharing_problem(model)
+    if problem is None:
+        return True
+    if problem not in _REFUSALS_LOGGED:
+        _REFUSALS_LOGGED.add(problem)
+        log.warning(
+            "train: no shared-prompt forward for this model (%s); every completion runs with its own copy of its "
+            "prompt (train.share_prompt_forward: same log-probs, more compute)",
+            problem,
+        )
+    return False
+
+
 def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
     """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
@@ -79,6 +104,33 @@ def per_completion_log_probs(
 ) -> list[torch.Tensor]:
     """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored at
     the sampling temperature. Eval mode for the pass: these are fixed targets, not samples of dropout noise."""
+
+    def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return response_log_probs(
+            model,
+            batch["input_ids"],
+            batch["labels"],
+            batch["response_mask"].bool(),
+            temperature=temperature,
+            share_prompts=share_prompts,
+            logits_chunk_tokens=logits_chunk_tokens,
+        )["log_probs"]
+
+    return per_completion_rows(score, model, data, microbatch_size, pad_token_id, device)
+
+
+def per_completion_rows(
+    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    model: torch.nn.Module,
+    data: RolloutData,
+    microbatch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """`score`'s (B, T) values of each microbatch of `data` (make_microbatch's tensors, in order), cut back into
+    one (len_i,) tensor of response tokens per completion, on the CPU. `model`, the module `score` runs, is in eval
+    mode meanwhile. The caller picks the grad mode (no_grad, or inference_mode where nothing reuses the module's
+    tensors in autograd later)."""
     result: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
@@ -87,16 +139,8 @@ def per_completion_log_probs(
             indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
             batch = make_microbatch(data, indices, pad_token_id, device)
             mask = batch["response_mask"].bool()
-            log_probs = response_log_probs(
-                model,
-                batch["input_ids"],
-                batch["labels"],
-                mask,
-                temperature=temperature,
-                share_prompts=share_prompts,
-                logits_chunk_tokens=logits_chunk_tokens,
-            )["log_probs"]
-            result.extend(row[row_mask].cpu() for row, row_mask in zip(log_probs, mask, strict=True))
+            values = score(batch)
+            result.extend(row[row_mask].cpu() for row, row_mask in zip(values, mask, strict=True))
     finally:
         model.train(was_training)
     return result

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
@@ -30,6 +31,7 @@ from grpo_cli.config import (
     load_saved_config,
     path_problem,
     register_configs,
+    unknown_group_choice,
     unknown_key_hint,
     validate_config,
 )
@@ -56,9 +58,9 @@ def _fail(message: str) -> None:
 def _check_output_dir(output_dir: Path) -> None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_probe"
-        probe.write_text("")
-        probe.unlink()
+        # A name of its own: the nodes of a multi-node run probe the same shared run directory at once.
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write_probe"):
+            pass
     except OSError as e:
         raise UserFacingError(
             f"output directory {output_dir} is not writable ({e.strerror}): "
@@ -300,7 +302,7 @@ def _config_from_hydra_copy(run_dir: Path, damaged: SavedConfigError) -> DictCon
 
 # Parts of Hydra/OmegaConf messages that are noise on one line (or wrong advice: schema keys cannot be added).
 _HYDRA_NOISE = re.compile(
-    r"\s*(full_key|reference_type|object_type)=?:?\s*\S+|\s*To append to your config use \S+|"
+    r"\s*(full_key|reference_type|object_type)=?:?\s*(?:[\w.]*\[[^\]]*\]|\S+)|\s*To append to your config use \S+|"
     r"\s*Config search path:.*$",
     re.DOTALL,
 )
@@ -362,21 +364,62 @@ def check_plugin_extras(args: list[str]) -> None:
             _fail(f'{arg} needs the [{needed[1]}] extra: pip install -e ".[{needed[1]}]"')
 
 
-SWEEP_PRESETS_DIR = Path(__file__).parent / "conf" / "sweep"
+def hydra_loader_for(args: list[str]) -> tuple[ConfigLoader, str, list[str], bool] | None:
+    """The ConfigLoader `grpo-run <args>` composes with, read from the command line as Hydra reads it (its own
+    argument parser and search path: grpo-run's conf/, --config-path, --config-dir, search-path plugins), with the
+    config name, the overrides and whether it is a multirun. None where Hydra answers without composing a run
+    (--help, shell completion) or rejects the command line itself (it says why)."""
+    import contextlib
+    import io
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+        get_args_parser,
+    )
+    from hydra.core.config_search_path import SearchPathQuery
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed = get_args_parser().parse_args(args)
+    except SystemExit:
+        return None
+    if parsed.help or parsed.hydra_help or parsed.shell_completion:
+        return None
+    # What hydra.main(config_path="conf") computes for the task function (hydra/_internal/utils.py, _run_hydra).
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task)
+    search_path = create_automatic_config_search_path(calling_file, calling_module, parsed.config_path or "conf")
+    if parsed.config_dir is not None:
+        config_dir = Path(parsed.config_dir).absolute()
+        if not config_dir.is_dir():
+            return None  # Hydra: "Additional config directory ... not found"
+        search_path.prepend("command-line", f"file://{config_dir}", anchor=SearchPathQuery(provider="schema"))
+    return (
+        ConfigLoaderImpl(config_search_path=search_path),
+        parsed.config_name or "config",
+        parsed.overrides,
+        parsed.multirun,
+    )
+
+
+def check_group_choices(args: list[str]) -> None:
+    """A group choice that does not exist (experiment=cs336_mathh, a value of -m algorithm=grpo,dapoo, one a
+    preset names) stops with one line naming the group's choices, before a run directory or a job exists."""
+    command = hydra_loader_for(args)
+    if command is not None:
+        line = unknown_group_choice(*command)
+        if line is not None:
+            _fail(line)
 
 
 def check_sweep_preset(args: list[str]) -> None:
-    """`sweep` is an optional group, so Hydra would silently ignore an unknown preset, and a preset without -m
-    would run one job with the defaults: both stop with one line instead."""
-    presets = sorted(path.stem for path in SWEEP_PRESETS_DIR.glob("*.yaml"))
+    """A sweep preset without -m would run one job with the defaults: it stops with one line instead (a preset
+    that does not exist stops at check_group_choices)."""
     multirun = any(arg in ("-m", "--multirun") for arg in args)
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
-        if key != "sweep" or value in ("", "null"):
-            continue
-        if value not in presets:
-            _fail(f"sweep={value} is not a sweep preset: use one of {', '.join(presets)} (sweeps/<name>.yaml)")
-        if not multirun:
+        if key == "sweep" and value not in ("", "null") and not multirun:
             _fail(f"sweep={value} is a preset of values to sweep over: run it with -m (grpo-run -m sweep={value})")
 
 
@@ -384,6 +427,7 @@ def main() -> None:
     global _full_error_asked
     args = sys.argv[1:]
     check_plugin_extras(args)
+    check_group_choices(args)
     check_sweep_preset(args)
     precheck_overrides(args)
     _full_error_asked = bool(os.environ.get("HYDRA_FULL_ERROR"))

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import json
 import logging
 import os
 import signal
-import uuid
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,27 +41,43 @@ _PR_SET_PDEATHSIG = 1
 
 
 def run_distributed(module: str, cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
-    """Run job `module` (its `run(cfg, output_dir, console)`) on every rank; returns rank 0's summary."""
+    """Run job `module` (its `run(cfg, output_dir, console)`) on every rank; returns rank 0's summary (on a node
+    of a multi-node run without rank 0, its own first rank's)."""
     if parallel.launched_as_rank():
         return _run_rank(module, cfg, output_dir, console)
     return _launch_ranks(module, cfg, output_dir)
 
 
-def launch_config(cfg: Any, run_id: str) -> Any:
-    """The elastic launcher's settings for distributed.*: c10d rendezvous at master_addr:master_port, no
-    restarts. On one node the rendezvous and the ranks' MASTER_ADDR stay on the loopback address (the host's
-    name may resolve to an address other processes cannot reach, or one outside this machine)."""
+def rendezvous_id(d: Any, output_dir: Path) -> str:
+    """The c10d rendezvous id of this run, the same on every node: distributed.rdzv_id when given, else derived
+    from what every node of the run is given, the rendezvous endpoint (master_addr:master_port) and the run
+    directory. Another run directory or endpoint is another run, which never joins this one's rendezvous."""
+    if d.rdzv_id:
+        return str(d.rdzv_id)
+    key = f"{d.master_addr}:{d.master_port}|{Path(output_dir).absolute()}"
+    return "grpo-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def launch_config(cfg: Any, output_dir: Path) -> Any:
+    """The elastic launcher's settings for distributed.*: c10d rendezvous at master_addr:master_port under the
+    run's rendezvous_id, no restarts. On one node the rendezvous and the ranks' MASTER_ADDR stay on the loopback
+    address (the host's name may resolve to an address other processes cannot reach, or one outside this
+    machine). On several, node 0 hosts the rendezvous store, and a node waits distributed.rdzv_timeout_s for all
+    of them (join_timeout)."""
     from torch.distributed.launcher.api import LaunchConfig
 
     d = cfg.distributed
+    rdzv_configs: dict[str, Any] = {"join_timeout": d.rdzv_timeout_s}
+    if d.nnodes > 1:
+        rdzv_configs["is_host"] = d.node_rank == 0
     return LaunchConfig(
         min_nodes=d.nnodes,
         max_nodes=d.nnodes,
         nproc_per_node=d.nproc_per_node,
-        run_id=run_id,
+        run_id=rendezvous_id(d, output_dir),
         rdzv_backend="c10d",
         rdzv_endpoint=f"{d.master_addr}:{d.master_port}",
-        rdzv_configs={"rank": d.node_rank} if d.nnodes > 1 else {},
+        rdzv_configs=rdzv_configs,
         max_restarts=0,
         monitor_interval=0.2,
         start_method="spawn",
@@ -69,6 +86,32 @@ def launch_config(cfg: Any, run_id: str) -> Any:
         shutdown_timeout=300,
         local_addr=d.master_addr if d.nnodes == 1 else None,
     )
+
+
+def rendezvous_failure(d: Any, run_id: str, error: BaseException) -> str:
+    """The one line of a node that could not start: what it waited for, where, and how to fix it."""
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    node = f"node {d.node_rank} of distributed.nnodes={d.nnodes}"
+    where = f"the rendezvous {d.master_addr}:{d.master_port} (id {run_id})"
+    same = (
+        "start grpo-run on every node with the same distributed.master_addr, master_port, nnodes and hydra.run.dir "
+        "(or one distributed.rdzv_id)"
+    )
+    if isinstance(error, RendezvousTimeoutError):
+        return (
+            f"{node} waited {d.rdzv_timeout_s} s at {where} for all {d.nnodes} nodes to join, and they did not: "
+            f"{same}, or wait longer with distributed.rdzv_timeout_s=N"
+        )
+    cause = error_summary(error.__cause__ or error, limit=200)
+    if isinstance(error, RendezvousConnectionError) and d.nnodes > 1 and d.node_rank == 0:
+        return f"{node} could not host {where} ({cause}): pick a free distributed.master_port on this machine"
+    if isinstance(error, RendezvousConnectionError):
+        return (
+            f"{node} waited {d.rdzv_timeout_s} s for node 0's store of {where} and could not reach it: start node 0 "
+            f"(distributed.node_rank=0) on {d.master_addr}; {same}, or wait longer with distributed.rdzv_timeout_s=N"
+        )
+    return f"{node} failed at {where} ({error_summary(error, limit=150)}): {same}"
 
 
 def _launch_ranks(module: str, cfg: Any, output_dir: Path) -> dict[str, Any]:
@@ -81,11 +124,50 @@ def _launch_ranks(module: str, cfg: Any, output_dir: Path) -> dict[str, Any]:
     reports.mkdir(parents=True, exist_ok=True)
     for old in reports.glob("rank*.json"):  # a resumed run's earlier outcome is not this one's
         old.unlink()
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    config = launch_config(cfg, output_dir)
     try:
-        results = elastic_launch(launch_config(cfg, uuid.uuid4().hex[:8]), _rank_main)(module, cfg, str(output_dir))
+        if cfg.distributed.nnodes > 1 and cfg.distributed.node_rank != 0:
+            _wait_for_node_0(cfg.distributed)
+        results = elastic_launch(config, _rank_main)(module, cfg, str(output_dir))
+    except RendezvousError as error:  # before any rank started: the nodes did not meet
+        raise UserFacingError(rendezvous_failure(cfg.distributed, config.run_id, error)) from None
     except (ChildFailedError, Exception) as error:  # noqa: BLE001 - the ranks' own reports say what happened
         _raise_rank_outcome(reports, error)
-    return results[0]
+    return results[min(results)]  # keyed by global rank: rank 0's on its node, this node's first rank elsewhere
+
+
+def _wait_for_node_0(d: Any) -> None:
+    """Wait (up to distributed.rdzv_timeout_s) until node 0's rendezvous store accepts this node, with torch's own
+    store client, before the elastic agent joins. The agent would wait the same way, but its store client prints
+    each failed try as pages of C++ stack frames on stderr: a node started before node 0 waits quietly here, and
+    one left alone ends with one line (RendezvousConnectionError, rendezvous_failure)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    try:
+        with _stderr_silenced():
+            store = TCPStore(d.master_addr, d.master_port, is_master=False, timeout=timedelta(seconds=d.rdzv_timeout_s))
+    except (RuntimeError, ValueError, TimeoutError) as error:  # torch's DistNetworkError is a RuntimeError
+        raise RendezvousConnectionError(str(error)) from error
+    del store  # the agent connects again, at once now
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Any:
+    """File descriptor 2 to /dev/null for the block: what C++ code logs there too (no rank runs yet)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _rank_main(module: str, cfg: Any, output_dir: str) -> dict[str, Any]:

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 
 from grpo_cli import parallel
-from grpo_cli.batch import RolloutData, make_microbatch, per_completion_log_probs, tokens_through_model
+from grpo_cli.batch import (
+    RolloutData,
+    make_microbatch,
+    per_completion_log_probs,
+    per_completion_rows,
+    shares_prompts,
+    tokens_through_model,
+)
 from grpo_cli.checkpoint import (
     CheckpointError,
     init_from_checkpoint,
@@ -36,7 +43,13 @@ from grpo_cli.checkpoint import (
     verify_checkpoint,
 )
 from grpo_cli.config import BatchShape, needs_old_log_probs
-from grpo_cli.core import RATIO_LOSS_TYPES, grpo_microbatch_train_step, masked_mean, response_log_probs
+from grpo_cli.core import (
+    RATIO_LOSS_TYPES,
+    compute_importance_weights,
+    grpo_microbatch_train_step,
+    masked_mean,
+    response_log_probs,
+)
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
@@ -58,13 +71,14 @@ class PolicyScorer(torch.nn.Module):
         temperature: float,
         share_prompts: bool,
         logits_chunk_tokens: int,
+        return_token_entropy: bool = True,
     ) -> dict[str, torch.Tensor]:
         return response_log_probs(
             self.policy,
             input_ids,
             labels,
             response_mask,
-            return_token_entropy=True,
+            return_token_entropy=return_token_entropy,
             temperature=temperature,
             share_prompts=share_prompts,
             logits_chunk_tokens=logits_chunk_tokens,
@@ -72,8 +86,8 @@ class PolicyScorer(torch.nn.Module):
 
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
+# train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
 LOGGED_STEP_METRICS = (
-    "kl",
     "clip_fraction",
     "clip_fraction_low",
     "clip_fraction_high",
@@ -87,18 +101,59 @@ LOGGED_STEP_METRICS = (
 )
 
 
-def optimizer_step_totals(data: RolloutData, batch_indices: list[int]) -> tuple[float, float]:
+def rejected_token_counts(data: RolloutData, rollout: Any) -> list[int] | None:
+    """Per completion, how many of its tokens `rollout.importance_correction=masked` rejects, where that is known
+    before the step: the batch has old log-probs (the learner's side of the ratio). None otherwise: without them
+    the learner's side is the current policy, known only in each microbatch's forward, after the step's totals."""
+    if rollout.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
+        return None
+    counts = []
+    for old, sampler in zip(data.old_log_probs, data.sampler_log_probs, strict=True):
+        # float32, as make_microbatch hands them to the train step, which decides on the same numbers
+        old_row, sampler_row = old.float().unsqueeze(0), sampler.float().unsqueeze(0)
+        _, importance = compute_importance_weights(
+            old_row,
+            sampler_row,
+            torch.ones_like(old_row, dtype=torch.bool),
+            "masked",
+            rollout.importance_level,
+            rollout.importance_threshold,
+            rollout.importance_threshold_low,
+        )
+        counts.append(int(importance["masked"].sum()))
+    return counts
+
+
+def optimizer_step_totals(
+    data: RolloutData, batch_indices: list[int], rejected: list[int] | None = None
+) -> tuple[float, float]:
     """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
     (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
     the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
     whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
-    loss (train.mask_truncated) do not count; the completion itself does (as in sequence_mean's batch mean)."""
+    loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
+    correction "masked", rejected_token_counts); the completion itself does (as in sequence_mean's batch mean)."""
     keep = data.loss_mask.tolist() if data.loss_mask is not None else None
-    tokens = sum(len(data.completion_ids[i]) * (keep[i] if keep else 1.0) for i in batch_indices)
+    tokens = sum(
+        (len(data.completion_ids[i]) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0)
+        for i in batch_indices
+    )
     sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
     ranks = parallel.world().size
     # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
     return sequences / ranks, max(tokens, 1.0) / ranks
+
+
+# Per microbatch: its KL summed over its responses in the loss, and their number (update() pops both).
+_KL_SUM, _KL_RESPONSES = "kl_sum", "kl_responses"
+
+
+def kl_over_responses(kl_sum: float, responses: float) -> float | None:
+    """train/kl: the mean, over every response in the loss on every rank, of its token-mean KL to the reference.
+    Summed before dividing, so microbatches and ranks holding different numbers of responses in the loss
+    (train.mask_truncated) weigh by them; None when no response is in the loss. Every rank calls it."""
+    kl_sum, responses = parallel.sum_over_ranks([kl_sum, responses])
+    return kl_sum / responses if responses > 0 else None
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -135,14 +190,21 @@ class Learner:
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
         self.world = parallel.world()
         self.strategy = cfg.distributed.strategy if self.world.distributed else "none"
-        # What samples and computes no-grad log-probs: the policy itself, except under FSDP2, whose sharded
-        # parameters every forward must gather collectively (ranks stop generating at different tokens): there a
-        # full copy, refreshed after every update, does it.
+        # What samples: the policy itself, except under FSDP2, whose sharded parameters every forward must gather
+        # collectively (ranks stop generating at different tokens): there a full copy, refreshed after every update
+        # and after a resume. It does not compute the old log-probs (the sharded training forward does).
         self.inference_model = frozen_copy(self.model) if self.strategy == "fsdp" else self.model
         # The training forward as a module, wrapped by DDP / FSDP2 when data-parallel (their hooks must see it).
-        self.scorer = parallel.wrap_for_training(
-            PolicyScorer(self.model), self.strategy, self.device, compute_dtype(self.device, cfg.model.mixed_precision)
-        )
+        forward_dtype = compute_dtype(self.device, cfg.model.mixed_precision)
+        self.scorer = parallel.wrap_for_training(PolicyScorer(self.model), self.strategy, self.device, forward_dtype)
+        # Under FSDP2 the old and reference log-probs run sharded modules too, with the training forward's
+        # mixed-precision policy (log_probs_under): the reference copy is sharded like the policy, which also
+        # keeps a second full copy off every rank. DDP has nothing to synchronize in a frozen copy.
+        self.reference_scorer = None
+        if self.reference is not None and self.strategy == "fsdp":
+            self.reference_scorer = parallel.wrap_for_training(
+                PolicyScorer(self.reference).eval(), "fsdp", self.device, forward_dtype
+            )
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters,
@@ -155,8 +217,8 @@ class Learner:
         )
         self.pad_token_id = self.tokenizer.pad_token_id
         # Under FSDP2 every rank must run the same sequence of layer calls; the shared prompt pass runs the decoder
-        # once or twice depending on the batch, so it stays off there.
-        self.share_prompts = cfg.train.share_prompt_forward and self.strategy != "fsdp"
+        # once or twice depending on the batch, so it stays off there; and off for a model it cannot score.
+        self.share_prompts = self.strategy != "fsdp" and shares_prompts(self.model, cfg.train.share_prompt_forward)
         # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
         self.temperature = cfg.rollout.temperature
         # Response tokens per LM-head chunk: no (tokens x vocabulary) logits of a whole microbatch (0: unchunked).
@@ -190,6 +252,8 @@ class Learner:
             if problem is not None:
                 messages.append(f"skipping checkpoint {path}: {problem}; trying the previous one")
                 continue
+            # FSDP2: the checkpoint went into the shards; the copy every rank samples from must follow.
+            self.refresh_inference_copy()
             self.nonfinite_streak = int(checkpoint.state.get("nonfinite_streak", 0))
             self.version = checkpoint.step
             messages.append(f"resumed {self.output_dir} from {path.name} (step {checkpoint.step})")
@@ -206,25 +270,28 @@ class Learner:
 
     @torch.no_grad()
     def refresh_inference_copy(self) -> None:
-        """FSDP2: gather the updated shards into the full copy that samples (a collective: every rank calls it)."""
+        """FSDP2: gather the trained shards into the full copy that samples, after an update and after a resume (a
+        collective: every rank calls it). Frozen weights (LoRA's base) never change after the copy is made."""
         if self.inference_model is self.model:
             return
         copies = dict(self.inference_model.named_parameters())
         for name, parameter in self.model.named_parameters():
-            copies[name].copy_(parallel.full_tensor(parameter.detach()))
+            if parameter.requires_grad:
+                copies[name].copy_(parallel.full_tensor(parameter.detach()))
 
     def trainable_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of the trained weights (only the adapters with LoRA), for the generator's copy."""
         return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad}
 
     @contextmanager
-    def reference_policy(self) -> Iterator[torch.nn.Module]:
-        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off."""
+    def reference_policy(self) -> Iterator[tuple[torch.nn.Module, torch.nn.Module | None]]:
+        """The frozen initial policy: a copy, or with LoRA the same model with its adapters switched off. Yields
+        (the model, its sharded scorer under FSDP2 or None)."""
         if self.reference is not None:
-            yield self.reference
+            yield self.reference, self.reference_scorer
         else:
             with self.model.disable_adapter():
-                yield self.model
+                yield self.model, self.scorer if self.strategy == "fsdp" else None
 
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
@@ -239,12 +306,15 @@ class Learner:
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
+        # Both in the training forward's numerics (the policy itself, or under FSDP2 its sharded scorer with the
+        # mixed-precision policy, never the sampling copy): on the batch's own weights the ratio is 1.
         if self.needs_old_log_probs and data.old_log_probs is None:
             with timed(timings, "time/old_log_probs_s"):
-                data.old_log_probs = self.log_probs_under(self.inference_model, data)
+                fsdp_scorer = self.scorer if self.strategy == "fsdp" else None
+                data.old_log_probs = self.log_probs_under(self.model, data, fsdp_scorer)
         if self.needs_reference:
-            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as reference:
-                data.ref_log_probs = self.log_probs_under(reference, data)
+            with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as (reference, fsdp_scorer):
+                data.ref_log_probs = self.log_probs_under(reference, data, fsdp_scorer)
         with timed(timings, "time/training_s"):
             metrics = self.update(data, step)
             self.refresh_inference_copy()
@@ -252,9 +322,13 @@ class Learner:
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
 
-    def log_probs_under(self, model: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+    def log_probs_under(
+        self, model: torch.nn.Module, data: RolloutData, fsdp_scorer: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
         """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
-        sampling temperature."""
+        sampling temperature; under FSDP2 through `fsdp_scorer`, `model`'s sharded PolicyScorer."""
+        if fsdp_scorer is not None:
+            return self._sharded_log_probs(fsdp_scorer, data)
         with self.autocast():
             return per_completion_log_probs(
                 model,
@@ -267,6 +341,33 @@ class Learner:
                 self.logits_chunk_tokens,
             )
 
+    def _sharded_log_probs(self, scorer: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+        """log_probs_under through an FSDP2 module: its bf16 parameters under model.mixed_precision=bf16, as in
+        training (the fp32 sampling copy under autocast gave on-policy ratios of 0.90 to 1.15). Each microbatch is
+        a collective: every rank holds as many completions, so all make the same calls."""
+
+        def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            return scorer(
+                batch["input_ids"],
+                batch["labels"],
+                batch["response_mask"],
+                self.temperature,
+                self.share_prompts,
+                self.logits_chunk_tokens,
+                return_token_entropy=False,
+            )["log_probs"]
+
+        # no_grad, not inference_mode: FSDP2 reuses the tensors it gathers parameters into, and training's next
+        # gather into an inference tensor fails ("Inplace update to inference tensor outside InferenceMode").
+        with torch.no_grad(), self.autocast():
+            rows = per_completion_rows(score, scorer, data, self.shape.microbatch_size, self.pad_token_id, self.device)
+        # A forward without a backward leaves FSDP2's iteration half done: the root's parameters stay gathered
+        # (a backward would need them) and its post-forward trackers grow until a backward clears them, which a
+        # frozen reference never runs. End the iteration: no gathered root outlives an optimizer step, no list
+        # grows for the run (no gradients are in flight here: the passes run before the step's updates).
+        scorer.reset_iter_state()
+        return rows
+
     def update(self, data: RolloutData, step: int) -> dict[str, float]:
         """epochs x train batches of optimizer steps over `data`; the metrics are means over the steps."""
         cfg, shape = self.cfg, self.shape
@@ -276,6 +377,7 @@ class Learner:
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients
         computed_tokens = 0
+        rejected = rejected_token_counts(data, cfg.rollout)  # once: every epoch reuses the old log-probs
         with timed(timings, "time/update_s"):
             for _epoch in range(shape.epochs_per_rollout_batch):
                 order = list(range(n))
@@ -288,9 +390,13 @@ class Learner:
                         tokens_through_model(data, batch_indices[i : i + shape.microbatch_size], self.share_prompts)
                         for i in range(0, len(batch_indices), shape.microbatch_size)
                     )
-                    finite = self._optimizer_step(data, batch_indices, totals, timings)
+                    finite = self._optimizer_step(data, batch_indices, totals, timings, rejected)
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+        if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
+            kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
+            if kl is not None:
+                totals["train/kl"] = [kl]
         metrics = {
             key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
         }
@@ -307,10 +413,17 @@ class Learner:
         return metrics
 
     def _optimizer_step(
-        self, data: RolloutData, batch_indices: list[int], totals: dict[str, list[float]], timings: dict[str, float]
+        self,
+        data: RolloutData,
+        batch_indices: list[int],
+        totals: dict[str, list[float]],
+        timings: dict[str, float],
+        rejected: list[int] | None = None,
     ) -> bool:
         """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step.
-        Returns False when the loss or the gradients were not finite (the step is skipped and counted)."""
+        Returns False when the loss or the gradients were not finite (the step is skipped and counted).
+        `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
+        which leave the step's token total."""
         cfg, shape = self.cfg, self.shape
 
         def record(key: str, value: float) -> None:
@@ -318,7 +431,7 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices)
+        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices, rejected)
         starts = range(0, len(batch_indices), shape.microbatch_size)
         for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
@@ -377,6 +490,10 @@ class Learner:
             for key in LOGGED_STEP_METRICS:
                 if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
                     record(f"train/{key}", meta[key])
+            if "kl" in meta:  # meta's kl: the mean over this microbatch's responses in the loss (nan: none)
+                responses = float((loss_mask.sum(dim=-1) > 0).sum())
+                record(_KL_SUM, float(meta["kl"]) * responses if responses else 0.0)
+                record(_KL_RESPONSES, responses)
         with timed(timings, "time/optimizer_s"):
             grad_norm = parallel.full_tensor(
                 torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)

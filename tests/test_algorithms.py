@@ -113,7 +113,8 @@ def test_signal_batch_fills_from_later_rounds_and_recomputes_advantages():
     torch.testing.assert_close(batch.advantages, torch.tensor([-0.5, 0.5, 0.5, -0.5]) / rewards.std())
     assert batch.metrics["train/groups_dropped"] == 2 and batch.metrics["train/extra_rounds"] == 1
     assert batch.metrics["train/groups_short"] == 0 and batch.metrics["time/generation_s"] == 2.0
-    assert batch.metrics["train/reward"] == pytest.approx(0.5)  # every sampled completion: (.75 + .25) / 2
+    assert batch.metrics["train/reward"] == pytest.approx(0.5)  # the trained batch: [0, 1, 1, 0]
+    assert batch.metrics["train/reward_all_sampled"] == pytest.approx(0.5)  # every round's: (.75 + .25) / 2
 
 
 def test_signal_batch_trains_on_fewer_when_the_rounds_run_out():
@@ -207,6 +208,31 @@ def test_the_mismatch_is_measured_and_a_masked_correction_drops_what_is_beyond_i
     learner.update(data, step=1)
     left_out = torch.cat([p.grad.flatten() for p in learner.trainable_parameters])
     torch.testing.assert_close(masked, left_out, rtol=1e-4, atol=1e-6)
+
+
+def test_a_rejected_response_leaves_token_means_step_total_when_old_log_probs_fix_it_first(tmp_path):
+    # token_mean, masked at the sequence level: completion 1 (3 of the step's 8 tokens) is rejected whole
+    overrides = ["rollout.importance_correction=masked", "rollout.importance_level=sequence"]
+    # no gradient clipping, fp32: the gradients are compared as they come out of the loss, up to a scale
+    learner, data, exact = learner_and_batch(
+        tmp_path, [*overrides, "normalization.length=token_mean", "train.max_grad_norm=1e9", "model.mixed_precision=no"]
+    )
+    sampler = [lp + (1.3863 if i == 1 else 0.0) for i, lp in enumerate(exact)]  # completion 1: ratio 1/4
+    grads = {}
+    for old_log_probs in (True, False):
+        learner.needs_old_log_probs = old_log_probs  # sync.old_log_probs=true|false
+        data.old_log_probs, data.sampler_log_probs = None, sampler
+        metrics, _ = learner.learn(data, step=1)
+        assert metrics["train/importance_masked_frac"] == pytest.approx((3 / 5 + 0) / 2)
+        grads[old_log_probs] = torch.cat([p.grad.flatten() for p in learner.trainable_parameters]).clone()
+    # the same batch with completion 1 left out by train.mask_truncated instead: its tokens do not count either
+    learner.cfg.rollout.importance_correction = "none"
+    data.old_log_probs, data.sampler_log_probs, data.loss_mask = None, exact, torch.tensor([1.0, 0.0, 1.0, 1.0])
+    learner.learn(data, step=1)
+    left_out = torch.cat([p.grad.flatten() for p in learner.trainable_parameters])
+    torch.testing.assert_close(grads[True], left_out, rtol=1e-4, atol=1e-6)
+    # without old log-probs the rejection is known only in the step's forward: the 3 tokens stay in the total (8)
+    torch.testing.assert_close(grads[False], left_out * 5 / 8, rtol=1e-4, atol=1e-6)
 
 
 def test_a_correction_without_sampler_log_probs_is_one_line(tmp_path):

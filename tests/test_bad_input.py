@@ -186,7 +186,7 @@ def test_the_defaults_of_every_schema_pass():
         (["task.n_eval=0"], "task.n_eval=0 must be >= 1"),
         (["train.eval_examples=-3"], "train.eval_examples=-3 must be >= 1"),
         (["hydra.run.dir=/proc/forbidden/run"], "cannot create /proc/forbidden"),
-        (["hydra/launcher=nope"], "Could not find 'hydra/launcher/nope'"),
+        (["hydra/launcher=nope"], "hydra/launcher=nope: no such hydra/launcher choice, use one of basic, processes"),
         (["rollout.stop=abc"], "rollout.stop=abc"),
     ],
 )

@@ -211,22 +211,33 @@ def test_truncated_importance_weights_scale_the_token_gradients() -> None:
     torch.testing.assert_close(meta["sampler_kl"], torch.tensor(2 * (math.e - 2) / 5))
 
 
-def test_masked_importance_drops_tokens_but_keeps_them_counted() -> None:
-    log_probs = leaf(LOG_PROBS)
+@pytest.mark.parametrize("mode", ["token_mean", "sequence_mean"])
+def test_masked_importance_weighs_by_the_ratio_and_rejected_tokens_leave_the_counts(mode: str) -> None:
     sampler = LOG_PROBS.clone()
-    sampler[1, 2] += 3.0  # ratio e^-3 < 1/2: dropped
-    _, meta = grpo_microbatch_train_step(
-        log_probs,
-        MASK,
-        1,
-        "reinforce_with_baseline",
-        advantages=ADVANTAGES,
-        length_normalization="token_mean",
-        sampler_log_probs=sampler,
-        importance_correction="masked",
-    )
-    torch.testing.assert_close(log_probs.grad, torch.tensor([[-0.2, -0.2, 0.0], [0.4, 0.4, 0.0]]))
+    sampler[0, 0] -= 0.5  # ratio e^.5, inside [1/2, 2]: weighed by it (MIS keeps the correction)
+    sampler[1, 2] += 3.0  # ratio e^-3 < 1/2: rejected
+    common = {
+        "advantages": ADVANTAGES,
+        "length_normalization": mode,
+        "sampler_log_probs": sampler,
+        "importance_correction": "masked",
+    }
+    log_probs = leaf(LOG_PROBS)
+    _, meta = grpo_microbatch_train_step(log_probs, MASK, 1, "reinforce_with_baseline", **common)
+    # -A * w / count: 4 tokens count (token_mean); row 1 has 2 left (sequence_mean: 2 rows of 2 tokens each)
+    w = math.exp(0.5)
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[-w / 4, -1 / 4, 0.0], [0.5, 0.5, 0.0]]))
     torch.testing.assert_close(meta["importance_masked_frac"], torch.tensor(0.2))
+    # The caller's step totals stand: the learner counts the rejected token there only when it cannot know it
+    # before the step (no old log-probs); here it did not take it out.
+    log_probs = leaf(LOG_PROBS)
+    totals = {"step_sequences": 2.0, "step_tokens": 5.0}
+    grpo_microbatch_train_step(log_probs, MASK, 1, "reinforce_with_baseline", **common, **totals)
+    expected = {
+        "token_mean": [[-w / 5, -1 / 5, 0.0], [0.4, 0.4, 0.0]],
+        "sequence_mean": [[-w / 4, -1 / 4, 0.0], [0.5, 0.5, 0.0]],  # a response's own count is always known
+    }[mode]
+    torch.testing.assert_close(log_probs.grad, torch.tensor(expected))
 
 
 def test_clip_fractions_low_high_and_dual_are_reported() -> None:

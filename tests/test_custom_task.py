@@ -131,12 +131,14 @@ def test_seed_003s_reward_functions_run_as_written(tmp_path):
     assert (far["reward"], far["answer_reward"], far["correctness"]) == (1.0, 0.0, 0.0)
 
 
-def test_chat_prompts_reach_a_trl_function_as_messages_as_trl_passes_a_conversational_dataset(user_folder):
+def test_text_data_under_chat_reaches_a_trl_function_as_text_as_trl_passes_a_standard_dataset(user_folder):
+    # TRL's rule: completions are messages exactly when the data is conversational, whatever the prompt style
+    # (tests/test_trl_compat.py has the conversational side).
     cfg = custom_cfg(user_folder, rewards={"fmt": "rewards.py:format_reward"}, system_prompt="Be brief.", prompt="chat")
-    truth = load_examples(cfg, "train")[0].ground_truth
-    assert truth["prompt"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "question 0"}]
-    with pytest.raises(RewardFunctionError, match=r"format_reward raised AttributeError"):
-        make_reward_fn(cfg)("<x", truth)  # c.startswith on a list of messages: TRL's convention, not ours
+    example = load_examples(cfg, "train")[0]
+    assert example.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "question 0"}]
+    assert example.ground_truth["prompt"] == "Be brief.\n\nquestion 0"  # prompts=: the prompt as text
+    assert make_reward_fn(cfg)("<x", example.ground_truth)["reward"] == 1.0  # c.startswith on a string
 
 
 def test_a_per_sample_reward_gets_the_response_and_the_row(user_folder):

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from grpo_cli import parallel
 from grpo_cli.config import BatchShape, validate_config
+from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.errors import EXIT_INTERNAL_ERROR, RunStopped, UserFacingError
 from grpo_cli.launch import launch_config, run_distributed
 from grpo_cli.tracking import read_metrics
@@ -93,7 +94,7 @@ def test_rank_shares_keep_the_one_process_microbatch():
 
 def test_one_node_rendezvous_stays_on_the_loopback_address():
     cfg = compose_config(["distributed=ddp"])
-    config = launch_config(cfg, "test")
+    config = launch_config(cfg, Path("test"))
     assert config.rdzv_endpoint.startswith("127.0.0.1:") and config.local_addr == "127.0.0.1"
     assert config.max_restarts == 0 and config.nproc_per_node == 2
 
@@ -126,11 +127,17 @@ def _collectives(rank: int, port: int, results: dict) -> None:
             "train/reward_errors": [1.0, 2.0][rank],
         }
         values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]][rank])
+        # One step's line as InProcessExecutor.step builds it on each rank: this rank's generated tokens and times.
+        rollout = {"train/reward": 0.5, "n_tokens": [30.0, 50.0][rank], "time/generation_s": [2.0, 4.0][rank]}
+        learned = {"train/loss": 0.1, "time/old_log_probs_s": 0.0}
+        timing = {"time/step_s": [5.0, 8.0][rank], "time/waiting_s": 1.0}
+        line = finish_step_metrics(step_metrics(rollout, learned, timing, {}), values)
         results[rank] = (
             parallel.reduce_metrics(metrics),
             parallel.reduce_std(values),
             parallel.any_rank(rank == 1),
             parallel.broadcast_object(f"dir-of-rank-{rank}"),
+            line,
         )
     finally:
         dist.destroy_process_group()
@@ -142,7 +149,7 @@ def test_metrics_combine_over_ranks_as_one_batch_would():
         results = manager.dict()
         mp.spawn(_collectives, args=(port, results), nprocs=2)
         results = dict(results)
-    for metrics, std, anyone, broadcast in results.values():
+    for metrics, std, anyone, broadcast, line in results.values():
         assert metrics == {
             "train/reward": 0.5,  # mean of equal shares
             "train/response_length_max": 9.0,  # the largest
@@ -151,6 +158,12 @@ def test_metrics_combine_over_ranks_as_one_batch_would():
         }
         assert std == pytest.approx(torch.arange(1.0, 7.0).std().item())
         assert anyone is True and broadcast == "dir-of-rank-0"
+        # Throughput is every rank's tokens (30 + 50) over the step's time (the slowest rank's, 8 s; generation 4 s),
+        # not one rank's rate.
+        assert line["throughput/tokens_per_s"] == pytest.approx(80 / 8)
+        assert line["throughput/generation_tokens_per_s"] == pytest.approx(80 / 4)
+        assert "n_tokens" not in line and line["time/step_s"] == 8.0
+        assert line["train/reward_std"] == pytest.approx(torch.arange(1.0, 7.0).std().item())
 
 
 class TwoLayers(torch.nn.Module):
@@ -217,6 +230,12 @@ def test_ddp_and_fsdp_take_the_same_steps_as_one_process(tmp_path):
         for one, many in zip(single, rows, strict=True):
             for key in COMPARED:
                 assert many[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), (strategy, one["step"], key)
+            # Throughput counts every rank's tokens: over the step's wall time they are the batch's response
+            # tokens (one epoch), which the one process generates alone.
+            generated = many["throughput/tokens_per_s"] * many["time/step_s"]
+            assert generated == pytest.approx(many["throughput/response_tokens"], rel=1e-6), (strategy, one["step"])
+        one_step = single[0]["throughput/tokens_per_s"] * single[0]["time/step_s"]
+        assert rows[0]["throughput/response_tokens"] == pytest.approx(one_step, rel=1e-6), strategy
     assert any(r["train/grad_norm"] > 0 for r in single)  # the comparison is not of zeros
 
 

@@ -156,7 +156,7 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
     [
         (["optim.lrr=1e-5"], "Key 'lrr' not in 'OptimConfig'"),
         (["train.steps=ten"], "train.steps=ten"),
-        (["loss=ppo"], "Available options in 'loss': cispo grpo_clip gspo no_baseline reinforce_with_baseline"),
+        (["loss=ppo"], "no such loss choice, use one of cispo, grpo_clip, gspo, no_baseline, reinforce_with_baseline"),
         (["resume=/no/such/run"], "resume=/no/such/run: no run with checkpoints there"),
     ],
 )

@@ -15,7 +15,7 @@ from rich.console import Console
 from grpo_cli.batch import RolloutData
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
@@ -139,6 +139,33 @@ def test_evaluate_scores_n_samples_and_grades_the_vote():
     assert [r["sample"] for r in records] == [0, 1, 2, 3] * 2
     assert [r["majority"] for r in records] == [True, True, True, False, True, True, False, False]
     assert prefixed({"eval/pass@4": 1.0, "time/eval_s": 2.0}, "gsm8k") == {"eval/gsm8k/pass@4": 1.0, "time/eval_s": 2.0}
+
+
+def test_a_chunked_eval_samples_what_one_generate_call_samples():
+    """32 identical prompts, 4 samples each at temperature 1: two chunks of 64 completions. Each chunk continues
+    the random streams where the previous one stopped, so the eval's completions are one generate() call's, and
+    the second chunk does not repeat the first."""
+    from grpo_cli.models import TINY_RANDOM, load_policy
+    from grpo_cli.rollout import HFRolloutEngine
+    from grpo_cli.rollout.evaluation import EVAL_CHUNK_PROMPTS
+    from grpo_cli.tasks import Example
+
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    engine = HFRolloutEngine(model, tokenizer)
+    settings = SamplingSettings(n=4, temperature=1.0, max_tokens=4, seed=3)
+    examples = [Example("Say something.", "x")] * 32
+    assert 32 * 4 > EVAL_CHUNK_PROMPTS  # more than one chunk
+    chunks: list[int] = []
+    _metrics, records = evaluate(
+        engine, tokenizer, lambda text, truth: {"reward": 0.0}, examples, settings, chunks.append
+    )
+    assert chunks == [16, 16]
+    prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
+    one_call = engine.generate(prompt_ids, settings)
+    responses = [r["response"] for r in records]
+    assert responses == one_call.texts
+    repeated = sum(a == b for a, b in zip(responses[:64], responses[64:], strict=True))  # today's main: 64
+    assert repeated < 8, f"{repeated} of the second chunk's 64 completions repeat the first chunk's"
 
 
 def test_pass_at_k_reads_the_tasks_own_reward_when_shaping_terms_are_weighted():

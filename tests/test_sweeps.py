@@ -295,13 +295,14 @@ def test_report_over_an_optuna_sweep_lists_its_trials(optuna_sweep, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-m", "sweep=nope"], "sweep=nope is not a sweep preset: use one of algorithms, baselines, group_size"),
+        (["-m", "sweep=nope"], "sweep=nope: no such sweep choice, use one of algorithms, baselines, group_size"),
         (["sweep=lr"], "run it with -m (grpo-run -m sweep=lr)"),
     ],
 )
 def test_an_unknown_sweep_preset_or_one_without_multirun_is_one_line(capsys, args, message):
     # Before the fix, Hydra skipped the unknown optional preset and trained one run with the defaults.
     with pytest.raises(SystemExit) as info:
+        cli.check_group_choices(args)
         cli.check_sweep_preset(args)
     assert info.value.code == 2
     err = capsys.readouterr().err

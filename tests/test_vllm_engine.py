@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM, load_policy
-from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, evaluation, render_prompts
 from grpo_cli.rollout.vllm_engine import WeightSyncError, _run_with_time_limit, export_weights
 from tests.conftest import run_grpo
 
@@ -121,7 +121,7 @@ def test_the_probe_runs_on_its_schedule():
 
 @needs_vllm
 @pytest.mark.vllm
-def test_tiny_model_greedy_parity_and_sampling_contract():
+def test_tiny_model_greedy_parity_and_sampling_contract(monkeypatch):
     model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
     engine = start_engine(model, tokenizer)
     try:
@@ -146,6 +146,10 @@ def test_tiny_model_greedy_parity_and_sampling_contract():
         halves = engine.generate(prompts[:2], SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5))
         rest = SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5, first_prompt_index=2)
         assert halves.completion_ids + engine.generate(prompts[2:], rest).completion_ids == sampled.completion_ids
+        # The held-out evaluation's chunks (2 prompts of 3 samples each here) continue the streams likewise.
+        monkeypatch.setattr(evaluation, "EVAL_CHUNK_PROMPTS", 6)
+        settings = SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5)
+        assert evaluation.generate_in_chunks(engine, prompts, settings).completion_ids == sampled.completion_ids
     finally:
         engine.close()
 

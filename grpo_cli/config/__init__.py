@@ -12,6 +12,7 @@ Where each part lives:
     config/validation.py   validate_config: every field against its declaration, then the cross-field rules
     config/saved.py        a run's config.yaml read back under its schemas (resume, reports)
     config/registry.py     registration in Hydra's ConfigStore, the help text, our sweep plugins
+    config/group_choices.py  every group choice a command names exists (its one line naming the choices)
 
 Everything public is importable from here (`from grpo_cli.config import validate_config`).
 """
@@ -27,6 +28,7 @@ from grpo_cli.config.declared import (
     keys_hint,
     unknown_key_hint,
 )
+from grpo_cli.config.group_choices import unknown_group_choice
 from grpo_cli.config.registry import register_configs, register_sweep_plugins
 from grpo_cli.config.saved import SavedConfigError, load_saved_config
 from grpo_cli.config.schemas import (
@@ -128,6 +130,7 @@ __all__ = [
     "resolve_choices",
     "rollout_config_for",
     "unit_interval",
+    "unknown_group_choice",
     "unknown_key_hint",
     "validate_config",
     "validate_distributed",

@@ -97,10 +97,13 @@ def field_names(cls: type) -> set[str]:
 
 def unknown_key_hint(error: BaseException) -> str | None:
     """For an OmegaConf "Key 'x' not in 'SomeConfig'" error (itself or its cause): which keys that node has,
-    and which other choice of its group has the key (see keys_hint). None for other errors."""
+    and which other choice of its group has the key (see keys_hint); for a new key of a dict node: add it with +.
+    None for other errors."""
     for e in (error, error.__cause__):
         object_type = getattr(e, "object_type", None)
         full_key = getattr(e, "full_key", None)
+        if object_type is dict and full_key and "not in struct" in str(e):  # a new key of a dict node
+            return f"add it with +{full_key}=... ({full_key.rpartition('.')[0]} is a dict of names of your own)"
         if isinstance(object_type, type) and dataclasses.is_dataclass(object_type) and full_key:
             parent, _, key = str(full_key).rpartition(".")
             if key not in field_names(object_type):  # else a known key with a bad value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -46,10 +47,24 @@ def register_configs() -> None:
     cs.store(name="grpo_config_schema", node=GRPOConfig)
     for group, schemas in GROUP_SCHEMAS.items():
         for choice_name, schema in schemas.items():
-            cs.store(group=group, name=f"{choice_name}_schema", node=schema)
+            cs.store(group=group, name=f"{choice_name}_schema", node=schema_node(schema))
     OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
     OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
     register_sweep_plugins()
+
+
+def schema_node(schema: type) -> Any:
+    """What the ConfigStore holds for a schema: the class, or for one with OPEN_KEYS (task=custom's rewards and
+    reward_weights, dicts of the user's own names) its config with those dict nodes open, so that a name the YAML
+    does not have is added by `task.rewards.<name>=...` as well as by `+task.rewards.<name>=...` (Hydra's struct
+    flag, inherited from the root, is what asks for the +; a node's own flag overrides it)."""
+    open_keys = getattr(schema, "OPEN_KEYS", ())
+    if not open_keys:
+        return schema
+    node = OmegaConf.structured(schema)
+    for key in open_keys:
+        OmegaConf.set_struct(node[key], False)
+    return node
 
 
 def register_sweep_plugins() -> None:

@@ -168,8 +168,8 @@ class SamplingConfig:
     max_batch_prompts: int | None = positive(None)
     # Correct the loss for the sampler/learner mismatch with the engine's own log-probs of the sampled tokens
     # (grpo_cli/core/importance.py): none | truncated: weight each token by min(pi_learner / pi_sampler, C) (TIS) |
-    # masked: drop tokens (or sequences) whose ratio is outside [C_low, C] (MIS). The mismatch is measured either
-    # way (train/sampler_kl, train/importance_weight_*).
+    # masked: weight by the ratio inside [C_low, C], reject tokens (or sequences) outside it (MIS / IcePop). The
+    # mismatch is measured either way (train/sampler_kl, train/importance_weight_*).
     importance_correction: str = choice("none", from_core("importance", "IMPORTANCE_CORRECTIONS"))
     # token: one ratio per token | sequence: one per response, the product of its token ratios.
     importance_level: str = choice("token", from_core("importance", "IMPORTANCE_LEVELS"))
@@ -241,7 +241,8 @@ class TrainConfig:
     gradient_accumulation_steps: int = positive(2)
     max_grad_norm: float = positive(1.0)
     # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
-    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then).
+    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) and
+    # for models with layers other than attention (linear attention, convolutions, SSMs; one log line).
     share_prompt_forward: bool = True
     # Response tokens whose logits exist at once: the LM head and the log-softmax run chunk by chunk, recomputed in
     # backward, so no (tokens x vocabulary) tensor of a whole microbatch is held (same numbers; docs/memory.md
@@ -362,6 +363,12 @@ class DistributedConfig:
     node_rank: int = non_negative(0)
     master_addr: str = any_value("127.0.0.1")
     master_port: int = in_range(29511, 1, 65535)
+    # The c10d rendezvous id the nodes of one run share (torchrun's --rdzv-id). null: derived from what every node
+    # is given, master_addr:master_port and the run directory (the same shared hydra.run.dir on every node).
+    rdzv_id: str | None = any_value(None)
+    # How long a node waits at the rendezvous for all distributed.nnodes nodes (elastic's join_timeout; a node
+    # also waits this long to reach node 0's rendezvous store) before stopping with one line.
+    rdzv_timeout_s: int = positive(600)
     # auto: nccl on CUDA, gloo on CPU.
     backend: str = choice("auto", ("auto", "nccl", "gloo"))
     # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.

@@ -86,8 +86,9 @@ def chunked_label_log_probs(
 @dataclass(frozen=True)
 class LogitTransform:
     """What turns a plain Linear head's output z into the scored logits: ``multiplier * cap * tanh(z / cap)``
-    (Gemma-2/3 soft-capping when `softcap` is set, else ``multiplier * z``); `multiplier` folds Cohere's
-    `logit_scale`, 1 / Granite's `logits_scaling` and 1 / the sampling temperature into one number."""
+    (soft-capping when `softcap` is set, else ``multiplier * z``); `multiplier` folds Cohere's `logit_scale`,
+    1 / Granite's `logits_scaling`, Falcon-H1's `lm_head_multiplier` and 1 / the sampling temperature into one
+    number."""
 
     softcap: float | None = None
     multiplier: float = 1.0

@@ -10,12 +10,15 @@ policy gradient for the difference (``rollout.importance_correction``):
 - "truncated" (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
   training"): every token's loss is weighted by ``min(w_t, C)``; with level "sequence" by
   ``min(prod_t w_t, C)`` for the whole response.
-- "masked" (MIS; Liu et al. 2025, "When speed kills stability"; OpenRLHF / verl's ICEPOP-style masking):
-  tokens whose ``w_t`` lies outside ``[C_low, C]`` are dropped from the loss (weight 0); with level "sequence"
-  the whole response is dropped when ``prod_t w_t`` lies outside.
+- "masked" (MIS, Liu et al. 2025, "When speed kills stability"; IcePop; verl's ``rollout_is_threshold="low_C"``):
+  a token whose ``w_t`` lies inside ``[C_low, C]`` keeps ``w_t`` as its weight; one outside is rejected (weight 0);
+  with level "sequence" the whole response is weighted ``prod_t w_t`` inside the band and rejected outside.
 
-The weights are constants (no gradient). A dropped token still counts in the step's token / sequence totals
-(it adds 0), the way a response left out by ``train.mask_truncated`` does.
+The weights are constants (no gradient) and 0 off the response mask, as verl's
+(``verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_weights``; equal on the same tensors,
+tests/test_core_importance.py). The rejection is returned apart from the weights ("masked"), like verl's and
+slime's rejection masks, so a caller can take rejected tokens out of the loss's counts instead of adding 0 to
+them (core.train_step does, docs/design.md says where).
 """
 
 from __future__ import annotations
@@ -52,10 +55,10 @@ def compute_importance_weights(
     Returns:
         tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
-        - weights: (batch, seq), detached; 1 where ``mode`` is "none".
+        - weights: (batch, seq), detached, 0 off the response mask; on it 1 where ``mode`` is "none".
         - metadata, (batch, seq) detached: "ratio" (w_t, or the response's product broadcast over it at level
           "sequence"; outside the mask 1), "truncated" (bool, the cap acted), "masked" (bool, the token was
-          dropped).
+          rejected: outside the band of "masked").
 
     Raises:
         ValueError: on mismatched shapes, an unknown mode or level, or thresholds that are not 0 < low <= C.
@@ -82,11 +85,13 @@ def compute_importance_weights(
     truncated = torch.zeros_like(mask)
     masked = torch.zeros_like(mask)
     weights = torch.ones_like(ratio)
+    # The bounds are compared in log space: a subtraction and a comparison, the same on every device, so the
+    # learner's count of rejected tokens before the step (learner.optimizer_step_totals) is the train step's.
     if mode == "truncated":
         truncated = mask & (log_ratio > torch.log(torch.tensor(threshold)))
         weights = torch.clamp(ratio, max=threshold)
     elif mode == "masked":
         outside = (log_ratio > torch.log(torch.tensor(threshold))) | (log_ratio < torch.log(torch.tensor(low)))
         masked = mask & outside
-        weights = (~masked).to(ratio.dtype)
-    return weights, {"ratio": ratio, "truncated": truncated, "masked": masked}
+        weights = ratio.masked_fill(outside, 0.0)  # inside the band the ratio itself: MIS corrects, never caps
+    return weights.masked_fill(~mask, 0.0), {"ratio": ratio, "truncated": truncated, "masked": masked}

@@ -20,7 +20,7 @@ from grpo_cli.core.chunked_logprobs import (
     chunked_label_log_probs,
     linear_head_label_log_probs,
 )
-from grpo_cli.core.prompt_sharing import shared_prompt_response_hidden, worth_sharing
+from grpo_cli.core.prompt_sharing import prompt_sharing_problem, shared_prompt_response_hidden, worth_sharing
 
 
 def _in_float32(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor) -> torch.Tensor:
@@ -227,18 +227,37 @@ def _hidden_at(
 ) -> torch.Tensor:
     """Last hidden states at the masked positions only, (N, H). Right padding needs no attention mask: causal
     attention never lets a real token see the padding after it."""
-    decoder = model.get_decoder()
-    # Gradient checkpointing turns the KV cache off, and the shared pass needs it.
-    if share_prompts and not _recomputes_activations(model) and worth_sharing(input_ids, mask):
+    decoder = _decoder(model)
+    # Gradient checkpointing turns the KV cache off, and the shared pass needs it. The model check is the
+    # learner's too (`shares_prompts`), so a model the shared pass cannot serve gets the plain one from any caller.
+    if (
+        share_prompts
+        and not _recomputes_activations(model)
+        and prompt_sharing_problem(model) is None
+        and worth_sharing(input_ids, mask)
+    ):
         return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
 
 
+def _decoder(model: nn.Module) -> nn.Module:
+    """The model's body, whose output has `last_hidden_state`. `get_decoder()` returns the LM itself, head and
+    all, where it finds no attribute it knows: transformers 5's text-only Llama 4 (`base_model_prefix`
+    `language_model`, body `.model`), transformers 4's Mamba / RWKV (bodies `.backbone`, `.rwkv`). The body is then
+    the LM's `base_model`, else its `.model`."""
+    decoder = model.get_decoder()
+    if getattr(decoder, "get_output_embeddings", lambda: None)() is None:
+        return decoder
+    body = getattr(decoder, "base_model", decoder)
+    return body if body is not decoder else getattr(decoder, "model", decoder)
+
+
 def logit_transform(config: object, temperature: float = 1.0) -> LogitTransform:
     """What some architectures' forward does to the LM head's output before returning logits (the fast path
-    above calls the head itself, so it must do the same): Gemma-2/3 soft-capping, Cohere's `logit_scale`,
-    Granite's `logits_scaling`, read from the model config where those forwards read them; then the sampling
-    temperature."""
+    above calls the head itself, so it must do the same): soft-capping (Gemma-2/3's `final_logit_softcapping`,
+    RecurrentGemma's `logits_soft_cap`, xLSTM's `output_logit_soft_cap`), Cohere's `logit_scale`, Granite's
+    `logits_scaling`, Falcon-H1's `lm_head_multiplier`, read from the model config where those forwards read
+    them; then the sampling temperature."""
     multiplier = 1.0
     scale = getattr(config, "logit_scale", None)
     if isinstance(scale, int | float):
@@ -246,7 +265,13 @@ def logit_transform(config: object, temperature: float = 1.0) -> LogitTransform:
     scaling = getattr(config, "logits_scaling", None)
     if isinstance(scaling, int | float):
         multiplier /= scaling
-    return LogitTransform(softcap=getattr(config, "final_logit_softcapping", None), multiplier=multiplier / temperature)
+    head_multiplier = getattr(config, "lm_head_multiplier", None)
+    if isinstance(head_multiplier, int | float):
+        multiplier *= head_multiplier
+    softcap = None
+    for key in ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap"):
+        softcap = getattr(config, key, None) if softcap is None else softcap
+    return LogitTransform(softcap=softcap, multiplier=multiplier / temperature)
 
 
 def apply_head_semantics(config: object, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -95,7 +95,9 @@ def grpo_microbatch_train_step(
     loss. Under data parallelism whose gradients are averaged over R ranks (DDP, FSDP), pass the totals over
     all ranks divided by R.
 
-    An example whose response mask is empty contributes 0 (not nan).
+    With ``importance_correction="masked"`` a rejected token (outside the band) leaves the loss's sums and its
+    response's and this microbatch's token counts: it does not count as a 0. An example whose response mask is
+    empty, or all rejected, contributes 0 (not nan) and still counts among the responses.
 
     Args:
         policy_log_probs (torch.Tensor): log-probs of the sampled tokens under the policy, (batch, seq), with
@@ -116,7 +118,8 @@ def grpo_microbatch_train_step(
         cliprange_high (float | None): eps_high (clip-higher; CISPO's cap); None: symmetric.
         dual_clip (float | None): dual-clip constant c > 1 for "grpo_clip"; None: off.
         step_sequences (float | None): responses in the whole optimizer step (see above).
-        step_tokens (float | None): response tokens (of ``response_mask``) in the whole optimizer step.
+        step_tokens (float | None): response tokens (of ``response_mask``) in the whole optimizer step; less
+            the ones ``importance_correction="masked"`` rejects when the caller knows them before the step.
         sampler_log_probs (torch.Tensor | None): (batch, seq) the sampled tokens' log-probs under the rollout
             engine's sampling distribution; given, the sampler/learner mismatch is measured.
         importance_correction (str): one of ``IMPORTANCE_CORRECTIONS``; see
@@ -131,13 +134,13 @@ def grpo_microbatch_train_step(
 
         - loss: the microbatch's contribution to the step's loss (what was backpropagated), 0-d, detached.
         - metadata, 0-d detached tensors: "policy_loss" (this microbatch's own policy loss, normalized by its
-          own counts, without KL); "kl" when ``ref_log_probs`` is given (mean over examples of the
-          per-response masked mean); for the ratio losses "clip_fraction" (+ "clip_fraction_low",
-          "clip_fraction_high", "clip_fraction_dual" when dual-clip is on) and "ratio_mean" (masked means
-          over the response tokens); with ``sampler_log_probs`` "sampler_kl" (k3 estimate of
-          KL(sampler || learner)), "importance_weight_mean", "importance_weight_max" (token ratios
-          pi_learner / pi_sampler before any truncation), "importance_truncated_frac",
-          "importance_masked_frac" (fractions of response tokens).
+          own counts, without KL); "kl" when ``ref_log_probs`` is given (mean over the examples with a non-empty
+          mask of the per-response masked mean; nan when every mask is empty); for the ratio losses
+          "clip_fraction" (+ "clip_fraction_low", "clip_fraction_high", "clip_fraction_dual" when dual-clip is
+          on) and "ratio_mean" (masked means over the response tokens); with ``sampler_log_probs``
+          "sampler_kl" (k3 estimate of KL(sampler || learner)), "importance_weight_mean",
+          "importance_weight_max" (token ratios pi_learner / pi_sampler before any truncation),
+          "importance_truncated_frac", "importance_masked_frac" (fractions of response tokens).
 
     Raises:
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
@@ -166,6 +169,7 @@ def grpo_microbatch_train_step(
     )  # (B, T)
 
     metadata: dict[str, torch.Tensor] = {}
+    loss_mask = response_mask  # the tokens the policy loss's sums and counts run over
     if sampler_log_probs is not None:
         learner_log_probs = (old_log_probs if old_log_probs is not None else policy_log_probs).detach()
         weights, importance = compute_importance_weights(
@@ -178,6 +182,12 @@ def grpo_microbatch_train_step(
             importance_threshold_low,
         )
         per_token_loss = per_token_loss * weights
+        if importance_correction == "masked":
+            # A rejected token leaves the loss's counts (its response's token count, this microbatch's own token
+            # count) instead of adding 0 to them, as verl's and slime's rejection masks do. The step's totals are
+            # the caller's: the learner leaves rejected tokens out of step_tokens when old log-probs fix the
+            # rejection before the step (learner.optimizer_step_totals; docs/design.md).
+            loss_mask = response_mask.bool() & ~importance["masked"]
         token_ratio = torch.exp(learner_log_probs - sampler_log_probs)  # (B, T), the mismatch itself
         mask = response_mask.bool()
         metadata["sampler_kl"] = masked_mean(compute_kl(sampler_log_probs, learner_log_probs, "k3"), mask)
@@ -194,14 +204,14 @@ def grpo_microbatch_train_step(
         )
     loss = aggregate_token_loss(
         per_token_loss,
-        response_mask,
+        loss_mask,
         length_normalization,
         normalize_constant,
         total_sequences=step_sequences,
         total_tokens=step_tokens,
     )
     policy_loss = (
-        aggregate_token_loss(per_token_loss, response_mask, length_normalization, normalize_constant)
+        aggregate_token_loss(per_token_loss, loss_mask, length_normalization, normalize_constant)
         if exact_share
         else loss
     )
@@ -210,13 +220,16 @@ def grpo_microbatch_train_step(
         # With beta == 0 the KL is only monitored: keep it out of the graph.
         with torch.set_grad_enabled(kl_beta > 0 and torch.is_grad_enabled()):
             per_token_kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # (B, T)
-            kl = aggregate_token_loss(per_token_kl, response_mask, "sequence_mean")
             if kl_beta > 0:
                 kl_share = aggregate_token_loss(
                     per_token_kl, response_mask, "sequence_mean", total_sequences=step_sequences
                 )
                 loss = loss + kl_beta * kl_share
-        metadata["kl"] = kl.detach()
+        # The logged KL: the mean over the responses in the loss of each one's token mean. A response whose mask
+        # is empty (left out by train.mask_truncated) has no KL in the loss and does not dilute it; nan when none
+        # is left (the caller skips it).
+        in_loss = response_mask.sum(dim=-1) > 0  # (B,)
+        metadata["kl"] = masked_mean(per_token_kl.detach()[in_loss], response_mask[in_loss], dim=-1).mean()
 
     for key in ("clipped", "clipped_low", "clipped_high", "clipped_dual"):
         if key in loss_metadata:

@@ -11,6 +11,8 @@ than a full batch only when the rounds ran out), and says so in its metrics:
     train/extra_rounds     generation rounds beyond the first
     train/groups_trained   groups the update trained on
     train/groups_short     groups missing from a full batch (0 when the rounds filled it)
+    train/reward           the mean reward of the batch the update trains on (train/reward_std its spread)
+    train/reward_all_sampled  the mean over every completion sampled this step, dropped groups included
 
 Advantages are recomputed over the assembled batch (only batch_std depends on more than the group itself).
 Pure bookkeeping on RolloutData: the executors (drivers/local.py, drivers/ray_executor.py) do the sampling.
@@ -53,6 +55,18 @@ def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]
     return combined
 
 
+def trained_reward_metrics(sampled: dict[str, float], trained_rewards: torch.Tensor) -> dict[str, float]:
+    """The step's rollout metrics with train/reward and train/reward_std of the batch the update trains on
+    (`trained_rewards`); the mean over every sampled completion, dropped groups included, moves to
+    train/reward_all_sampled. The other statistics (reward components, lengths) stay those of every round."""
+    metrics = dict(sampled)
+    if "train/reward" in metrics:
+        metrics["train/reward_all_sampled"] = metrics["train/reward"]
+    metrics["train/reward"] = trained_rewards.mean().item()
+    metrics["train/reward_std"] = trained_rewards.std().item() if len(trained_rewards) > 1 else 0.0
+    return metrics
+
+
 @dataclass
 class SignalBatch:
     """The groups with signal collected so far for one step, round by round."""
@@ -93,7 +107,7 @@ class SignalBatch:
             data = select_completions(concat_rollouts(self.kept), list(range(groups * self.group_size)))
             data.advantages = compute_advantages(data.raw_rewards, self.group_size, self.advantage, self.advantage_eps)
         data.metrics = {
-            **combine_rollout_metrics([r.metrics for r in self.rounds]),
+            **trained_reward_metrics(combine_rollout_metrics([r.metrics for r in self.rounds]), data.raw_rewards),
             "train/groups_dropped": float(self.dropped),
             "train/extra_rounds": float(len(self.rounds) - 1),
             "train/groups_trained": float(groups),

@@ -11,7 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
+from grpo_cli import parallel
 from grpo_cli.drivers.versions import overlap_fraction
+from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import Example
 
 
@@ -55,17 +59,51 @@ class Executor(Protocol):
 def step_metrics(
     rollout: dict[str, float], learned: dict[str, float], timing: dict[str, float], sync: dict[str, float]
 ) -> dict[str, float]:
-    """One metrics.jsonl line: the rollout batch's statistics, the learner's, the time breakdown and the
-    sync bookkeeping. time/step_s is the step's wall time; the phases may overlap (disaggregated strategies)."""
+    """One metrics.jsonl line before `finish_step_metrics`: the rollout batch's statistics, the learner's, the
+    time breakdown and the sync bookkeeping, with the generated token count `n_tokens` still in it (the rates are
+    computed from it once the ranks' counts are summed). time/step_s is the step's wall time; the phases may
+    overlap (disaggregated strategies)."""
     rollout = dict(rollout)
-    n_tokens = rollout.pop("n_tokens", 0.0)
     produce_s = rollout.pop("time/produce_s", 0.0)
     weight_load_s = rollout.pop("time/weight_load_s", 0.0)
+    # The rollout's and the learner's names differ (but the old log-probs' time, added below), so a shared name is
+    # a reward function's log_metric taking one of the learner's.
+    shared = sorted(set(rollout) & set(learned) - {"time/old_log_probs_s"})
+    if shared:
+        raise UserFacingError(
+            f"a reward function called log_metric({shared[0].partition('/')[2]!r}, ...), which would overwrite the "
+            f"learner's {shared[0]}: give the metric another name"
+        )
     metrics = {**rollout, **learned, **timing, **sync}
+    metrics.setdefault("n_tokens", 0.0)  # a replay step where no batch arrived generated nothing
     # Old log-probs come from the learner (in-process) or from the generator (disaggregated): one is 0.
     metrics["time/old_log_probs_s"] = rollout.get("time/old_log_probs_s", 0.0) + learned["time/old_log_probs_s"]
     # Weight sync: the learner publishing its weights plus the generator loading them (0 when they share them).
     metrics["time/sync_s"] = timing.get("time/sync_s", 0.0) + weight_load_s
     metrics["time/overlap_frac"] = overlap_fraction(produce_s, timing["time/waiting_s"])
-    metrics["throughput/tokens_per_s"] = n_tokens / max(timing["time/step_s"], 1e-9)
     return metrics
+
+
+def add_throughput(metrics: dict[str, float]) -> dict[str, float]:
+    """The step's rates from its totals, `n_tokens` (generated tokens, removed here) over time/step_s and
+    time/generation_s: throughput/tokens_per_s and throughput/generation_tokens_per_s. Computed after the ranks'
+    metrics are combined (their token counts summed, the slowest rank's times), a rate is the whole step's, every
+    rank's tokens; after several generation rounds (dynamic sampling, a replay step's batches) it is their tokens
+    over their summed time."""
+    metrics = dict(metrics)
+    n_tokens = metrics.pop("n_tokens", 0.0)
+    metrics["throughput/tokens_per_s"] = n_tokens / max(metrics["time/step_s"], 1e-9)
+    if "time/generation_s" in metrics:
+        metrics["throughput/generation_tokens_per_s"] = n_tokens / max(metrics["time/generation_s"], 1e-9)
+    return metrics
+
+
+def finish_step_metrics(metrics: dict[str, float], trained_rewards: torch.Tensor) -> dict[str, float]:
+    """A step's metrics.jsonl line from `step_metrics`' line of this rank: with several data-parallel ranks
+    combined over all of them (parallel.reduce_metrics: counts summed, times the slowest rank's, statistics the
+    mean of equal shares; train/reward_std of the whole trained batch, `trained_rewards` being this rank's share),
+    then the rates (`add_throughput`). Every rank calls it (collectives)."""
+    if parallel.world().distributed:
+        metrics = {**metrics, "train/reward_std": parallel.reduce_std(trained_rewards)}
+        metrics = parallel.reduce_metrics(metrics)
+    return add_throughput(metrics)

@@ -10,7 +10,7 @@ from typing import Any
 from grpo_cli import parallel
 from grpo_cli.batch import RolloutData
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number
-from grpo_cli.drivers.executor import step_metrics
+from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
 from grpo_cli.learner import Learner
@@ -70,17 +70,17 @@ class InProcessExecutor:
         # Generation and training take turns on the same weights: every batch is trained on at lag 0.
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag(step - 1, data.policy_version)}
         metrics = step_metrics(data.metrics, learned, timing, {**sync, **versions})
-        if self.world.distributed:
-            metrics["train/reward_std"] = parallel.reduce_std(data.raw_rewards)  # of the whole batch, not a mean
-            metrics = parallel.reduce_metrics(metrics)
-        return metrics, nonfinite_streak
+        return finish_step_metrics(metrics, data.raw_rewards), nonfinite_streak
 
     def produce_share(self, batch_number: int) -> RolloutData:
         """The next prompts of the step, this rank's share of them, generated and scored."""
+        epoch = self.sampler.epoch
         examples = self.sampler.next_batch(self.prompts_per_step)
         share = len(examples) // self.world.size
         first = self.world.rank * share
-        return self.worker.produce(examples[first : first + share], batch_number=batch_number, first_prompt_index=first)
+        return self.worker.produce(
+            examples[first : first + share], batch_number=batch_number, first_prompt_index=first, epoch=epoch
+        )
 
     def fill_with_signal(self, data: RolloutData, step: int) -> RolloutData:
         """train.dynamic_sampling: drop groups with all-equal rewards and sample more prompts until the batch is full
@@ -104,7 +104,7 @@ class InProcessExecutor:
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        metrics, records, _version = self.worker.evaluate(examples, on_generated=on_generated)
+        metrics, records, _version = self.worker.evaluate(examples, on_generated=on_generated, epoch=self.sampler.epoch)
         return metrics, records
 
     def close(self) -> None:

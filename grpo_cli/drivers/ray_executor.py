@@ -36,8 +36,13 @@ import torch
 
 from grpo_cli.batch import RolloutData
 from grpo_cli.config import BatchShape, needs_old_log_probs
-from grpo_cli.drivers.dynamic_sampling import SignalBatch, combine_rollout_metrics, groups_with_signal
-from grpo_cli.drivers.executor import step_metrics
+from grpo_cli.drivers.dynamic_sampling import (
+    SignalBatch,
+    combine_rollout_metrics,
+    groups_with_signal,
+    trained_reward_metrics,
+)
+from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
@@ -239,10 +244,12 @@ class RayExecutor:
     # --- moving batches and weights -----------------------------------------------------------------------
     def request(self) -> None:
         """Ask the generator for the next rollout batch (it starts when its earlier calls are done)."""
-        state = self.sampler.state()
+        state, epoch = self.sampler.state(), self.sampler.epoch
         examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
         self.batch_counter += 1
-        ref = self.generator_actor.call.remote("produce", examples, self.batch_counter, self.with_old_log_probs)
+        ref = self.generator_actor.call.remote(
+            "produce", examples, self.batch_counter, self.with_old_log_probs, 0, epoch
+        )
         self.requests.append(Request(ref, state))
 
     def receive(self) -> tuple[RolloutData, float]:
@@ -295,7 +302,8 @@ class RayExecutor:
         sync_s = self.publish(step)
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
-        return step_metrics(data.metrics, learned, timing, versions), nonfinite_streak
+        metrics = step_metrics(data.metrics, learned, timing, versions)
+        return finish_step_metrics(metrics, data.raw_rewards), nonfinite_streak
 
     def fill_with_signal(self, data: RolloutData) -> tuple[RolloutData, float]:
         """train.dynamic_sampling (one_behind): drop groups with all-equal rewards and ask for more batches until
@@ -361,13 +369,14 @@ class RayExecutor:
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         rollout = combine_rollout_metrics([d.metrics for d in arrived])
         if self.cfg.train.dynamic_sampling:
+            rollout = trained_reward_metrics(rollout, batch.raw_rewards)
             rollout["train/groups_dropped"] = float(self.groups_dropped)
             rollout["train/extra_rounds"] = float(max(0, self.extra_rounds - 1))
             self.groups_dropped = 0
         metrics = step_metrics(rollout, learned, timing, sync)
         if not arrived:  # no generator work finished during this step: overlap is undefined, not 0
             metrics.pop("time/overlap_frac")
-        return metrics, nonfinite_streak
+        return finish_step_metrics(metrics, batch.raw_rewards), nonfinite_streak
 
     def keep_generating(self) -> None:
         """replay_buffer: exactly one batch in flight, so the generator never idles and never runs far ahead
@@ -405,7 +414,9 @@ class RayExecutor:
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         # Queued behind the load of this step's weights, so it evaluates exactly the learner's current policy.
-        metrics, records, version = self.get(self.generator_actor.call.remote("evaluate", examples))
+        metrics, records, version = self.get(
+            self.generator_actor.call.remote("evaluate", examples, None, self.sampler.epoch)
+        )
         if version != self.version:
             raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
         if on_generated is not None:

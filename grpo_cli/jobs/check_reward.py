@@ -2,7 +2,8 @@
 
 Every task ships sanity cases (a ground truth, a response, the reward a careful reader expects, and why). This
 job scores them with the reward the run would use for `task.prompt` and prints one table row per case; any
-disagreement is an error (exit code 2). No model, no tokenizer, no data set is loaded.
+disagreement is an error (exit code 2). No model and no data set is loaded; task=custom's cases are tokenized with
+the model's tokenizer (the completion_ids its reward functions get), unless each case gives its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import SanityCase, make_reward_fn, reward_weights, task_for
+from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
     SHAPING_CASE_BUFFER,
@@ -41,16 +43,67 @@ def _columns(truth: Any) -> Any:
     return {k: v for k, v in truth.items() if k != "prompt"} if isinstance(truth, dict) else truth
 
 
-def score_case(reward_fn: Any, case: SanityCase) -> tuple[float | None, str, dict[str, float]]:
+def score_case(
+    reward_fn: Any, case: SanityCase, completion_ids: list[int] | None = None, trainer_state: TrainerState | None = None
+) -> tuple[float | None, str, dict[str, float]]:
     """(reward, note, {component: value}): the reward of the case's response, or None and the error a crash raised.
-    A reward with the overlong term scores the case as a short completion (0 tokens: no overlong penalty)."""
+    A reward with the overlong term scores the case as a short completion (0 tokens: no overlong penalty).
+    task=custom's reward also gets the case's `completion_ids` and a `trainer_state`."""
     try:
-        kwargs = {"n_tokens": 0} if uses_n_tokens(reward_fn) else {}
+        kwargs: dict[str, Any] = {"n_tokens": 0} if uses_n_tokens(reward_fn) else {}
+        if hasattr(reward_fn, "score_batch"):
+            kwargs.update(completion_ids=completion_ids, trainer_state=trainer_state)
         result = reward_fn(case.response, case.ground_truth, **kwargs)
     except Exception as e:  # noqa: BLE001 - a crashing reward is exactly what this job is here to show
         return None, f"{type(e).__name__}: {e}", {}
     parts = {key.removeprefix("reward/"): float(v) for key, v in result.items() if key.startswith("reward/")}
     return float(result["reward"]), "", parts
+
+
+def case_completion_ids(cfg: Any, cases: tuple[SanityCase, ...]) -> tuple[list[list[int] | None], str]:
+    """Each case's completion_ids (what task=custom's reward functions get as completion_ids=) and a line saying
+    where they came from: the case's own, else its response tokenized by the model's tokenizer with the EOS token
+    appended (a finished completion's sampled ids end with it). A tokenizer that does not load leaves them None
+    (a reward that reads them then fails on its row), and the line says why."""
+    given = [list(case.completion_ids) if case.completion_ids is not None else None for case in cases]
+    if all(ids is not None for ids in given):
+        return given, "completion_ids: each case's own"
+    from grpo_cli.models import load_tokenizer  # transformers, only for a task=custom job
+
+    name = cfg.model.name_or_path
+    try:
+        tokenizer = load_tokenizer(name)
+    except UserFacingError as e:
+        return given, f"completion_ids: none for cases without their own (the tokenizer of {name} did not load: {e})"
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    tokenized = [tokenizer(case.response, add_special_tokens=False)["input_ids"] + eos for case in cases]
+    return (
+        [own if own is not None else ids for own, ids in zip(given, tokenized, strict=True)],
+        f"completion_ids: each response tokenized by {name}'s tokenizer, then its EOS token (a case may give its "
+        'own "completion_ids")',
+    )
+
+
+def agrees(case: SanityCase, got: float | None, parts: dict[str, float]) -> bool:
+    """Whether a case's reward is what it expects: the weighted total, or each reward it names (None: that reward
+    gave no value)."""
+    if got is None:
+        return False
+    if case.expected_each is not None:
+        return all(_same(parts.get(name), value) for name, value in case.expected_each.items())
+    return case.expected_reward is not None and abs(got - case.expected_reward) < 1e-9
+
+
+def _same(got: float | None, expected: float | None) -> bool:
+    if got is None or expected is None:
+        return got is None and expected is None
+    return abs(got - expected) < 1e-9
+
+
+def _expected_text(case: SanityCase) -> str:
+    if case.expected_each is not None:
+        return " ".join(f"{name}={'none' if v is None else f'{v:g}'}" for name, v in case.expected_each.items())
+    return f"{case.expected_reward:g}"
 
 
 def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
@@ -82,17 +135,22 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
     show_parts = task.from_config is not None
     if show_parts:
         table.add_column("each reward", overflow="fold")
+        ids, ids_line = case_completion_ids(cfg, cases)
+        state = TrainerState(global_step=0, max_steps=cfg.train.steps, epoch=0.0)
     disagreements = []
     for index, case in enumerate(cases, start=1):
-        got, error, parts = score_case(own_reward, case)
-        ok = got is not None and abs(got - case.expected_reward) < 1e-9
+        if show_parts:
+            got, error, parts = score_case(own_reward, case, ids[index - 1], state)
+        else:
+            got, error, parts = score_case(own_reward, case)
+        ok = agrees(case, got, parts)
         if not ok:
             disagreements.append(index)
         row = [
             str(index),
             _show(_columns(case.ground_truth) if show_parts else case.ground_truth),
             escape(repr(case.response)),
-            f"{case.expected_reward:g}",
+            _expected_text(case),
             "error" if got is None else f"{got:g}",
             "[green]ok[/]" if ok else "[bold red]DIFFERS[/]",
             escape(case.why + (f" ({error})" if error else "")),
@@ -104,6 +162,12 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
             row.append(escape(" ".join(f"{name}={value:.3g}" for name, value in parts.items())))
         table.add_row(*row)
     console.print(table)
+    if show_parts:
+        console.print(
+            f'{ids_line}; "expected": a number is the weighted total, {{"<reward>": value}} each named reward',
+            highlight=False,
+            markup=False,
+        )
     shaping_disagree = check_shaping_terms(cfg, console)
     if disagreements:
         raise UserFacingError(

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
-from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, RewardFn, TaskSpec
+from grpo_cli.tasks.custom import TrainerState
 
 # Held-out completions per generate() call: a progress bar can move between calls on large eval sets
 # (MATH-500), while the default 64-example set is still one call.
@@ -49,13 +51,16 @@ def evaluate(
     on_generated: Callable[[int], None] | None = None,
     voting: Voting | None = None,
     pass_ks: list[int] | None = None,
+    trainer_state: TrainerState | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Generate settings.n completions per held-out example and score them.
 
     eval/reward and the other reward metrics are means over every completion. With settings.n > 1 the metrics
     add eval/mean@n, eval/pass@k (k in `pass_ks`, default 1 and n) and eval/maj@n (votes grouped by `voting`,
     default: the normalized text), and each record its sample number and whether it holds the majority answer.
-    on_generated(k) is called after each chunk of k prompts (a progress bar).
+    on_generated(k) is called after each chunk of k prompts (a progress bar). task=custom's reward functions get
+    the sampled token ids and `trainer_state`; what they log with log_extra becomes columns of the records, and
+    with log_metric eval/<name>.
     Returns (metrics named eval/*, one record per completion for the eval JSONL, prompt-major).
     """
     n = settings.n
@@ -63,7 +68,7 @@ def evaluate(
     rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
     truths = [e.ground_truth for e in examples for _ in range(n)]
     lengths = [len(ids) for ids in rollout.completion_ids]
-    scores = score_responses(reward_fn, rollout.texts, truths, lengths)
+    scores = score_responses(reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, trainer_state)
     metrics = reward_metrics(scores, "eval")
     metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
     metrics["eval/truncated_frac"] = sum(rollout.truncated) / len(lengths)
@@ -81,6 +86,7 @@ def evaluate(
             zip(rollout.texts, truths, scores.rewards, lengths, rollout.truncated, strict=True)
         )
     ]
+    add_extra_columns(records, scores.extra_columns)
     if n > 1:
         voting = voting or Voting(normalized_text)
         correct, votes = [], []
@@ -93,7 +99,24 @@ def evaluate(
                 record["sample"] = j
                 record["majority"] = j in winners
         metrics.update(multi_sample_metrics(correct, votes, default_pass_ks(n, pass_ks)))
-    return metrics, records
+    return with_logged_metrics(metrics, scores, "eval"), records
+
+
+# Columns of an eval record that log_extra may not take (besides the reward keys, which every record has).
+RECORD_COLUMNS = ("prompt", "response", "ground_truth", "n_tokens", "truncated", "sample", "majority", "eval_set")
+
+
+def add_extra_columns(records: list[dict[str, Any]], columns: dict[str, list[Any]]) -> None:
+    """Each record gets the value a reward function logged for its completion with log_extra(column, values), in
+    place; one line when a column would overwrite one of the record's own."""
+    for column, values in columns.items():
+        if column in RECORD_COLUMNS or any(column in record for record in records[:1]):
+            raise UserFacingError(
+                f"a reward function called log_extra({column!r}, ...), which would overwrite the eval samples' own "
+                f"{column!r} column: give the column another name"
+            )
+        for record, value in zip(records, values, strict=True):
+            record[column] = value
 
 
 def generate_in_chunks(
@@ -103,12 +126,17 @@ def generate_in_chunks(
     on_generated: Callable[[int], None] | None = None,
 ) -> RolloutBatch:
     """engine.generate over about EVAL_CHUNK_PROMPTS completions at a time (EVAL_CHUNK_PROMPTS / n prompts),
-    concatenated in prompt order; on_generated gets the number of prompts of each chunk."""
+    concatenated in prompt order; on_generated gets the number of prompts of each chunk.
+
+    Each chunk starts at its first prompt's index in the whole list (`first_prompt_index`), so its completions
+    continue the random streams where the previous chunk stopped: the result is one generate() call's over every
+    prompt, and a prompt repeated in another chunk gets fresh samples rather than the first chunk's again.
+    """
     out = RolloutBatch([], [], [], [])
     per_call = max(1, EVAL_CHUNK_PROMPTS // settings.n)
     for start in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[start : start + per_call]
-        part = engine.generate(chunk, settings)
+        part = engine.generate(chunk, replace(settings, first_prompt_index=settings.first_prompt_index + start))
         for name in ("prompt_ids", "completion_ids", "texts", "truncated"):
             getattr(out, name).extend(getattr(part, name))
         if on_generated is not None:

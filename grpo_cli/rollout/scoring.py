@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, RewardFn, RewardTimeout
+from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.rewards import uses_n_tokens
 
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
@@ -18,6 +20,10 @@ class Scores:
     rewards: list[dict[str, float]]
     n_errors: int  # reward-function calls that raised and were scored 0
     n_timeouts: int = 0  # calls that ran past task.reward_timeout_s and were scored 0
+    # task=custom's reward functions' log_extra columns (one value per response, None where none was logged) and
+    # log_metric values (TRL 1.16's logging callables).
+    extra_columns: dict[str, list[Any]] = field(default_factory=dict)
+    logged_metrics: dict[str, list[float]] = field(default_factory=dict)
 
     def mean(self, key: str) -> float:
         return sum(r.get(key, 0.0) for r in self.rewards) / max(len(self.rewards), 1)
@@ -40,19 +46,28 @@ def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
 
 
 def score_responses(
-    reward_fn: RewardFn, responses: list[str], ground_truths: list[Any], n_tokens: list[int] | None = None
+    reward_fn: RewardFn,
+    responses: list[str],
+    ground_truths: list[Any],
+    n_tokens: list[int] | None = None,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None,
 ) -> Scores:
     """Call the reward function on every response; a crash or a timeout scores 0 and is counted, never kills
     the run. `n_tokens` (each completion's generated token count) reaches a reward that reads it (the overlong
     shaping term) as `n_tokens=`: the engine's own count, never a re-tokenization of the text.
 
-    A reward with a `score_batch(responses, ground_truths, n_tokens)` method (task=custom: TRL-convention functions
-    and a reward model want the whole batch) is called once for the batch, and handles its own errors (it stops
-    the run with a RewardFunctionError, or counts them, per task.on_reward_error)."""
+    A reward with a `score_batch(responses, ground_truths, n_tokens, completion_ids, trainer_state)` method
+    (task=custom: TRL-convention functions and a reward model want the whole batch) is called once for the batch,
+    and handles its own errors (it stops the run with a RewardFunctionError, or counts them, per
+    task.on_reward_error). `completion_ids` are the sampled token ids of each completion and `trainer_state` how
+    far the run is, which its functions get as TRL passes them."""
     score_batch = getattr(reward_fn, "score_batch", None)
     if score_batch is not None:
-        batch = score_batch(responses, ground_truths, n_tokens)
-        return Scores([_kept_keys(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts)
+        batch = score_batch(responses, ground_truths, n_tokens, completion_ids, trainer_state)
+        return Scores(
+            [_kept_keys(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts, batch.extra, batch.metrics
+        )
     lengths: list[int | None] = list(n_tokens) if n_tokens is not None else [None] * len(responses)
     with_length = n_tokens is not None and uses_n_tokens(reward_fn)
     rewards, n_errors, n_timeouts = [], 0, 0
@@ -78,3 +93,18 @@ def reward_metrics(scores: Scores, prefix: str) -> dict[str, float]:
     metrics[f"{prefix}/reward_errors"] = scores.n_errors
     metrics[f"{prefix}/reward_timeouts"] = scores.n_timeouts
     return metrics
+
+
+def with_logged_metrics(metrics: dict[str, float], scores: Scores, prefix: str) -> dict[str, float]:
+    """`metrics` plus `<prefix>/<name>` for each log_metric(name, value) of the batch's reward functions, the mean
+    of its values (TRL averages them per logging step); one line when a name would overwrite one of `metrics`."""
+    out = dict(metrics)
+    for name, values in scores.logged_metrics.items():
+        key = f"{prefix}/{name}"
+        if key in out:
+            raise UserFacingError(
+                f"a reward function called log_metric({name!r}, ...), which would overwrite grpo-cli's own {key}: "
+                "give the metric another name"
+            )
+        out[key] = sum(values) / len(values)
+    return out

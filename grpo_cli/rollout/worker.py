@@ -23,9 +23,10 @@ from grpo_cli.models import build_policy
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.evaluation import evaluate, voting_for
-from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
+from grpo_cli.tasks.custom import TrainerState
 
 
 def sampling_settings(cfg: Any, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
@@ -70,16 +71,23 @@ class RolloutWorker:
     def describe(self) -> str:
         return f"{self.device} ({next(self.model.parameters()).dtype})"
 
+    def trainer_state(self, epoch: float) -> TrainerState:
+        """What a reward function gets as trainer_state=: the updates behind the weights this worker samples from
+        (TRL's global_step while it scores), train.steps, and `epoch` (passes over the training prompts drawn)."""
+        return TrainerState(global_step=self.version, max_steps=self.cfg.train.steps, epoch=epoch)
+
     def produce(
         self,
         examples: list[Example],
         batch_number: int,
         with_old_log_probs: bool = False,
         first_prompt_index: int = 0,
+        epoch: float = 0.0,
     ) -> RolloutData:
         """Generate, score and compute advantages for one rollout batch; its metrics hold rollout statistics and
         the time of each phase. batch_number fixes the sampling seed (the step number for one batch per step);
-        first_prompt_index places `examples` in the step's whole prompt list (a data-parallel rank's share)."""
+        first_prompt_index places `examples` in the step's whole prompt list (a data-parallel rank's share);
+        epoch (passes over the training prompts before these) is what reward functions read in trainer_state."""
         cfg, shape = self.cfg, self.shape
         timings: dict[str, float] = {}
         busy_start = time.perf_counter()
@@ -94,7 +102,9 @@ class RolloutWorker:
         with timed(timings, "time/scoring_s"):
             truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
             lengths = [len(ids) for ids in rollout.completion_ids]
-            scores = score_responses(self.reward_fn, rollout.texts, truths, lengths)
+            scores = score_responses(
+                self.reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, self.trainer_state(epoch)
+            )
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
             advantages = compute_advantages(
                 raw_rewards, shape.group_size, cfg.normalization.advantage, cfg.normalization.advantage_eps
@@ -135,9 +145,13 @@ class RolloutWorker:
             **timings,
             "time/weight_load_s": self.load_s,
             "time/produce_s": time.perf_counter() - busy_start + self.load_s,
-            "throughput/generation_tokens_per_s": sum(lengths) / max(timings["time/generation_s"], 1e-9),
+            # Generated tokens: throughput/* are computed from it once the step's rounds and ranks are summed
+            # (drivers/executor.py add_throughput).
             "n_tokens": float(sum(lengths)),
         }
+        # A reward function's log_metric values become train/<name>; its log_extra columns are shown with the
+        # evaluation samples only (a training batch has no samples table).
+        data.metrics = with_logged_metrics(data.metrics, scores, "train")
         self.load_s = 0.0
         return data
 
@@ -164,9 +178,10 @@ class RolloutWorker:
         return seconds
 
     def evaluate(
-        self, examples: list[Example], on_generated: Callable[[int], None] | None = None
+        self, examples: list[Example], on_generated: Callable[[int], None] | None = None, epoch: float = 0.0
     ) -> tuple[dict[str, float], list[dict[str, Any]], int]:
-        """Held-out evaluation of the weights this worker holds: (metrics, records, policy version)."""
+        """Held-out evaluation of the weights this worker holds: (metrics, records, policy version); `epoch` as
+        in `produce`."""
         sampling = sampling_settings(self.cfg, self.cfg.eval.n_samples, seed=self.cfg.seed, for_eval=True)
         with self.autocast():
             metrics, records = evaluate(
@@ -178,6 +193,7 @@ class RolloutWorker:
                 on_generated=on_generated,
                 voting=voting_for(task_for(self.cfg.task), self.cfg.task.prompt),
                 pass_ks=self.cfg.eval.pass_k,
+                trainer_state=self.trainer_state(epoch),
             )
         return metrics, records, self.version
 

@@ -48,8 +48,12 @@ class SanityCase:
 
     ground_truth: Any
     response: str
-    expected_reward: float
+    expected_reward: float | None  # None: the case expects values of the named rewards only (expected_each)
     why: str
+    # task=custom: {reward name: value} the case expects of each reward it names (None: no value from it).
+    expected_each: dict[str, float | None] | None = None
+    # task=custom: the response's token ids, for rewards that read completion_ids (None: check_reward tokenizes).
+    completion_ids: tuple[int, ...] | None = None
 
 
 def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -3,19 +3,26 @@
     data      task.train_path / task.eval_path (.jsonl, .csv, .parquet, a dataset directory), task.dataset with
               task.split / task.eval_split (a `datasets` hub id or directory), or task.generator
               (`file.py:function` called with (n, seed)); any column names (task.rename_columns renames them)
-    prompt    task.template over the row's columns ("Rewrite this review to be negative: {review}"),
+    prompt    conversational data (TRL's format: a `prompt` column holding [{"role", "content"}, ...]) is the
+              conversation itself, rendered with the model's chat template; text data goes through
+              task.template over the row's columns ("Rewrite this review to be negative: {review}"),
               task.system_prompt, and the prompt styles of every task (task.prompt: chat, question_only, r1_zero)
-    rewards   task.rewards.<name>=path/to/file.py:function or package.module:function, and/or a
-              sequence-classification model (task.reward_model.*), summed with task.reward_weights (a name without
-              a weight counts 1) and each logged as train/reward/<name> and eval/reward/<name>
+    rewards   task.rewards.<name>=path/to/file.py:function or package.module:function, or a node
+              {_target_: factory, <arguments>} (user_code.load_reward_spec), and/or a sequence-classification
+              model (task.reward_model.*), summed with task.reward_weights (a name without a weight counts 1)
+              and each logged as train/reward/<name> and eval/reward/<name>
 
 How a reward function is called (task.reward_convention):
-    trl         TRL's convention, the default, so a function written for TRL's GRPOTrainer runs unchanged:
-                fn(prompts=[...], completions=[...], <each other column>=[...]) -> one float or None per sample,
-                once per batch. Under task.prompt=chat prompts are the chat messages and each completion is
-                [{"role": "assistant", "content": text}], as TRL passes them for a conversational dataset;
-                otherwise both are text. A function without **kwargs gets only the columns it names.
-    per_sample  fn(response, row) -> float or None, once per sample; row holds every column and "prompt".
+    trl         TRL 1.16's convention, the default, so a function written for TRL's GRPOTrainer runs unchanged:
+                fn(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=,
+                <each other column>=) -> one float or None per sample, once per batch. prompts are the
+                conversations of conversational data and the prompt texts otherwise; completions follow TRL's
+                rule (task.completion_format=auto): [{"role": "assistant", "content": text}] each when the data
+                is conversational, the text otherwise. completion_ids are the sampled token ids. A function
+                without **kwargs gets only the arguments it names.
+    per_sample  fn(response, row) -> float or None, once per sample; row holds every column, "prompt" and the
+                same extras (completion_ids: this sample's, trainer_state, log_extra(column, value),
+                log_metric(name, value)).
 None means "no reward from this function for this sample": the sample's reward is the weighted sum of the others
 (TRL's nansum), and the function's logged mean leaves it out.
 
@@ -44,7 +51,7 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.fields import any_value, choice, non_negative, path, positive
@@ -63,21 +70,31 @@ from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.sources import check_json_values, dataset_rows, file_rows, generated_rows
 from grpo_cli.tasks.timelimit import RewardTimeout
 from grpo_cli.tasks.user_code import (
+    RewardSpec,
     UserCodeError,
-    absolute_reference,
     check_signature,
     file_sha256,
-    load_callable,
+    is_file_reference,
+    load_reward_spec,
     resolve_file,
+    spec_reference,
+    spec_text,
+    with_absolute_reference,
 )
 
 REWARD_CONVENTIONS = ("trl", "per_sample")
 ON_REWARD_ERROR = ("stop", "skip")
+# What completions= holds: auto is TRL's rule (messages exactly when the data is conversational).
+COMPLETION_FORMATS = ("auto", "text", "messages")
+# Roles a conversational prompt's messages may have.
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 # What the reward model reads: the response alone (a sentiment classifier), or the prompt text and the response
 # (a preference reward model, as TRL feeds one).
 REWARD_MODEL_INPUTS = ("response", "prompt_and_response")
-# TRL passes these itself; a column with one of these names is not passed again.
-TRL_ARGUMENTS = ("prompts", "completions")
+# TRL 1.16 passes these itself (GRPOTrainer._calculate_rewards); a column with one of these names is not passed.
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+# Columns TRL never passes as columns: the prompt is `prompts`, and these two are its own.
+NOT_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
 @dataclass
@@ -103,6 +120,9 @@ class RewardModelConfig:
 class CustomTaskConfig(TaskConfig):
     """task=custom: data, prompt and rewards from the config and the user's own code (docs/custom-tasks.md)."""
 
+    # Dicts of the user's own names, open to new keys on the command line without + (config/registry.py).
+    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("rewards", "reward_weights")
+
     # Local data, one file or folder per split: .jsonl, .csv, .parquet, or a `datasets` directory. Relative paths
     # start where grpo-run was run (made absolute before the run starts). First of: path, generator, dataset.
     train_path: str | None = any_value(None)
@@ -117,16 +137,22 @@ class CustomTaskConfig(TaskConfig):
     generator: str | None = any_value(None)
     # Columns renamed before anything reads them: {"Ground Truth Answer": references}.
     rename_columns: dict[str, str] = any_value(factory=dict)
-    # The prompt, a Python format string over the row's columns: "Rewrite this review to be negative: {review}".
+    # Text data's prompt, a Python format string over the row's columns: "Rewrite this review to be negative:
+    # {review}". Conversational data (a `prompt` column of {role, content} messages) is its own prompt.
     template: str = any_value("{prompt}")
-    # Sent before the prompt: a system message under task.prompt=chat, the first paragraph otherwise.
+    # Text data: sent before the prompt, a system message under task.prompt=chat, the first paragraph otherwise.
     system_prompt: str | None = any_value(None)
-    # Your reward functions by name: path/to/file.py:function or package.module:function (+task.rewards.<name>=...
-    # adds one on the command line).
-    rewards: dict[str, str] = any_value(factory=dict)
-    # trl: fn(prompts=, completions=, **columns) -> list of float|None per batch (TRL's GRPOTrainer convention);
-    # per_sample: fn(response, row) -> float|None per sample.
+    # Your reward functions by name: path/to/file.py:function, package.module:function, or a node Hydra
+    # instantiates once per process ({_target_: trl.rewards.get_soft_overlong_punishment, max_completion_len: 48,
+    # soft_punish_cache: 8}; _partial_: true binds arguments to a function). task.rewards.<name>=... adds one on
+    # the command line (no + needed: this node is open, as is reward_weights).
+    rewards: dict[str, Any] = any_value(factory=dict)
+    # trl: fn(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=, **columns) -> list
+    # of float|None per batch (TRL 1.16's GRPOTrainer convention); per_sample: fn(response, row) -> float|None.
     reward_convention: str = choice("trl", REWARD_CONVENTIONS)
+    # What a trl-convention function gets as completions=: auto is TRL's rule ([{"role": "assistant", "content":
+    # text}] each when the data is conversational, the text otherwise), text or messages force one.
+    completion_format: str = choice("auto", COMPLETION_FORMATS)
     # Weight of each reward by name (task.rewards' names, task.reward_model.name, and the shaping terms overlong
     # and repetition); a reward without a weight counts 1, a shaping term 0.
     reward_weights: dict[str, float] = any_value(factory=dict)  # type: ignore[assignment]
@@ -172,14 +198,91 @@ def template_columns(template: str) -> list[str]:
 
 
 def render_prompt(task_cfg: Any, row: dict[str, Any]) -> Prompt:
-    """The prompt of one row: the template over its columns, in the prompt style, after the system prompt."""
-    text = task_cfg.template.format_map(row)
-    system = task_cfg.system_prompt
+    """The prompt of one text row as the model is given it: under task.prompt=chat a system message (when set)
+    and the template over the row's columns as the user message; otherwise `prompt_text`."""
     if task_cfg.prompt == "chat":
-        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        system = task_cfg.system_prompt
+        user = {"role": "user", "content": task_cfg.template.format_map(row)}
+        return ([{"role": "system", "content": system}] if system else []) + [user]
+    return prompt_text(task_cfg, row)
+
+
+def prompt_text(task_cfg: Any, row: dict[str, Any]) -> str:
+    """The prompt of one text row as text, what TRL passes as prompts= for a standard dataset: the system prompt
+    (when set) as the first paragraph, then the template over the row's columns (wrapped in the R1 template under
+    r1_zero). Under question_only and r1_zero it is exactly what the model is fed; under chat, the text of its
+    messages."""
+    text = task_cfg.template.format_map(row)
     if task_cfg.prompt == "r1_zero":
         text = R1_ZERO_TEMPLATE.format(question=text)
+    system = task_cfg.system_prompt
     return f"{system}\n\n{text}" if system else text
+
+
+def is_conversation(value: Any) -> bool:
+    """TRL's test for conversational data (trl.data_utils.is_conversational): a list whose first item is a dict
+    with a "role"."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
+
+
+def _message_problem(messages: list[Any]) -> str | None:
+    """Why a conversation cannot be rendered (None: it can): each message {"role": one of MESSAGE_ROLES,
+    "content": text}."""
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if role not in MESSAGE_ROLES or not isinstance(content, str):
+            shown = json.dumps(message, default=repr, ensure_ascii=False)
+            shown = shown if len(shown) <= 100 else shown[:97] + "..."
+            return (
+                f'message {index} is {shown}: each message is {{"role": {" | ".join(MESSAGE_ROLES)}, "content": text}}'
+            )
+    return None
+
+
+def is_conversational_data(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> bool:
+    """Whether the rows are conversational (TRL's format: a `prompt` column of {role, content} messages), checked:
+    every row of one kind, every message renderable, and neither task.template nor task.system_prompt nor a text
+    prompt style set for a conversation (one line naming the row or the key)."""
+    kinds = [is_conversation(row.get("prompt")) for row in rows]
+    if not any(kinds):
+        for index, row in enumerate(rows):
+            value = row.get("prompt")
+            if isinstance(value, list) and (not value or isinstance(value[0], dict)):
+                raise TaskDataError(
+                    f"{where} row {index}: column 'prompt' is a list of {len(value)} items but not chat messages "
+                    f"({_message_problem(value) or 'it is empty'}): give text, or a conversation "
+                    '[{"role": "user", "content": ...}]'
+                )
+        return False
+    if not all(kinds):
+        other = kinds.index(False)
+        raise TaskDataError(
+            f"{where}: row {kinds.index(True)}'s prompt is a conversation and row {other}'s is "
+            f"{type(rows[other].get('prompt')).__name__}: give every row the same kind of prompt"
+        )
+    for index, row in enumerate(rows):
+        problem = _message_problem(row["prompt"])
+        if problem is not None:
+            raise TaskDataError(f"{where} row {index}: prompt {problem}")
+    default = CustomTaskConfig()
+    if task_cfg.template != default.template:
+        raise UserFacingError(
+            f"task.template={task_cfg.template!r} applies to text prompts, but {where} holds conversations "
+            "(a prompt column of chat messages, rendered with the model's chat template as they are): drop "
+            "task.template, or put the text into the messages"
+        )
+    if task_cfg.system_prompt:
+        raise UserFacingError(
+            f"task.system_prompt applies to text prompts, but {where} holds conversations (rendered as they are): "
+            'drop task.system_prompt, or start each conversation with {"role": "system", "content": ...}'
+        )
+    if task_cfg.prompt != "chat":
+        raise UserFacingError(
+            f"task.prompt={task_cfg.prompt} is a text prompt style, but {where} holds conversations, which the "
+            "model's chat template renders: use task.prompt=chat (the default)"
+        )
+    return True
 
 
 def renamed(task_cfg: Any, row: dict[str, Any]) -> dict[str, Any]:
@@ -201,8 +304,17 @@ def check_template(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> Non
 
 
 def truth_of(row: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
-    """A custom task's ground truth: the row's columns and the prompt the model was given (what a reward reads)."""
+    """A custom task's ground truth: the row's columns and the prompt as TRL passes it (what a reward reads)."""
     return {**row, "prompt": prompt}
+
+
+def examples_of(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> list[Example]:
+    """Renamed rows as examples: a conversation is the model's prompt and TRL's prompts= alike; a text row's
+    template is checked, rendered in the prompt style for the model, and as text for prompts=."""
+    if is_conversational_data(task_cfg, rows, where):
+        return [Example([dict(m) for m in row["prompt"]], truth_of(row, row["prompt"])) for row in rows]
+    check_template(task_cfg, rows, where)
+    return [Example(render_prompt(task_cfg, row), truth_of(row, prompt_text(task_cfg, row))) for row in rows]
 
 
 def split_rows(task_cfg: Any, split: str) -> tuple[list[dict[str, Any]], str]:
@@ -228,17 +340,14 @@ def split_rows(task_cfg: Any, split: str) -> tuple[list[dict[str, Any]], str]:
 
 
 def build_examples(task_cfg: Any, rewards: list[NamedReward], split: str) -> list[Example]:
-    """The examples of one split: rows renamed, checked against the template and the reward signatures."""
+    """The examples of one split: rows renamed, checked against the template (text data) or as conversations, and
+    against the reward signatures."""
     rows, where = split_rows(task_cfg, split)
     rows = [renamed(task_cfg, row) for row in rows]
-    check_template(task_cfg, rows, where)
+    examples = examples_of(task_cfg, rows, where)
     check_json_values(where, rows)
     for reward in rewards:
         reward.check_columns(rows[0], where)
-    examples = []
-    for row in rows:
-        prompt = render_prompt(task_cfg, row)
-        examples.append(Example(prompt, truth_of(row, prompt)))
     return examples
 
 
@@ -262,6 +371,93 @@ def _value_problem(value: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function gets as trainer_state= (TRL passes transformers' TrainerState): how far the run is,
+    for rewards that change over training. Plain data, so it pickles to a worker process."""
+
+    # Updates made before the weights that sampled these completions (TRL's state.global_step while it scores).
+    global_step: int = 0
+    # train.steps.
+    max_steps: int = 0
+    # Passes over the training prompts drawn so far, fractional (TRL's state.epoch).
+    epoch: float = 0.0
+
+
+def _plain(value: Any) -> Any:
+    """A value logged with log_extra, as JSON (the eval file) and W&B can hold it: numbers, text, booleans, None,
+    and lists and dicts of them as they are; a 0-d tensor or numpy scalar as its number; anything else as str."""
+    if hasattr(value, "item") and not isinstance(value, str) and getattr(value, "ndim", 0) == 0:
+        with contextlib.suppress(TypeError, ValueError):
+            value = value.item()
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# The logging callables a call gets: log_extra(column, values), log_metric(name, value).
+Loggers = tuple[Callable[[str, Any], None], Callable[[str, Any], None]]
+
+
+@dataclass
+class RewardLog:
+    """What reward functions logged on a batch through TRL's log_extra and log_metric: extra columns, one value per
+    sample (None where none was logged), shown in the eval file and the W&B samples table; metric values,
+    averaged per step into <train|eval>/<name>. Misuse (a wrong count, a value that is no number) is kept in
+    `problems` and reported after the call: raising inside the user's code could be caught by it."""
+
+    n: int
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def loggers(self, rows: Sequence[int]) -> Loggers:
+        """log_extra(column, values) and log_metric(name, value) for one call on the batch's samples `rows`
+        (values: one per sample of the call, in order)."""
+
+        def log_extra(column: str, values: Any) -> None:
+            if hasattr(values, "tolist") and not isinstance(values, str):
+                values = values.tolist()
+            if not isinstance(column, str) or not column:
+                self.problems.append(f"called log_extra({column!r}, ...): name the column with a string")
+            elif not isinstance(values, list | tuple) or len(values) != len(rows):
+                got = f"{len(values)} values" if isinstance(values, list | tuple) else f"a {type(values).__name__}"
+                self.problems.append(
+                    f"called log_extra({column!r}, ...) with {got} for {len(rows)} completions (one value each)"
+                )
+            else:
+                slot = self.extra.setdefault(column, [None] * self.n)
+                for row, value in zip(rows, values, strict=True):
+                    slot[row] = _plain(value)
+
+        def log_metric(name: str, value: Any) -> None:
+            if hasattr(value, "item") and not isinstance(value, str):
+                with contextlib.suppress(TypeError, ValueError):
+                    value = value.item()
+            if not isinstance(name, str) or not name:
+                self.problems.append(f"called log_metric({name!r}, ...): name the metric with a string")
+            elif value is None or _value_problem(value) is not None:
+                self.problems.append(f"called log_metric({name!r}, {value!r}): give a finite number")
+            else:
+                self.metrics.setdefault(name, []).append(float(value))
+
+        return log_extra, log_metric
+
+    def merge(self, other: RewardLog) -> None:
+        """Keep what a call that succeeded logged (a call that raised and is retried row by row logs again)."""
+        for column, values in other.extra.items():
+            slot = self.extra.setdefault(column, [None] * self.n)
+            for row, value in enumerate(values):
+                if value is not None:
+                    slot[row] = value
+        for name, values in other.metrics.items():
+            self.metrics.setdefault(name, []).extend(values)
+
+
 @dataclass
 class NamedReward:
     """One of the user's rewards: a function under its convention, or the reward model."""
@@ -272,28 +468,80 @@ class NamedReward:
     convention: str  # trl | per_sample | model
     accepts_any_keyword: bool = True
     parameters: tuple[str, ...] = ()
-    # Picklable, returns fn: how a worker process loads the function itself (None: it runs in this process).
+    # What `fn` was loaded from (user_code.load_reward_spec(key, spec, base_dir)), so that another process can load
+    # the same function; None for the reward model.
+    spec: RewardSpec | None = None
+    base_dir: str | None = None
+    # Picklable, returns fn: how a worker process loads the function itself, from `spec` (a factory is
+    # instantiated once per worker); None: it runs in this process (the reward model).
     loader: Callable[[], Callable[..., Any]] | None = None
+
+    def accepted(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments the function takes (all of them with **kwargs, else those it names)."""
+        if self.accepts_any_keyword:
+            return kwargs
+        return {k: v for k, v in kwargs.items() if k in self.parameters}
 
     def check_columns(self, row: dict[str, Any], where: str) -> None:
         """A TRL function's required parameters are columns of the data (TRL passes each column by its name)."""
         if self.convention != "trl":
             return
-        columns = {k: [] for k in row if k not in TRL_ARGUMENTS}
-        kwargs = {"prompts": [], "completions": [], **columns}
-        if not self.accepts_any_keyword:
-            kwargs = {k: v for k, v in kwargs.items() if k in self.parameters}
-        _bind_or_fail(self, kwargs, where)
+        columns = {k: [] for k in row if k not in NOT_COLUMNS and k not in TRL_ARGUMENTS}
+        _bind_or_fail(self, self.accepted({**dict.fromkeys(TRL_ARGUMENTS), **columns}), where)
 
-    def trl_kwargs(self, prompts: list[Any], completions: list[Any], truths: list[Any]) -> dict[str, Any]:
-        columns = [k for k in (truths[0] if truths and isinstance(truths[0], dict) else {}) if k != "prompt"]
-        kwargs: dict[str, Any] = {"prompts": prompts, "completions": completions}
-        for column in columns:
-            if column not in TRL_ARGUMENTS:
+    def trl_kwargs(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]] | None,
+        trainer_state: TrainerState,
+        truths: list[Any],
+    ) -> dict[str, Any]:
+        """The keyword arguments of one call under TRL 1.16's convention (GRPOTrainer._calculate_rewards), except
+        log_extra and log_metric, which `call_arguments` adds: picklable data only, so that a worker process can
+        be sent them."""
+        kwargs: dict[str, Any] = {
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": completion_ids,
+            "trainer_state": trainer_state,
+        }
+        first = truths[0] if truths and isinstance(truths[0], dict) else {}
+        for column in first:
+            if column not in NOT_COLUMNS and column not in TRL_ARGUMENTS:
                 kwargs[column] = [t.get(column) for t in truths]
-        if not self.accepts_any_keyword:
-            kwargs = {k: v for k, v in kwargs.items() if k in self.parameters}
-        return kwargs
+        return self.accepted(kwargs)
+
+    def per_sample_row(
+        self, truth: Any, completion_ids: list[int] | None, trainer_state: TrainerState
+    ) -> dict[str, Any]:
+        """per_sample: the row a call gets (every column, "prompt", this sample's completion_ids, trainer_state),
+        except log_extra and log_metric, which `call_arguments` adds. Picklable."""
+        columns = truth if isinstance(truth, dict) else {"ground_truth": truth}
+        return {**columns, "completion_ids": completion_ids, "trainer_state": trainer_state}
+
+    def call_arguments(
+        self, payload: dict[str, Any] | tuple[str, dict[str, Any]], loggers: Loggers
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(args, kwargs) of one call: the payload (`trl_kwargs`, or (response, `per_sample_row`)) with the
+        logging callables added, the one place they are: a worker process passes recorders here and the parent
+        replays what they recorded into its own loggers. per_sample's log_extra takes one value (this sample's)."""
+        log_extra, log_metric = loggers
+        if self.convention == "per_sample":
+            response, row = payload  # type: ignore[misc]
+
+            def log_one(column: str, value: Any) -> None:
+                log_extra(column, [value])
+
+            return (response, {**row, "log_extra": log_one, "log_metric": log_metric}), {}
+        assert isinstance(payload, dict)
+        return (), {**payload, **self.accepted({"log_extra": log_extra, "log_metric": log_metric})}
+
+    def logging_callbacks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[..., Any]]:
+        """The logging callables `call_arguments` put among (args, kwargs), by name: what a worker process gets
+        as recorders, whose calls the pool replays on these (reward_workers.RewardWorkers.submit)."""
+        where = args[1] if self.convention == "per_sample" else kwargs
+        return {name: where[name] for name in ("log_extra", "log_metric") if name in where}
 
 
 def _bind_or_fail(reward: NamedReward, kwargs: dict[str, Any], where: str) -> None:
@@ -303,27 +551,38 @@ def _bind_or_fail(reward: NamedReward, kwargs: dict[str, Any], where: str) -> No
         columns = ", ".join(k for k in kwargs if k not in TRL_ARGUMENTS) or "none"
         raise UserCodeError(
             f"{reward.key}: {getattr(reward.fn, '__name__', 'it')}{inspect.signature(reward.fn)} cannot take TRL's "
-            f"arguments (prompts=, completions= and the columns of {where}: {columns}): {e}"
+            f"arguments ({', '.join(f'{a}=' for a in TRL_ARGUMENTS)} and the columns of {where}: {columns}): {e}"
         ) from None
 
 
-def _user_reward(name: str, reference: str, convention: str, base_dir: Path) -> NamedReward:
+def _user_reward(name: str, spec: RewardSpec, convention: str, base_dir: Path) -> NamedReward:
     key = f"task.rewards.{name}"
-    fn = load_callable(key, reference, base_dir)
-    loader = functools.partial(load_callable, key, reference, base_dir)
+    shown = f"{key}={spec_text(spec)}"
+    fn = load_reward_spec(key, spec, base_dir)
+    # A worker process loads the same spec itself: plain data (reward_specs), so the partial pickles.
+    loader = functools.partial(load_reward_spec, key, spec, base_dir)
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return NamedReward(name, f"{key}={reference}", fn, convention, loader=loader)
+        return NamedReward(name, shown, fn, convention, spec=spec, base_dir=str(base_dir), loader=loader)
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
     names = tuple(p.name for p in params)
-    reward = NamedReward(name, f"{key}={reference}", fn, convention, any_keyword, names, loader)
+    reward = NamedReward(name, shown, fn, convention, any_keyword, names, spec, str(base_dir), loader)
+    fn_name = getattr(fn, "__name__", type(fn).__name__)
     if convention == "per_sample":
-        check_signature(key, reference, fn, "response", {})
-    elif not any_keyword and "completions" not in names:
+        check_signature(key, spec_text(spec), fn, "response", {})
+    elif not any_keyword and not {"completions", "completion_ids"} & set(names):
+        required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        target = spec if isinstance(spec, str) else str(spec.get("_target_"))
+        as_node = (
+            f"if {fn_name} makes the reward function (a factory), give it as a node with its arguments: "
+            f"{key}={{_target_: {target.replace(':', '.') if not is_file_reference(target) else target}"
+            + "".join(f", {p}: ..." for p in required)
+            + "}; otherwise "
+        )
         raise UserCodeError(
-            f"{key}={reference}: {fn.__name__}{inspect.signature(fn)} takes no completions= argument, which TRL's "
-            "convention passes: add completions (and **kwargs), or set task.reward_convention=per_sample for "
+            f"{shown}: {fn_name}{inspect.signature(fn)} takes no completions= argument, which TRL's convention "
+            f"passes: {as_node}add completions (and **kwargs), or set task.reward_convention=per_sample for "
             "fn(response, row)"
         )
     return reward
@@ -334,6 +593,9 @@ class BatchScores:
     rewards: list[dict[str, float]]
     n_errors: int
     n_timeouts: int
+    # log_extra's columns (one value per sample, None where none was logged) and log_metric's values.
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -346,7 +608,7 @@ class CustomReward:
     weights: dict[str, float]
     time_limit_s: float | None
     on_error: str
-    conversational: bool
+    completion_format: str = "auto"
     answer_from: str | None = None
     format_from: str | None = None
     shaping: Shaping = Shaping()
@@ -366,8 +628,16 @@ class CustomReward:
             self, shaping=dataclasses.replace(self.shaping, max_tokens=max_tokens), device=device
         )
 
-    def __call__(self, response: str, ground_truth: Any, n_tokens: int | None = None) -> dict[str, float]:
-        return self.score_batch([response], [ground_truth], [n_tokens]).rewards[0]
+    def __call__(
+        self,
+        response: str,
+        ground_truth: Any,
+        n_tokens: int | None = None,
+        completion_ids: list[int] | None = None,
+        trainer_state: TrainerState | None = None,
+    ) -> dict[str, float]:
+        ids = None if completion_ids is None else [completion_ids]
+        return self.score_batch([response], [ground_truth], [n_tokens], ids, trainer_state).rewards[0]
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
@@ -376,16 +646,28 @@ class CustomReward:
 
     # --- one batch --------------------------------------------------------------------------------------
     def score_batch(
-        self, responses: Sequence[str], truths: Sequence[Any], n_tokens: Sequence[int | None] | None = None
+        self,
+        responses: Sequence[str],
+        truths: Sequence[Any],
+        n_tokens: Sequence[int | None] | None = None,
+        completion_ids: Sequence[list[int]] | None = None,
+        trainer_state: TrainerState | None = None,
     ) -> BatchScores:
+        """Every reward on the batch. `completion_ids` are the sampled token ids of each completion (what TRL's
+        completion_ids= holds; their lengths stand in for `n_tokens` when it is not given)."""
         n = len(responses)
-        lengths = list(n_tokens) if n_tokens is not None else [None] * n
+        ids = [list(c) for c in completion_ids] if completion_ids is not None else None
+        if n_tokens is not None:
+            lengths = list(n_tokens)
+        else:
+            lengths = [len(c) for c in ids] if ids is not None else [None] * n
+        batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n))
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
         # Every function's calls first, then their results: with workers, the calls run in parallel.
-        calls = {reward.name: self._start_batch(reward, list(responses), list(truths)) for reward in self.rewards}
+        calls = {reward.name: self._start_batch(reward, batch) for reward in self.rewards}
         for reward in self.rewards:
-            values[reward.name] = self._values(reward, list(responses), list(truths), counts, calls[reward.name])
+            values[reward.name] = self._values(reward, batch, counts, calls[reward.name])
         if self.weights.get("overlong"):
             if self.shaping.max_tokens is None or any(length is None for length in lengths):
                 raise ValueError("the overlong reward term needs rollout.max_tokens and each completion's token count")
@@ -402,24 +684,31 @@ class CustomReward:
             result = {"reward": total, "format_reward": fmt, "answer_reward": answer, "correctness": answer}
             result.update({f"reward/{name}": v for name, v in sample.items() if v is not None})
             out.append(result)
-        return BatchScores(out, counts["errors"], counts["timeouts"])
+        return BatchScores(out, counts["errors"], counts["timeouts"], batch.log.extra, batch.log.metrics)
 
-    def _start_batch(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> Any:
+    def completions_of(self, responses: list[str], prompts: list[Any]) -> list[Any]:
+        """completions= of a TRL-convention call: TRL's rule under task.completion_format=auto (messages exactly
+        when the prompts are conversations: GRPOTrainer checks the batch's first prompt), or the forced format."""
+        as_messages = self.completion_format == "messages" or (
+            self.completion_format == "auto" and bool(prompts) and is_conversation(prompts[0])
+        )
+        return [[{"role": "assistant", "content": r}] for r in responses] if as_messages else list(responses)
+
+    def _start_batch(self, reward: NamedReward, batch: _Batch) -> Any:
         """The calls of one function on the batch, started: one per row (per_sample) or one (trl)."""
+        rows = list(range(len(batch.responses)))
         if reward.convention == "model":
             return None
         if reward.convention == "per_sample":
-            return [self._start(reward, (r, t), {}) for r, t in zip(responses, truths, strict=True)]
-        return self._start(reward, (), self._trl_arguments(reward, responses, truths))
+            return [self._start(reward, self._per_sample_payload(reward, batch, i), batch, [i]) for i in rows]
+        return self._start(reward, self._trl_payload(reward, batch, rows), batch, rows)
 
-    def _values(
-        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int], calls: Any
-    ) -> list[float | None]:
+    def _values(self, reward: NamedReward, batch: _Batch, counts: dict[str, int], calls: Any) -> list[float | None]:
         if reward.convention == "model":
-            return self._model_values(reward, responses, truths)
+            return self._model_values(reward, batch.responses, batch.truths)
         if reward.convention == "per_sample":
-            return [self._one(reward, r, t, counts, c) for r, t, c in zip(responses, truths, calls, strict=True)]
-        return self._trl_batch(reward, responses, truths, counts, calls)
+            return [self._one(reward, batch, i, counts, c) for i, c in enumerate(calls)]
+        return self._trl_batch(reward, batch, list(range(len(batch.responses))), counts, calls)
 
     def _fail(self, reward: NamedReward, what: str, truth: Any, where: str = "on row") -> None:
         """Stop: one line naming the function, the row and what it did."""
@@ -428,28 +717,57 @@ class CustomReward:
             "give such samples no reward from it"
         )
 
-    def _start(
-        self, reward: NamedReward, args: tuple[Any, ...], kwargs: dict[str, Any], callbacks: dict | None = None
-    ) -> PendingCall | InProcessCall:
-        """One call of a user's function, started: in a worker process, or (task.reward_workers=0) in this one when
-        its result is read. `callbacks` (log_extra, log_metric) among the arguments reach the caller's."""
+    def _start(self, reward: NamedReward, payload: Any, batch: _Batch, rows: list[int]) -> _StartedCall:
+        """One call of a user's function on the batch's samples `rows`, started: in a worker process, or
+        (task.reward_workers=0) in this one when its result is read. Its log_extra and log_metric log into a
+        RewardLog of its own: a worker's recorded calls are replayed into it when the result is read."""
+        call_log = RewardLog(batch.log.n)
+        args, kwargs = reward.call_arguments(payload, call_log.loggers(rows))
         if not self.workers or reward.loader is None:
-            return InProcessCall(reward.fn, args, kwargs, self.time_limit_s)
-        if self._pool is None:
-            self._pool = RewardWorkers(self.workers, self.time_limit_s)
-        return self._pool.submit(reward.loader, args, kwargs, callbacks, label=reward.key)
+            call: PendingCall | InProcessCall = InProcessCall(reward.fn, args, kwargs, self.time_limit_s)
+        else:
+            if self._pool is None:
+                self._pool = RewardWorkers(self.workers, self.time_limit_s)
+            callbacks = reward.logging_callbacks(args, kwargs)
+            call = self._pool.submit(reward.loader, args, kwargs, callbacks, label=reward.key)
+        return _StartedCall(call, call_log)
+
+    def _result(self, reward: NamedReward, started: _StartedCall, batch: _Batch, rows: list[int]) -> Any:
+        """A started call's return value; what it logged is kept only when it returns."""
+        out = started.call.result()
+        if started.log.problems:
+            raise RewardFunctionError(
+                f"reward {reward.key} {started.log.problems[0]} on row {_row_text(batch.truths[rows[0]])}: fix it"
+            )
+        batch.log.merge(started.log)
+        return out
+
+    def _per_sample_payload(self, reward: NamedReward, batch: _Batch, i: int) -> tuple[str, dict[str, Any]]:
+        ids = batch.completion_ids[i] if batch.completion_ids is not None else None
+        return batch.responses[i], reward.per_sample_row(batch.truths[i], ids, batch.trainer_state)
+
+    def _trl_payload(self, reward: NamedReward, batch: _Batch, rows: list[int]) -> dict[str, Any]:
+        responses = [batch.responses[i] for i in rows]
+        truths = [batch.truths[i] for i in rows]
+        prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
+        ids = [batch.completion_ids[i] for i in rows] if batch.completion_ids is not None else None
+        return reward.trl_kwargs(prompts, self.completions_of(responses, prompts), ids, batch.trainer_state, truths)
 
     def _one(
-        self, reward: NamedReward, response: str, truth: Any, counts: dict[str, int], call: Any = None
+        self, reward: NamedReward, batch: _Batch, i: int, counts: dict[str, int], started: _StartedCall | None = None
     ) -> float | None:
         """per_sample: fn(response, row)."""
+        truth = batch.truths[i]
         try:
-            value = (call or self._start(reward, (response, truth), {})).result()
+            started = started or self._start(reward, self._per_sample_payload(reward, batch, i), batch, [i])
+            value = self._result(reward, started, batch, [i])
         except RewardTimeout:
             if self.on_error == "stop":
                 self._fail(reward, f"ran past task.reward_timeout_s={self.time_limit_s:g}s", truth)
             counts["timeouts"] += 1
             return None
+        except RewardFunctionError:
+            raise
         except Exception as e:  # noqa: BLE001 - the user's code: stop with one line, or skip the sample
             if self.on_error == "stop":
                 self._fail(reward, describe_error(e), truth)
@@ -470,19 +788,19 @@ class CustomReward:
         counts["errors"] += 1
         return None
 
-    def _trl_arguments(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> dict[str, Any]:
-        prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
-        completions: list[Any] = (
-            [[{"role": "assistant", "content": r}] for r in responses] if self.conversational else list(responses)
-        )
-        return reward.trl_kwargs(prompts, completions, truths)
-
     def _trl_batch(
-        self, reward: NamedReward, responses: list[str], truths: list[Any], counts: dict[str, int], call: Any = None
+        self,
+        reward: NamedReward,
+        batch: _Batch,
+        rows: list[int],
+        counts: dict[str, int],
+        started: _StartedCall | None = None,
     ) -> list[float | None]:
-        n = len(responses)
+        truths = [batch.truths[i] for i in rows]
+        n = len(rows)
         try:
-            out = (call or self._start(reward, (), self._trl_arguments(reward, responses, truths))).result()
+            started = started or self._start(reward, self._trl_payload(reward, batch, rows), batch, rows)
+            out = self._result(reward, started, batch, rows)
         except RewardTimeout:
             if self.on_error == "stop":
                 self._fail(
@@ -490,6 +808,8 @@ class CustomReward:
                 )
             counts["timeouts"] += n
             return [None] * n
+        except RewardFunctionError:
+            raise
         except Exception as e:  # noqa: BLE001 - find the row(s) it fails on, one sample at a time
             error = describe_error(e)
             if n == 1:
@@ -498,7 +818,7 @@ class CustomReward:
                 counts["errors"] += 1
                 return [None]
             # Alone, each row either scores (skip keeps it) or fails (stop names that row; skip drops it).
-            singles = [self._trl_batch(reward, [r], [t], counts)[0] for r, t in zip(responses, truths, strict=True)]
+            singles = [self._trl_batch(reward, batch, [i], counts)[0] for i in rows]
             if self.on_error == "stop":  # every row scored alone: the batch itself is what fails
                 self._fail(reward, error, truths[0], where=f"on a batch of {n} rows, though each alone scores; first")
             return singles
@@ -516,6 +836,25 @@ class CustomReward:
         if self._model is None:
             self._model = reward.fn(self.device)  # the scorer, loaded on first use on this run's device
         return [float(v) for v in self._model(responses, truths)]
+
+
+@dataclass
+class _StartedCall:
+    """One call of a user's function, started, and the log its log_extra and log_metric write to."""
+
+    call: PendingCall | InProcessCall
+    log: RewardLog
+
+
+@dataclass
+class _Batch:
+    """One scored batch: what every reward reads, and what they log."""
+
+    responses: list[str]
+    truths: list[Any]
+    completion_ids: list[list[int]] | None
+    trainer_state: TrainerState
+    log: RewardLog
 
 
 # ------------------------------------------------------------------------------------------------ the task
@@ -564,8 +903,15 @@ def _reward_model(task_cfg: Any) -> NamedReward | None:
     return NamedReward(rm.name, f"task.reward_model.path={rm.path}", load, "model")
 
 
-def read_cases(task_cfg: Any) -> tuple[SanityCase, ...]:
-    """task.cases_path: {"response", "expected", <columns>} per line -> sanity cases (job=check_reward)."""
+# Keys of a case line that are not columns of the row.
+CASE_KEYS = ("response", "expected", "why", "completion_ids")
+
+
+def read_cases(task_cfg: Any, names: Sequence[str] = ()) -> tuple[SanityCase, ...]:
+    """task.cases_path: {"response", "expected", <columns>} per line -> sanity cases (job=check_reward). "expected"
+    is the weighted total (a number), or {reward name: value} for each reward it names (null: that reward gives
+    this sample none); `names` are the rewards a case may name. "completion_ids" (optional) are the response's
+    token ids, for rewards that read them."""
     if not task_cfg.cases_path:
         return ()
     rows = file_rows("task.cases_path", task_cfg.cases_path, None)
@@ -574,26 +920,86 @@ def read_cases(task_cfg: Any) -> tuple[SanityCase, ...]:
         where = f"{task_cfg.cases_path}:{line}"
         if "response" not in row or "expected" not in row:
             raise TaskDataError(
-                f'{where}: each case needs "response" and "expected" (and the columns the template reads)'
+                f'{where}: each case needs "response" and "expected" (and the columns the prompt reads)'
             )
-        columns = renamed(task_cfg, {k: v for k, v in row.items() if k not in ("response", "expected", "why")})
-        check_template(task_cfg, [columns], where)
-        expected = row["expected"]
-        if _value_problem(expected) is not None or expected is None:
-            raise TaskDataError(f'{where}: "expected" must be a number, got {expected!r}')
+        columns = renamed(task_cfg, {k: v for k, v in row.items() if k not in CASE_KEYS})
+        example = examples_of(task_cfg, [columns], where)[0]
+        total, each = _expected_of(row["expected"], where, names)
+        ids = row.get("completion_ids")
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)):
+            raise TaskDataError(f'{where}: "completion_ids" must be a list of token ids (integers), got {ids!r:.60}')
         why = str(row.get("why", where))
         cases.append(
-            SanityCase(truth_of(columns, render_prompt(task_cfg, columns)), str(row["response"]), float(expected), why)
+            SanityCase(
+                example.ground_truth,
+                str(row["response"]),
+                total,
+                why,
+                expected_each=each,
+                completion_ids=tuple(ids) if ids is not None else None,
+            )
         )
     return tuple(cases)
+
+
+def _expected_of(
+    expected: Any, where: str, names: Sequence[str]
+) -> tuple[float | None, dict[str, float | None] | None]:
+    """(the weighted total, {reward: value}) a case expects: a number is the total, a dict each named reward."""
+    if isinstance(expected, dict):
+        if not expected:
+            raise TaskDataError(f'{where}: "expected" names no reward: give {{"<name>": value, ...}} or a number')
+        each: dict[str, float | None] = {}
+        for name, value in expected.items():
+            if names and name not in names:
+                raise TaskDataError(
+                    f'{where}: "expected" names {name!r}, which is no reward of this task: use {", ".join(names)}'
+                )
+            if value is not None and _value_problem(value) is not None:
+                raise TaskDataError(f'{where}: "expected" of {name!r} must be a number or null, got {value!r}')
+            each[str(name)] = None if value is None else float(value)
+        return None, each
+    if expected is None or _value_problem(expected) is not None:
+        raise TaskDataError(
+            f'{where}: "expected" must be a number (the weighted total) or {{"<reward name>": value, ...}}, '
+            f"got {expected!r}"
+        )
+    return float(expected), None
+
+
+def reward_specs(task_cfg: Any) -> dict[str, RewardSpec]:
+    """task.rewards as plain data: {name: reference string or plain dict node} (one line for another value)."""
+    from omegaconf import OmegaConf
+
+    specs: dict[str, RewardSpec] = {}
+    for name, value in (task_cfg.rewards or {}).items():
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, dict):
+            specs[str(name)] = {str(k): v for k, v in value.items()}
+        elif isinstance(value, str) and value:
+            specs[str(name)] = value
+        else:
+            raise UserCodeError(
+                f"task.rewards.{name}={value!r}: give path/to/file.py:function, package.module:function or a node "
+                "{_target_: package.module.factory, <its arguments>}"
+            )
+    return specs
 
 
 def build_custom_task(task_cfg: Any) -> TaskSpec:
     """This run's TaskSpec: the user's rewards imported and checked, the data read on build (preflight), all before
     any model loads."""
     base_dir = base_dir_of(task_cfg)
-    names = [str(name) for name in (task_cfg.rewards or {})]
-    rewards = [_user_reward(name, str(task_cfg.rewards[name]), task_cfg.reward_convention, base_dir) for name in names]
+    specs = reward_specs(task_cfg)
+    names = list(specs)
+    for name in names:
+        if name in SHAPING_COMPONENTS:  # its values and the shaping term's would share train/reward/<name>
+            raise UserFacingError(
+                f"task.rewards.{name}: {name} is the name of a shaping term (task.reward_weights.{name}): give this "
+                "reward another name"
+            )
+    rewards = [_user_reward(name, spec, task_cfg.reward_convention, base_dir) for name, spec in specs.items()]
     model = _reward_model(task_cfg)
     if model is not None:
         if model.name in names:
@@ -601,8 +1007,8 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
         rewards.append(model)
     if not rewards:
         raise UserFacingError(
-            "task=custom has no reward: give task.rewards.<name>=path/to/file.py:function (+task.rewards.<name>= on "
-            "the command line) or task.reward_model.path=<classifier>"
+            "task=custom has no reward: give task.rewards.<name>=path/to/file.py:function (or a node {_target_: "
+            "package.module.factory, <its arguments>}) or task.reward_model.path=<classifier>"
         )
     all_names = [r.name for r in rewards]
     for key in ("answer_from", "format_from"):
@@ -615,7 +1021,7 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
         weights_of(task_cfg, all_names),
         task_cfg.reward_timeout_s or None,
         task_cfg.on_reward_error,
-        conversational=task_cfg.prompt == "chat",
+        completion_format=task_cfg.completion_format,
         answer_from=task_cfg.answer_from,
         format_from=task_cfg.format_from,
         shaping=Shaping(None, task_cfg.overlong_buffer, task_cfg.repetition_ngram),
@@ -626,7 +1032,8 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
         del n, seed, prompt_style  # read from task_cfg itself, like every other source of this task
         return build_examples(task_cfg, rewards, split)
 
-    return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=read_cases(task_cfg))
+    cases = read_cases(task_cfg, [*all_names, *(term for term in SHAPING_COMPONENTS if reward.weights.get(term))])
+    return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=cases)
 
 
 def absolutize_paths(task_cfg: Any, base_dir: Path) -> None:
@@ -646,9 +1053,9 @@ def absolutize_paths(task_cfg: Any, base_dir: Path) -> None:
     ):
         task_cfg.dataset = str((base / str(task_cfg.dataset)).resolve())
     if task_cfg.generator:
-        task_cfg.generator = absolute_reference(str(task_cfg.generator), base)
-    for name in list(task_cfg.rewards or {}):
-        task_cfg.rewards[name] = absolute_reference(str(task_cfg.rewards[name]), base)
+        task_cfg.generator = with_absolute_reference(str(task_cfg.generator), base)
+    for name, spec in reward_specs(task_cfg).items():
+        task_cfg.rewards[name] = with_absolute_reference(spec, base)
     rm_path = task_cfg.reward_model.path
     if rm_path and (str(rm_path).startswith((".", "~")) or (base / str(rm_path)).is_dir()):
         task_cfg.reward_model.path = str(resolve_file(str(rm_path), base))
@@ -658,11 +1065,13 @@ def code_hashes(task_cfg: Any) -> dict[str, dict[str, str]]:
     """run_info.json's record of the user's code: {config key: {"file", "sha256"}} of every reward function's and
     the generator's file, so a rerun can tell they changed."""
     base_dir = base_dir_of(task_cfg)
-    references = {f"task.rewards.{name}": ref for name, ref in (task_cfg.rewards or {}).items()}
+    references = {f"task.rewards.{name}": spec_reference(spec) for name, spec in reward_specs(task_cfg).items()}
     if task_cfg.generator:
         references["task.generator"] = task_cfg.generator
     out = {}
     for key, reference in references.items():
+        if reference is None:
+            continue
         found = file_sha256(str(reference), base_dir)
         if found is not None:
             out[key] = {"file": found[0], "sha256": found[1]}

@@ -19,11 +19,11 @@ over a socket pair through multiprocessing.connection's framing, and gets the ca
                        (raised, sys.exit, os._exit, crashed); waiting for one call serves every call in flight,
                        so calls submitted together run in parallel across the workers
 
-`loader` is a picklable callable that returns the function (functools.partial(user_code.load_callable, key,
-reference, base_dir)); each worker calls it once and keeps the function, so module-level state of the user's
-code is per worker, as under TRL with several processes. Loading does not count toward the time limit (it has its
-own, LOAD_LIMIT_S). `callbacks` (TRL's log_extra and log_metric) are recorded in the worker and replayed, in
-order, in the caller when it reads the result.
+`loader` is a picklable callable that returns the function (functools.partial(user_code.load_reward_spec, key,
+spec, base_dir)); each worker calls it once and keeps the function, so module-level state of the user's code, and
+a factory's reward built from a `_target_` node, is per worker, as under TRL with several processes. Loading does
+not count toward the time limit (it has its own, LOAD_LIMIT_S). `callbacks` (TRL's log_extra and log_metric) are
+recorded in the worker and replayed, in order, in the caller when it reads the result.
 
 No worker outlives its parent: each asks the kernel for SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG,
 which also covers the parent being killed outright), and the pool kills them on close, when it is garbage

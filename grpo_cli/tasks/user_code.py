@@ -2,12 +2,14 @@
 
 A file path is read as a file (relative paths from `base_dir`, the directory grpo-run was started from); anything
 else is a dotted module, imported with `base_dir` first on sys.path, so a `rewards/` package beside the user's
-config works as it would in their own scripts. Every failure is one UserFacingError line naming the config key
-(`task.rewards.fmt=...`), the file or module, and what to write instead. No torch.
+config works as it would in their own scripts. A reward may also be a Hydra node, `{_target_: <factory or class>,
+<its arguments>}`, instantiated once per process (`load_reward_spec`). Every failure is one UserFacingError line
+naming the config key (`task.rewards.fmt=...`), the file or module, and what to write instead. No torch.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -20,6 +22,9 @@ from types import ModuleType
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
+
+# The key of a Hydra node that names the callable to instantiate (hydra.utils.instantiate).
+TARGET_KEY = "_target_"
 
 
 class UserCodeError(UserFacingError):
@@ -165,3 +170,109 @@ def file_sha256(reference: str, base_dir: Path) -> tuple[str, str] | None:
         return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+# ------------------------------------------------------------------------------------- reward specs (task.rewards)
+
+# What task.rewards.<name> holds: a reference string, or a plain dict with "_target_" (a Hydra node). Both
+# pickle, so a worker process can load the same reward from the same spec.
+RewardSpec = str | dict[str, Any]
+
+
+def spec_text(spec: RewardSpec) -> str:
+    """How a spec reads in an error line: the string, or the node in Hydra's override syntax."""
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in spec.items()) + "}"
+    return str(spec)
+
+
+def spec_reference(spec: RewardSpec) -> str | None:
+    """The `file.py:function` / `package.module:function` a spec names (a node's _target_, dotted `pkg.mod.fn`
+    read as `pkg.mod:fn`), for making paths absolute and hashing the file; None when it names none."""
+    target = spec.get(TARGET_KEY) if isinstance(spec, dict) else spec
+    if not isinstance(target, str) or not target:
+        return None
+    reference = _as_reference(target)
+    return reference if ":" in reference else None
+
+
+def with_absolute_reference(spec: RewardSpec, base_dir: Path) -> RewardSpec:
+    """The spec with a file reference (its own, or its node's `_target_: file.py:factory`) made absolute."""
+    if isinstance(spec, dict):
+        target = spec.get(TARGET_KEY)
+        if isinstance(target, str) and ":" in target:
+            return {**spec, TARGET_KEY: absolute_reference(target, base_dir)}
+        return dict(spec)
+    return absolute_reference(str(spec), base_dir)
+
+
+def load_reward_spec(key: str, spec: RewardSpec, base_dir: Path) -> Callable[..., Any]:
+    """The callable a task.rewards spec gives: the function a reference string names (`pkg.mod.fn` reads as
+    `pkg.mod:fn`), or what a node's
+    `_target_` returns when called with the node's arguments (hydra.utils.instantiate: a factory's reward function,
+    an instance of a class with __call__, or with `_partial_: true` the target itself with those arguments bound).
+    `_target_` is a dotted path (`trl.rewards.get_soft_overlong_punishment`, found from `base_dir` too) or a
+    reference (`factories.py:make_reward`). Loaded once per process and spec (a factory's reward keeps its state
+    across batches, as it does in TRL); `key` (task.rewards.<name>) is for the error line."""
+    if isinstance(spec, dict):
+        return _instantiated(key, _frozen(spec), str(base_dir))
+    reference = str(spec)
+    return load_callable(key, reference if is_file_reference(reference) else _as_reference(reference), base_dir)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a plain dict/list tree (the cache key of an instantiated spec)."""
+    if isinstance(value, dict):
+        return ("__dict__", tuple((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("__list__", tuple(_frozen(v) for v in value))
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__dict__":
+        return {k: _thawed(v) for k, v in value[1]}
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__list__":
+        return [_thawed(v) for v in value[1]]
+    return value
+
+
+@functools.cache
+def _instantiated(key: str, frozen_spec: Any, base_dir: str) -> Callable[..., Any]:
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    spec = _thawed(frozen_spec)
+    target = spec.get(TARGET_KEY)
+    shown = f"{key}={spec_text(spec)}"
+    if not isinstance(target, str) or not target:
+        raise UserCodeError(
+            f"{shown}: a reward given as a node names what to call in _target_: "
+            "{_target_: package.module.factory, <its arguments>} (or a file.py:function string)"
+        )
+    # Resolved the way a reward string is (base_dir on sys.path, one-line errors), then handed to Hydra as the
+    # callable itself.
+    spec = {**spec, TARGET_KEY: load_callable(f"{key}.{TARGET_KEY}", _as_reference(target), Path(base_dir))}
+    spec.setdefault("_convert_", "all")  # plain lists and dicts reach the factory, not OmegaConf containers
+    try:
+        made = instantiate(spec)
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        detail = " ".join(str(cause).split())[:240]
+        raise UserCodeError(f"{shown}: calling {target} failed: {type(cause).__name__}: {detail}") from None
+    except Exception as e:  # noqa: BLE001 - the user's factory failing is one line
+        raise UserCodeError(f"{shown}: calling {target} failed: {_first_line_of(e)}") from None
+    if not callable(made):
+        raise UserCodeError(
+            f"{shown}: {target}(...) returned a {type(made).__name__}, not a function: name a factory that returns "
+            "the reward function, a class with __call__, or a function with _partial_: true"
+        )
+    return made
+
+
+def _as_reference(target: str) -> str:
+    """A _target_ as a reference: `file.py:f` and `pkg.mod:f` as they are, dotted `pkg.mod.f` as `pkg.mod:f`."""
+    if ":" in target:
+        return target
+    module, dot, name = target.rpartition(".")
+    return f"{module}:{name}" if dot and module else target

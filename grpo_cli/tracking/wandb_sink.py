@@ -21,6 +21,9 @@ from rich.console import Console
 RUN_ID_FILE = "wandb_run_id.txt"
 STEP_METRIC = "step"  # the GRPO step, the x axis of every chart (train and eval lines share it)
 SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward")
+# Keys of an eval record that are not shown (besides "reward/<name>"): every other key beyond SAMPLE_COLUMNS is a
+# column a task=custom reward function logged with log_extra, shown after them (TRL's completions table does).
+UNSHOWN_RECORD_KEYS = ("unparseable", "correctness", "n_tokens", "truncated", "sample", "majority", "eval_set")
 
 
 def has_wandb_credentials(base_url: str, environ: dict[str, str] | None = None) -> bool:
@@ -64,14 +67,22 @@ def read_run_id(output_dir: Path) -> tuple[str | None, str | None]:
     return None, f"{path} is damaged (not a W&B run id): this run logs to a new W&B run, and the file is rewritten"
 
 
-def sample_table_rows(rows: list[dict[str, Any]], step: int, max_rows: int) -> list[list[Any]]:
-    """Rows of the W&B samples table; ground truths that are not scalars (lists of keywords) become text."""
+def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The log_extra columns of eval records (see UNSHOWN_RECORD_KEYS), in first-seen order."""
+    known = {*SAMPLE_COLUMNS, *UNSHOWN_RECORD_KEYS}
+    return list(dict.fromkeys(k for row in rows for k in row if k not in known and not k.startswith("reward/")))
+
+
+def sample_table_rows(
+    rows: list[dict[str, Any]], step: int, max_rows: int, extra: list[str] | None = None
+) -> list[list[Any]]:
+    """Rows of the W&B samples table (SAMPLE_COLUMNS, then the `extra` columns); values that are not scalars (a
+    ground truth's list of keywords, a logged list) become text."""
     table = []
     for row in rows[:max_rows]:
-        truth = row.get("ground_truth")
-        if not isinstance(truth, str | int | float | type(None)):
-            truth = str(truth)
-        table.append([step, row.get("prompt"), row.get("response"), truth, *(row.get(k) for k in SAMPLE_COLUMNS[4:])])
+        values = [row.get("prompt"), row.get("response"), row.get("ground_truth")]
+        values += [row.get(k) for k in (*SAMPLE_COLUMNS[4:], *(extra or ()))]
+        table.append([step, *(v if isinstance(v, str | int | float | type(None)) else str(v) for v in values)])
     return table
 
 
@@ -134,7 +145,10 @@ class WandbSink:
         """A table of eval completions at evaluations whose step is a multiple of logger.samples_every."""
         if not self.samples_every or step % self.samples_every:
             return
-        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=sample_table_rows(rows, step, self.samples_rows))
+        extra = extra_columns(rows)
+        table = wandb.Table(
+            columns=[*SAMPLE_COLUMNS, *extra], data=sample_table_rows(rows, step, self.samples_rows, extra)
+        )
         self.run.log({"eval/samples": table, STEP_METRIC: step})
 
     def close(self) -> None:

@@ -1,0 +1,97 @@
+"""Several nodes, each started with its own `grpo-run` (docs/distributed.md's recipe), simulated on loopback: the
+nodes meet at one rendezvous, take the steps one process takes, and a node left alone stops with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.launch import launch_config, rendezvous_id
+from tests.conftest import OFFLINE_ENV, compose_config
+from tests.test_distributed import COMPARED, SETTING, free_port, run_setting, train_rows
+
+
+def node_args(node_rank: int, port: int, run_dir: Path, extra: list[str] = ()) -> list[str]:
+    """What node `node_rank` of 2 is given: the same settings, endpoint and (shared) run directory on both."""
+    return [
+        *SETTING,
+        "distributed=ddp",
+        "distributed.nproc_per_node=1",
+        "distributed.nnodes=2",
+        f"distributed.node_rank={node_rank}",
+        "distributed.master_addr=127.0.0.1",
+        f"distributed.master_port={port}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
+
+
+def start_node(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+    exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")
+    with log.open("w") as out:  # files, not pipes: two processes at once must never block on a full pipe
+        return subprocess.Popen([exe, *args], cwd=cwd, env={**os.environ, **OFFLINE_ENV}, stdout=out, stderr=out)
+
+
+def wait_or_kill(process: subprocess.Popen, timeout: float) -> int | None:
+    """The exit code, or None after killing a process still running at `timeout` (its ranks die with it)."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        return None
+
+
+def test_every_node_derives_the_same_rendezvous_id_from_what_it_is_given(tmp_path):
+    run_dir = tmp_path / "run"
+    nodes = [compose_config(node_args(i, 29600, run_dir)) for i in (0, 1)]
+    ids = [launch_config(cfg, run_dir).run_id for cfg in nodes]
+    assert ids[0] == ids[1] == rendezvous_id(nodes[0].distributed, run_dir)
+    # another run directory or endpoint is another run, which must not join this one
+    assert launch_config(nodes[0], tmp_path / "other").run_id != ids[0]
+    assert launch_config(compose_config(node_args(0, 29601, run_dir)), run_dir).run_id != ids[0]
+    # named explicitly, it is taken as given (torchrun's --rdzv-id)
+    named = compose_config(node_args(1, 29600, run_dir, ["distributed.rdzv_id=exp1"]))
+    assert launch_config(named, run_dir).run_id == "exp1"
+
+
+def test_node_0_hosts_the_rendezvous_and_every_node_waits_the_join_timeout(tmp_path):
+    for rank in (0, 1):
+        cfg = compose_config(node_args(rank, 29600, tmp_path, ["distributed.rdzv_timeout_s=42"]))
+        config = launch_config(cfg, tmp_path)
+        assert config.rdzv_configs["join_timeout"] == 42 and config.rdzv_configs["is_host"] == (rank == 0)
+        assert (config.min_nodes, config.max_nodes, config.rdzv_endpoint) == (2, 2, "127.0.0.1:29600")
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_take_the_same_steps_as_one_process(tmp_path):
+    # Before the fix each node's launcher joined with its own random run id: both waited for each other forever.
+    single = run_setting(tmp_path, "single", [])
+    port, run_dir = free_port(), tmp_path / "nodes"  # one run directory, as on a shared file system
+    nodes = [start_node(node_args(i, port, run_dir), tmp_path, tmp_path / f"node{i}.log") for i in (0, 1)]
+    codes = [wait_or_kill(node, timeout=600) for node in nodes]
+    logs = [(tmp_path / f"node{i}.log").read_text()[-2000:] for i in (0, 1)]
+    assert codes == [0, 0], (codes, logs)
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]  # each step logged once, by the run's rank 0
+    for one, two in zip(single, rows, strict=True):
+        for key in COMPARED:
+            assert two[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), (one["step"], key)
+    assert any(r["train/grad_norm"] > 0 for r in single)  # the comparison is not of zeros
+
+
+@pytest.mark.slow
+def test_a_node_left_alone_stops_after_the_rendezvous_timeout_with_one_line(tmp_path):
+    port, run_dir = free_port(), tmp_path / "node0"
+    node = start_node(node_args(0, port, run_dir, ["distributed.rdzv_timeout_s=5"]), tmp_path, tmp_path / "node0.log")
+    code = wait_or_kill(node, timeout=300)
+    output = (tmp_path / "node0.log").read_text()
+    assert code == 2, output[-2000:]
+    (line,) = [text for text in output.splitlines() if text.startswith("grpo-run: ")]
+    assert line.startswith("grpo-run: error: node 0 of distributed.nnodes=2 waited 5 s at the rendezvous ")
+    assert f"127.0.0.1:{port}" in line and "for all 2 nodes to join" in line and "Traceback" not in output

@@ -116,6 +116,7 @@ class Decoder:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.config = hf_internals.base_model(model).config
         self.device = next(model.parameters()).device
+        self.cache_keyword = hf_internals.cache_keyword(model)
         self.static = hf_internals.can_compile_fullgraph(model)
         self.grouped_attention = (
             hf_internals.configured_attention(model) == "sdpa"
@@ -135,9 +136,9 @@ class Decoder:
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_keyword: cache},
         )
         return out.logits[:, -1]
 
@@ -168,6 +169,10 @@ class Decoder:
             cache = hf_internals.new_static_cache(self.config, rows, length, like)
         self._caches[key] = cache
         return cache
+
+    def forget_caches(self) -> None:
+        """Drop the static caches kept for reuse (their memory goes back)."""
+        self._caches.clear()
 
     def _decode_cache(self, prefix: Any, n: int, width: int, length: int) -> tuple[Any, bool]:
         """The cache the decode steps run on, holding the prefill's keys/values repeated to n rows per prompt.

@@ -599,6 +599,37 @@ def test_min_tokens_holds_eos_back(path):
     assert all(len(ids) >= 5 and EOS not in ids[:4] for ids in held.completion_ids)
 
 
+# (first, end): the stop string is the greedy text's characters first..end-1 (one token per character), so it is
+# completed by token `end`; with min_tokens=10, vLLM's rule (rollout.stopping) keeps it from ending the
+# completion unless it ends after the first 10 tokens' text, i.e. end > 10.
+STOP_CASES = {
+    "the first token": (0, 1, None),
+    "within, ending at token 9": (7, 9, None),
+    "ending where min_tokens ends": (8, 10, None),
+    "straddling the boundary": (8, 11, 11),
+    "after the boundary": (11, 13, 13),
+}
+
+
+@pytest.mark.parametrize("case", list(STOP_CASES))
+def test_a_stop_string_ends_a_completion_only_past_min_tokens_as_in_vllm(case, path):
+    first, end, expected = STOP_CASES[case]
+    engine = HFRolloutEngine(tiny_lm(), CharTokenizer())
+    settings = SamplingSettings(n=1, temperature=0.0, max_tokens=20, min_tokens=10)
+    free = engine.generate(PROMPTS[:1], settings).completion_ids[0]
+    assert len(free) == 20 and EOS not in free  # the greedy text runs to max_tokens without EOS
+    text = CharTokenizer().decode(free)
+    stop = text[first:end]
+    # The first occurrence is this one; one that cannot count has no later occurrence that would.
+    assert text.find(stop) == first and (expected is not None or text.count(stop) == 1)
+    no_minimum = engine.generate(PROMPTS[:1], replace(settings, min_tokens=0, stop=(stop,)))
+    assert no_minimum.completion_ids == [free[:end]]  # the stop string ends a completion without min_tokens
+    held = engine.generate(PROMPTS[:1], replace(settings, stop=(stop,)))
+    assert held.completion_ids == [free[: expected or 20]]
+    assert held.truncated == [expected is None]
+    assert_sampled_on(engine, path)
+
+
 # --- torch.compile ---------------------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
 from grpo_cli.rollout.decode import Decoder
 from grpo_cli.rollout.hf_generate import GenerateDecoder
 from grpo_cli.rollout.loop_check import CHECK_TOKENS, loop_disagreement
+from grpo_cli.rollout.stopping import stop_length
 
 log = logging.getLogger(__name__)
 _LOGGED: set[str] = set()  # each line once per process (training and evaluation engines share it)
@@ -49,8 +50,11 @@ def make_decoder(
     return GenerateDecoder(model, tokenizer, eos_ids)
 
 
-def cut_completion(ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer) -> tuple[list[int], bool]:
-    """Cut sampled ids after the first EOS token or the first completed stop string (both kept).
+def cut_completion(
+    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer, min_tokens: int = 0
+) -> tuple[list[int], bool]:
+    """Cut sampled ids after the first EOS token or the first completed stop string (both kept); a stop string
+    counts only where it ends after the first `min_tokens` ids' text (vLLM's rule, `rollout.stopping`).
 
     Returns (ids, finished); finished is False when neither occurred (the completion was truncated).
     Whatever a row sampled after its end (the batch decodes on until every row has ended) is dropped here.
@@ -61,20 +65,9 @@ def cut_completion(ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tok
             break
     else:
         eos_at = None
-    if stop:
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        if any(s in text for s in stop):
-            # Decoded text grows with the prefix, so the shortest prefix holding a stop string is found by
-            # bisection instead of decoding every prefix.
-            lo, hi = 1, len(ids)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                prefix = tokenizer.decode(ids[:mid], skip_special_tokens=False)
-                if any(s in prefix for s in stop):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return ids[:lo], True
+    length = stop_length(tokenizer, ids, stop, min_tokens)
+    if length is not None:
+        return ids[:length], True
     return ids, eos_at is not None
 
 
@@ -150,7 +143,7 @@ class HFRolloutEngine:
         sampled = self.decoder.sample(prompt_ids, settings)
         batch = RolloutBatch([], [], [], [], sampler_log_probs=[])
         for row, (ids, log_probs) in enumerate(zip(sampled.token_ids, sampled.log_probs, strict=True)):
-            ids, finished = cut_completion(ids, self.eos_ids, settings.stop, self.tokenizer)
+            ids, finished = cut_completion(ids, self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens)
             batch.prompt_ids.append(prompt_ids[row // settings.n])
             batch.completion_ids.append(ids)
             batch.sampler_log_probs.append(log_probs[: len(ids)])

@@ -261,6 +261,7 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "importance_threshold": 2.0,
         "importance_threshold_low": None,
         "compile": "auto",
+        "decoder": "auto",
     }
     assert printed["loss"] == {
         "type": "reinforce_with_baseline",
@@ -282,7 +283,9 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
 
 def test_group_choices_keep_their_values():
     vllm = compose_config(["rollout=vllm"]).rollout
-    sampling_keys = {key: value for key, value in dataclasses.asdict(HFRolloutConfig()).items() if key != "compile"}
+    sampling_keys = {
+        key: value for key, value in dataclasses.asdict(HFRolloutConfig()).items() if key not in ("compile", "decoder")
+    }
     assert dataclasses.asdict(vllm) == {
         **sampling_keys,
         "engine": "vllm",

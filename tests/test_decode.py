@@ -1,8 +1,14 @@
 """The transformers engine's decode loop, its generate() fallback and the project's sampling function
 (rollout/decode.py, rollout/hf_generate.py, rollout/hf_internals.py, rollout/sampling.py).
 
-Tests marked with the `path` fixture run twice: on the decode loop and on the generate() fallback.
+Tests marked with the `path` fixture run twice: on the decode loop and on the generate() fallback. Where the loop
+does not run (its check against generate() fails on the installed transformers, `rollout.loop_check`), the loop
+runs are skipped with the reason, which is a pass for an install the project does not pin (.ci/readme_install);
+GRPO_CLI_REQUIRE_DECODE_LOOP=1 (set by .ci/run, whose install pins a release the loop is tested on) turns those
+skips into failures, so the loop cannot stop running there unnoticed.
 
+- the loop is checked against generate() on the loaded model before it samples; where it disagrees (broken the
+  ways a transformers release could break it) or fails, the engine samples through generate() and says so once;
 - greedy decoding gives generate()'s tokens on every path (static cache with grouped attention, static cache with
   transformers' attention, the fallback), for each architecture the loop accepts (one tiny random model each,
   also under LoRA); the others go to the fallback, which gives generate()'s tokens too;
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -27,7 +34,7 @@ import transformers
 from transformers import GenerationConfig
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
-from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, hf, hf_internals
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, hf, hf_internals, loop_check
 from grpo_cli.rollout.decode import CACHE_BUCKET, SKINNY_ROWS, Decoder, SkinnyLinear, left_pad
 from grpo_cli.rollout.hf import cut_completion
 from grpo_cli.rollout.hf_generate import GenerateDecoder
@@ -83,9 +90,11 @@ def tiny_lm(architecture: str = "llama", attn_implementation: str = "sdpa", std:
         attn_implementation=attn_implementation,
     )
     if architecture == "gemma2":  # sliding-window layers and logit soft-capping
-        model = transformers.Gemma2ForCausalLM(
-            transformers.Gemma2Config(**common, sliding_window=16, query_pre_attn_scalar=8)
+        # eager: transformers >= 5.21 refuses sdpa for Gemma 2 (what it picks by itself on a checkpoint).
+        config = transformers.Gemma2Config(
+            **common | {"attn_implementation": "eager"}, sliding_window=16, query_pre_attn_scalar=8
         )
+        model = transformers.Gemma2ForCausalLM(config)
     elif architecture in ("qwen2", "qwen2-sliding"):
         sliding = dict(use_sliding_window=True, sliding_window=6, max_window_layers=0)
         model = transformers.Qwen2ForCausalLM(
@@ -128,6 +137,9 @@ def with_lora(model: torch.nn.Module) -> torch.nn.Module:
     return wrapped.eval()
 
 
+REQUIRE_LOOP = os.environ.get("GRPO_CLI_REQUIRE_DECODE_LOOP") == "1"
+
+
 @pytest.fixture(params=["loop", "generate"])
 def path(request, monkeypatch) -> str:
     """Runs a test on the decode loop and on the generate() fallback (forced as an unsupported transformers)."""
@@ -138,13 +150,32 @@ def path(request, monkeypatch) -> str:
     return request.param
 
 
+def loop_not_running(problem: str) -> None:
+    """Skip a loop test where the loop does not run here (a failure where the install must run it)."""
+    message = f"the decode loop does not run here: {problem}"
+    if REQUIRE_LOOP:
+        pytest.fail(f"{message} (GRPO_CLI_REQUIRE_DECODE_LOOP=1)")
+    pytest.skip(message)
+
+
 def skip_without_the_loop() -> None:
-    if (problem := hf_internals.fast_path_problem(tiny_lm(), torch.device("cpu"))) is not None:
-        pytest.skip(f"the decode loop does not run here: {problem}")
+    model = tiny_lm()
+    problem = hf_internals.fast_path_problem(model, torch.device("cpu"))
+    if problem is None:
+        problem = loop_check.loop_disagreement(Decoder(model, CharTokenizer(), {EOS}), model, PROMPTS)
+    if problem is not None:
+        loop_not_running(problem)
 
 
 def decoder_path(engine: HFRolloutEngine) -> str:
     return "loop" if isinstance(engine.decoder, Decoder) else "generate"
+
+
+def assert_sampled_on(engine: HFRolloutEngine, path: str) -> None:
+    """After a call: the engine sampled on `path` (a loop whose check failed on this model skips, as above)."""
+    if path == "loop" and engine.loop_problem is not None:
+        loop_not_running(engine.loop_problem)
+    assert decoder_path(engine) == path
 
 
 PROMPTS = [[2, 40, 41, 42], [2, 50, 51, 52, 53, 54, 55, 56, 57], [2, 60], [2, 70, 71, 72, 73, 74]]
@@ -188,6 +219,7 @@ def test_greedy_tokens_are_generates_on_both_paths(architecture, lora, path):
     if path == "loop":
         assert engine.decoder.static and engine.decoder.grouped_attention
     assert_greedy_parity(model, engine)
+    assert_sampled_on(engine, path)
 
 
 def test_greedy_tokens_are_generates_with_transformers_own_attention(path):
@@ -196,6 +228,7 @@ def test_greedy_tokens_are_generates_with_transformers_own_attention(path):
     if path == "loop":
         assert engine.decoder.static and not engine.decoder.grouped_attention
     assert_greedy_parity(model, engine)
+    assert_sampled_on(engine, path)
 
 
 @pytest.mark.parametrize("architecture", FALLBACK_ARCHITECTURES)
@@ -208,9 +241,9 @@ def test_architectures_the_loop_was_not_checked_on_sample_through_generate(archi
     assert ours == reference_greedy(model, PROMPTS, 20)
 
 
-def test_an_unsupported_transformers_release_means_generate_and_one_log_line(monkeypatch, caplog):
+def test_a_transformers_older_than_the_loops_floor_means_generate_and_one_log_line(monkeypatch, caplog):
     monkeypatch.setattr(transformers, "__version__", "4.57.1")
-    monkeypatch.setattr(hf, "_FALLBACKS_LOGGED", set())
+    monkeypatch.setattr(hf, "_LOGGED", set())
     problem = hf_internals.fast_path_problem(tiny_lm(), torch.device("cpu"))
     assert problem is not None and "4.57.1" in problem
     with caplog.at_level(logging.WARNING):
@@ -218,6 +251,132 @@ def test_an_unsupported_transformers_release_means_generate_and_one_log_line(mon
     assert all(decoder_path(engine) == "generate" for engine in engines)
     lines = [r.getMessage() for r in caplog.records if "generate()" in r.getMessage()]
     assert len(lines) == 1 and "transformers 4.57.1" in lines[0]
+
+
+def test_a_newer_transformers_release_is_checked_on_the_model_not_refused_by_version(monkeypatch, caplog):
+    skip_without_the_loop()
+    monkeypatch.setattr(transformers, "__version__", "9.0.0")  # a release after every one the tests ran on
+    monkeypatch.setattr(hf, "_LOGGED", set())
+    assert hf_internals.fast_path_problem(tiny_lm(), torch.device("cpu")) is None
+    engine = HFRolloutEngine(tiny_lm(), CharTokenizer())
+    with caplog.at_level(logging.INFO):
+        assert_greedy_parity(engine.model, engine)
+        engine.generate(PROMPTS, SamplingSettings(n=2, temperature=1.0, max_tokens=6))
+    assert decoder_path(engine) == "loop" and engine.loop_problem is None
+    lines = [r.getMessage() for r in caplog.records if r.name == hf.log.name]
+    assert lines == [
+        "rollout: sampling with the decode loop (its first 8 greedy tokens on this model equal "
+        "generate()'s under transformers 9.0.0)"
+    ]
+
+
+def shift_decode_positions(monkeypatch) -> None:
+    """The decode steps see positions one too far (a release reading position ids differently would do this)."""
+    step = Decoder._decode_step
+    monkeypatch.setattr(
+        Decoder, "_decode_step", lambda self, ids, positions, mask, cache: step(self, ids, positions + 1, mask, cache)
+    )
+
+
+def cache_off_by_one(monkeypatch) -> None:
+    """The static cache's fill count one short: the first decode step overwrites the last prompt position's keys
+    (a release counting cache positions differently would do this)."""
+    copy = hf_internals.copy_prefill_into_static
+
+    def shifted(static, prefix, n, width):
+        copied = copy(static, prefix, n, width)
+        for layer in static.layers:
+            layer.cumulative_length.fill_(width - 1)
+        return copied
+
+    monkeypatch.setattr(hf_internals, "copy_prefill_into_static", shifted)
+
+
+def cache_argument_ignored(monkeypatch) -> None:
+    """The decode steps pass the cache under a keyword the model does not read (what a renamed keyword becomes
+    once the old name's deprecation period is over)."""
+    monkeypatch.setattr(hf_internals, "cache_keyword", lambda model: "kv_cache_that_was_renamed")
+
+
+def internal_removed(monkeypatch) -> None:
+    def missing(*args, **kwargs):
+        raise AttributeError("'StaticCache' object has no attribute 'early_initialization'")
+
+    monkeypatch.setattr(hf_internals, "new_static_cache", missing)
+
+
+BREAKAGES = {
+    "positions": shift_decode_positions,
+    "cache_off_by_one": cache_off_by_one,
+    "cache_argument": cache_argument_ignored,
+    "internal_removed": internal_removed,
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_a_loop_that_disagrees_with_generate_is_not_used_and_says_so_once(breakage, monkeypatch, caplog):
+    skip_without_the_loop()
+    monkeypatch.setattr(hf, "_LOGGED", set())
+    BREAKAGES[breakage](monkeypatch)
+    model = tiny_lm()
+    with caplog.at_level(logging.WARNING):
+        engines = [HFRolloutEngine(model, CharTokenizer()) for _ in range(2)]  # training and evaluation
+        for engine in engines:
+            ours = [engine.generate(PROMPTS, SamplingSettings(temperature=0.0, max_tokens=20)) for _ in range(2)]
+            assert decoder_path(engine) == "generate" and engine.loop_problem is not None
+            assert all(batch.completion_ids == reference_greedy(model, PROMPTS, 20) for batch in ours)
+    lines = [r.getMessage() for r in caplog.records if r.name == hf.log.name]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rollout: the decode loop") and "transformers " + transformers.__version__ in lines[0]
+    assert lines[0].endswith("sampling with transformers' generate() instead (same samples, slower)")
+
+
+def test_under_bf16_autocast_the_loop_is_also_checked_in_full_precision(monkeypatch):
+    """bf16 rounding hides a subtle error from a comparison in bf16; the full-precision one on the same path
+    (the dynamic cache, which autocast takes) does not."""
+    skip_without_the_loop()
+    model = tiny_lm(std=0.3)  # flat enough that shifted positions stay below bf16's tolerance
+    greedy = SamplingSettings(temperature=0.0, max_tokens=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        healthy = HFRolloutEngine(model, CharTokenizer())
+        healthy.generate(PROMPTS, greedy)
+        assert decoder_path(healthy) == "loop"
+        shift_decode_positions(monkeypatch)
+        assert loop_check._compare(healthy.decoder, model, PROMPTS, loop_check.TOLERANCE_HALF, static=True) is None
+        broken = HFRolloutEngine(model, CharTokenizer())
+        broken.generate(PROMPTS, greedy)
+    assert decoder_path(broken) == "generate" and "log-probs" in broken.loop_problem
+
+
+def test_the_check_tolerates_a_near_tie_and_nothing_else():
+    eos = {EOS}
+    reference = torch.tensor([[5, 6, 7]])
+    log_softmax = torch.full((1, 3, 8), -10.0)
+    log_softmax[0, 0, 5], log_softmax[0, 1, 6], log_softmax[0, 2, 7] = -0.1, -0.5, -0.2
+    log_softmax[0, 1, 3] = -0.5 - 1e-4  # token 3 nearly ties with token 6 at step 1
+    same = ([[5, 6, 7]], [[-0.1, -0.5, -0.2]])
+    assert loop_check.first_disagreement(*same, reference, log_softmax, eos, 1e-3) is None
+    near_tie = ([[5, 3, 1]], [[-0.1, -0.5 - 1e-4, -9.0]])  # diverges after the tie: not compared
+    assert loop_check.first_disagreement(*near_tie, reference, log_softmax, eos, 1e-3) is None
+    assert "picked 4" in loop_check.first_disagreement(
+        [[5, 4, 7]], [[-0.1, -10.0, -0.2]], reference, log_softmax, eos, 1e-3
+    )
+    assert "log-probs 0.01" in loop_check.first_disagreement(
+        [[5, 6, 7]], [[-0.1, -0.51, -0.2]], reference, log_softmax, eos, 1e-3
+    )
+    ended = torch.tensor([[5, EOS, PAD]])  # generate() pads a row after its EOS; the loop samples on
+    log_softmax[0, 1, EOS] = -0.01
+    assert loop_check.first_disagreement([[5, EOS, 9]], [[-0.1, -0.01, -3.0]], ended, log_softmax, eos, 1e-3) is None
+
+
+def test_rollout_decoder_generate_samples_through_generate(monkeypatch, caplog):
+    monkeypatch.setattr(hf, "_LOGGED", set())
+    with caplog.at_level(logging.INFO):
+        engine = HFRolloutEngine(tiny_lm(), CharTokenizer(), decoder="generate")
+        assert_greedy_parity(engine.model, engine)
+    assert decoder_path(engine) == "generate" and engine.loop_problem is None
+    lines = [r.getMessage() for r in caplog.records if r.name == hf.log.name]
+    assert lines == ["rollout: sampling with transformers' generate() (rollout.decoder=generate)"]
 
 
 def test_quantized_layers_and_other_adapters_go_to_generate():
@@ -297,6 +456,7 @@ def test_prompts_of_other_lengths_reuse_one_cache(path):
     greedy = SamplingSettings(n=2, temperature=0.0, max_tokens=8)
     engine.generate(PROMPTS[:2], greedy)
     engine.generate([[2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [2, 9]], greedy)
+    assert_sampled_on(engine, path)
     assert len(engine.decoder._caches) == 1
     (rows, length, *_rest) = next(iter(engine.decoder._caches))
     assert rows == 4 and length == CACHE_BUCKET
@@ -437,6 +597,37 @@ def test_min_tokens_holds_eos_back(path):
     held = engine.generate(PROMPTS, SamplingSettings(n=2, temperature=1.0, max_tokens=12, min_tokens=5, seed=1))
     assert min(len(ids) for ids in free) < 5
     assert all(len(ids) >= 5 and EOS not in ids[:4] for ids in held.completion_ids)
+
+
+# (first, end): the stop string is the greedy text's characters first..end-1 (one token per character), so it is
+# completed by token `end`; with min_tokens=10, vLLM's rule (rollout.stopping) keeps it from ending the
+# completion unless it ends after the first 10 tokens' text, i.e. end > 10.
+STOP_CASES = {
+    "the first token": (0, 1, None),
+    "within, ending at token 9": (7, 9, None),
+    "ending where min_tokens ends": (8, 10, None),
+    "straddling the boundary": (8, 11, 11),
+    "after the boundary": (11, 13, 13),
+}
+
+
+@pytest.mark.parametrize("case", list(STOP_CASES))
+def test_a_stop_string_ends_a_completion_only_past_min_tokens_as_in_vllm(case, path):
+    first, end, expected = STOP_CASES[case]
+    engine = HFRolloutEngine(tiny_lm(), CharTokenizer())
+    settings = SamplingSettings(n=1, temperature=0.0, max_tokens=20, min_tokens=10)
+    free = engine.generate(PROMPTS[:1], settings).completion_ids[0]
+    assert len(free) == 20 and EOS not in free  # the greedy text runs to max_tokens without EOS
+    text = CharTokenizer().decode(free)
+    stop = text[first:end]
+    # The first occurrence is this one; one that cannot count has no later occurrence that would.
+    assert text.find(stop) == first and (expected is not None or text.count(stop) == 1)
+    no_minimum = engine.generate(PROMPTS[:1], replace(settings, min_tokens=0, stop=(stop,)))
+    assert no_minimum.completion_ids == [free[:end]]  # the stop string ends a completion without min_tokens
+    held = engine.generate(PROMPTS[:1], replace(settings, stop=(stop,)))
+    assert held.completion_ids == [free[: expected or 20]]
+    assert held.truncated == [expected is None]
+    assert_sampled_on(engine, path)
 
 
 # --- torch.compile ---------------------------------------------------------------------------------------------

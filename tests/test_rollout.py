@@ -45,6 +45,51 @@ def test_no_eos_no_stop_is_truncated():
     assert out == ids("abc") and not finished
 
 
+# vLLM's rule (grpo_cli/rollout/stopping.py): a stop string counts only where it ends after the text of the first
+# min_tokens tokens. One token per character here, so "ends after" is "ends at token min_tokens + 1 or later".
+
+
+def test_a_stop_string_within_the_first_min_tokens_never_counts():
+    tok = CharTokenizer()
+    out, finished = cut_completion(ids("ab</answer>cdefgh"), {0}, ("</answer>",), tok, min_tokens=11)
+    assert out == ids("ab</answer>cdefgh") and not finished  # it ends at token 11: within, and not later either
+    out, _ = cut_completion(ids("ab</answer>cdefgh"), {0}, ("</answer>",), tok, min_tokens=10)
+    assert tok.decode(out) == "ab</answer>"  # one token fewer held: it ends at token 11, after
+
+
+def test_a_stop_string_straddling_min_tokens_counts_where_it_ends():
+    tok = CharTokenizer()
+    out, finished = cut_completion(ids("abcdefgh</answer>xyz"), {0}, ("</answer>",), tok, min_tokens=10)
+    assert tok.decode(out) == "abcdefgh</answer>" and finished  # begun at token 9, ended at token 17
+
+
+def test_the_first_stop_string_that_counts_cuts():
+    tok = CharTokenizer()
+    text = "</answer>abc</answer>z"
+    assert tok.decode(cut_completion(ids(text), {0}, ("</answer>",), tok, min_tokens=8)[0]) == "</answer>"
+    assert tok.decode(cut_completion(ids(text), {0}, ("</answer>",), tok, min_tokens=9)[0]) == "</answer>abc</answer>"
+
+
+class PieceTokenizer:
+    """Ids of byte strings, some of them part of a character, decoded as a byte-level tokenizer does (U+FFFD for
+    an incomplete character)."""
+
+    eos_token_id, pad_token_id = 0, 0
+    pieces = {0: b"", 1: b"x", 2: b" \xf0", 3: b"\x9f\x98", 4: b"\x80", 5: b"y"}  # "x", " 😀" in three ids, "y"
+
+    def decode(self, ids, skip_special_tokens=False):
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_is_completed_where_an_incremental_detokenizer_shows_it():
+    """vLLM's detokenizer shows " 😀" only once its last byte is there: a stop string " " ends at the 4th id."""
+    tok = PieceTokenizer()
+    assert tok.decode([1, 2]) == "x \ufffd"
+    assert cut_completion([1, 2, 3, 4, 5], {0}, (" ",), tok)[0] == [1, 2, 3, 4]
+    # The first 2 ids have shown "x" only, so " " ends after them, and counts.
+    assert cut_completion([1, 2, 3, 4, 5], {0}, (" ",), tok, min_tokens=2)[0] == [1, 2, 3, 4]
+
+
 @pytest.fixture(scope="module")
 def tiny():
     from grpo_cli.models import TINY_RANDOM, load_policy

@@ -176,6 +176,77 @@ def test_smollm2_greedy_parity_with_stop_strings(smollm2):
 
 @needs_vllm
 @pytest.mark.vllm
+def test_a_stop_string_ends_a_completion_only_past_min_tokens_on_both_engines():
+    """The tiny random model's greedy text is newlines only, so with min_tokens=10 vLLM's rule is plain to see:
+    "\\n" first counts as the 11th token; "\\n\\n\\n" straddling the boundary (begun in the first 10 tokens) counts
+    at the 11th too, not at the 13th (where one begun after the boundary would end), nor at the 3rd (where the
+    first one ends)."""
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    engine = start_engine(model, tokenizer)
+    hf_engine = HFRolloutEngine(model, tokenizer)
+    try:
+        prompts = chat_prompts(tokenizer)
+        greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=16, min_tokens=16)
+        assert all(text == "\n" * 16 for text in hf_engine.generate(prompts, greedy).texts)
+        for stop, without_minimum, with_minimum in (("\n", 1, 11), ("\n\n\n", 3, 11)):
+            for min_tokens, expected in ((0, without_minimum), (10, with_minimum)):
+                settings = SamplingSettings(n=1, temperature=0.0, max_tokens=16, min_tokens=min_tokens, stop=(stop,))
+                for batch in (engine.generate(prompts, settings), hf_engine.generate(prompts, settings)):
+                    assert [len(ids) for ids in batch.completion_ids] == [expected] * 4, (stop, min_tokens)
+                    assert batch.texts == ["\n" * expected] * 4 and batch.truncated == [False] * 4
+    finally:
+        engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_the_stop_rule_is_vllms_own_detokenizers():
+    """cut_completion (every engine's cut) against vLLM's incremental detokenizer fed one token at a time, on
+    SmolLM2's byte-level tokenizer, with the engine's detokenizer settings: every min_tokens, every 1- and
+    3-character stop string of a text with multi-byte characters (whose ids vLLM holds back until the character
+    is complete) and a special token."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+    from grpo_cli.rollout.hf import cut_completion
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    _, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    text = "Done 😀 here </answer><|im_end|> and </answer>, café 日本 ok."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt = tokenizer.encode("Q: hi", add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # its sampling parameters only, no engine
+    engine.eos_ids = {tokenizer.eos_token_id}
+    engine_params = engine._sampling_params(SamplingSettings(stop=("x",)), seed=0)
+
+    def vllm_cut(stop: str, min_tokens: int) -> list[int]:
+        params = SamplingParams(
+            stop=[stop],
+            min_tokens=min_tokens,
+            max_tokens=len(ids),
+            **{key: getattr(engine_params, key) for key in ("include_stop_str_in_output", "skip_special_tokens")},
+        )
+        request = SimpleNamespace(request_id="0", prompt_token_ids=prompt, sampling_params=params)
+        detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
+        for count, token in enumerate(ids, start=1):
+            if detokenizer.update([token], stop_terminated=False) is not None:
+                return ids[:count]
+        return ids
+
+    cases = 0
+    for min_tokens in range(len(ids) + 1):
+        for stop in {text[start : start + length] for start in range(len(text)) for length in (1, 3)}:
+            ours, _ = cut_completion(ids, set(), (stop,), tokenizer, min_tokens)
+            assert ours == vllm_cut(stop, min_tokens), (stop, min_tokens)
+            cases += 1
+    assert cases > 1000
+
+
+@needs_vllm
+@pytest.mark.vllm
 def test_smollm2_weight_sync_after_a_large_learning_rate_step(smollm2):
     model, tokenizer = smollm2
     model = _copy(model)

@@ -186,6 +186,10 @@ class HFRolloutConfig(SamplingConfig):
     # torch.compile the decode step: auto = on CUDA only (on the measured 2-core CPU it was no faster and took
     # minutes to compile; docs/performance.md).
     compile: str = choice("auto", ("auto", "always", "never"))
+    # auto: the decode loop where it supports the model and its first greedy tokens on it equal generate()'s
+    # (checked at the first rollout; otherwise generate(), said in one line) | generate: always transformers'
+    # generate() with the same sampling (slower; to compare the two paths).
+    decoder: str = choice("auto", ("auto", "generate"))
 
 
 @dataclass

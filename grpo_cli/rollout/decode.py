@@ -9,8 +9,9 @@ What transformers' generate() did per token and this loop does not:
 - a KV cache that grows by concatenation (a copy of every layer's keys and values per token): here a static cache
   (`transformers.StaticCache`) sized once per (rows, length bucket) and reused across calls;
 - logits processors, stopping criteria and stop-string matching every token: EOS is checked on the sampled ids,
-  stop strings every STOP_CHECK_EVERY tokens (the completion is cut at its first stop string afterwards anyway,
-  `rollout.hf.cut_completion`, so checking late only decodes a few tokens more);
+  stop strings (those that count past min_tokens, `rollout.stopping`) every STOP_CHECK_EVERY tokens (the
+  completion is cut at its first such stop string afterwards anyway, `rollout.hf.cut_completion`, so checking
+  late only decodes a few tokens more);
 - a prefill per completion: each distinct prompt is prefilled once and its keys/values copied to its n rows;
 - GQA keys/values repeated to every query head in every layer (transformers' sdpa path copies the whole cache
   twice per layer per token): for supported architectures `decode_attention` attends with the query heads
@@ -37,6 +38,7 @@ import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_internals import SKINNY_ROWS, SkinnyLinear  # noqa: F401 - re-exported (job=benchmark)
 from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_
+from grpo_cli.rollout.stopping import stopped
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class Decoder:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.config = hf_internals.base_model(model).config
         self.device = next(model.parameters()).device
+        self.cache_keyword = hf_internals.cache_keyword(model)
         self.static = hf_internals.can_compile_fullgraph(model)
         self.grouped_attention = (
             hf_internals.configured_attention(model) == "sdpa"
@@ -135,9 +138,9 @@ class Decoder:
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_keyword: cache},
         )
         return out.logits[:, -1]
 
@@ -168,6 +171,10 @@ class Decoder:
             cache = hf_internals.new_static_cache(self.config, rows, length, like)
         self._caches[key] = cache
         return cache
+
+    def forget_caches(self) -> None:
+        """Drop the static caches kept for reuse (their memory goes back)."""
+        self._caches.clear()
 
     def _decode_cache(self, prefix: Any, n: int, width: int, length: int) -> tuple[Any, bool]:
         """The cache the decode steps run on, holding the prefill's keys/values repeated to n rows per prompt.
@@ -231,7 +238,7 @@ class Decoder:
                 ended |= torch.isin(next_tokens, eos)
                 steps = step + 1
                 if settings.stop and (steps % STOP_CHECK_EVERY == 0 or steps == max_tokens):
-                    ended |= self._stopped(tokens[:, :steps], ended, settings.stop)
+                    ended |= self._stopped(tokens[:, :steps], ended, settings.stop, settings.min_tokens)
                 self.timings.sampling_s += time.perf_counter() - sampled_at
                 if steps == max_tokens or bool(ended.all()):
                     break
@@ -259,10 +266,11 @@ class Decoder:
         mask[:, :width] = prompt_mask
         return mask
 
-    def _stopped(self, tokens: torch.Tensor, ended: torch.Tensor, stop: tuple[str, ...]) -> torch.Tensor:
-        """(B,) True for rows not yet ended whose text holds a stop string."""
+    def _stopped(
+        self, tokens: torch.Tensor, ended: torch.Tensor, stop: tuple[str, ...], min_tokens: int
+    ) -> torch.Tensor:
+        """(B,) True for rows not yet ended whose text holds a stop string that counts (`rollout.stopping`)."""
         hit = torch.zeros_like(ended)
         for row in (~ended).nonzero().flatten().tolist():
-            text = self.tokenizer.decode(tokens[row].tolist(), skip_special_tokens=False)
-            hit[row] = any(s in text for s in stop)
+            hit[row] = stopped(self.tokenizer, tokens[row].tolist(), stop, min_tokens)
         return hit

@@ -14,4 +14,6 @@ def build_rollout_engine(cfg: Any, model: Any, tokenizer: Any) -> RolloutEngine:
         from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine  # vLLM is an optional extra
 
         return VLLMRolloutEngine.from_config(cfg, model, tokenizer)
-    return HFRolloutEngine(model, tokenizer, cfg.rollout.max_batch_prompts, compile=cfg.rollout.compile)
+    return HFRolloutEngine(
+        model, tokenizer, cfg.rollout.max_batch_prompts, compile=cfg.rollout.compile, decoder=cfg.rollout.decoder
+    )

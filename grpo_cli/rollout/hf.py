@@ -1,6 +1,7 @@
 """Rollouts on the policy model itself (so there are no weights to sync): by the decode loop of `rollout.decode`
-where `rollout.hf_internals` supports the model and the installed transformers, else by `model.generate` with the
-same sampling (`rollout.hf_generate`), said in one log line."""
+where `rollout.hf_internals` supports the model and the loop's greedy tokens on it equal generate()'s
+(`rollout.loop_check`, at the engine's first call), else by `model.generate` with the same sampling
+(`rollout.hf_generate`), said in one log line."""
 
 from __future__ import annotations
 
@@ -13,25 +14,47 @@ import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
 from grpo_cli.rollout.decode import Decoder
 from grpo_cli.rollout.hf_generate import GenerateDecoder
+from grpo_cli.rollout.loop_check import CHECK_TOKENS, loop_disagreement
+from grpo_cli.rollout.stopping import stop_length
 
 log = logging.getLogger(__name__)
-_FALLBACKS_LOGGED: set[str] = set()  # each reason once per process (training and evaluation engines share it)
+_LOGGED: set[str] = set()  # each line once per process (training and evaluation engines share it)
 
 
-def make_decoder(model, tokenizer, eos_ids: set[int], compile: str = "auto") -> Decoder | GenerateDecoder:
-    """The decode loop where it supports `model` here, else generate() with the loop's sampling (one log line)."""
+def _log_once(level: int, message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.log(level, message)
+
+
+def fall_back(problem: str) -> None:
+    """The one line that says the engine samples through generate(), and why."""
+    _log_once(
+        logging.WARNING, f"rollout: {problem}; sampling with transformers' generate() instead (same samples, slower)"
+    )
+
+
+def make_decoder(
+    model, tokenizer, eos_ids: set[int], compile: str = "auto", decoder: str = "auto"
+) -> Decoder | GenerateDecoder:
+    """The decode loop where it may run `model` here (not yet checked against generate(): the engine does that at
+    its first call), else generate() with the loop's sampling (one log line). decoder="generate": generate()."""
+    if decoder == "generate":
+        _log_once(logging.INFO, "rollout: sampling with transformers' generate() (rollout.decoder=generate)")
+        return GenerateDecoder(model, tokenizer, eos_ids)
     device = next(model.parameters()).device
     problem = hf_internals.fast_path_problem(model, device)
     if problem is None:
         return Decoder(model, tokenizer, eos_ids, compile_setting=compile)
-    if problem not in _FALLBACKS_LOGGED:
-        _FALLBACKS_LOGGED.add(problem)
-        log.warning("rollout: %s; sampling with transformers' generate() instead (same samples, slower)", problem)
+    fall_back(problem)
     return GenerateDecoder(model, tokenizer, eos_ids)
 
 
-def cut_completion(ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer) -> tuple[list[int], bool]:
-    """Cut sampled ids after the first EOS token or the first completed stop string (both kept).
+def cut_completion(
+    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer, min_tokens: int = 0
+) -> tuple[list[int], bool]:
+    """Cut sampled ids after the first EOS token or the first completed stop string (both kept); a stop string
+    counts only where it ends after the first `min_tokens` ids' text (vLLM's rule, `rollout.stopping`).
 
     Returns (ids, finished); finished is False when neither occurred (the completion was truncated).
     Whatever a row sampled after its end (the batch decodes on until every row has ended) is dropped here.
@@ -42,20 +65,9 @@ def cut_completion(ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tok
             break
     else:
         eos_at = None
-    if stop:
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        if any(s in text for s in stop):
-            # Decoded text grows with the prefix, so the shortest prefix holding a stop string is found by
-            # bisection instead of decoding every prefix.
-            lo, hi = 1, len(ids)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                prefix = tokenizer.decode(ids[:mid], skip_special_tokens=False)
-                if any(s in prefix for s in stop):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return ids[:lo], True
+    length = stop_length(tokenizer, ids, stop, min_tokens)
+    if length is not None:
+        return ids[:length], True
     return ids, eos_at is not None
 
 
@@ -64,7 +76,14 @@ class HFRolloutEngine:
     prompt from one prefill) or its generate() fallback, each completion from its own random stream
     (`rollout.sampling`), with the sampler's log-prob of every sampled token."""
 
-    def __init__(self, model, tokenizer, max_batch_prompts: int | None = None, compile: str = "auto") -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_batch_prompts: int | None = None,
+        compile: str = "auto",
+        decoder: str = "auto",
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_prompts = max_batch_prompts
@@ -73,7 +92,10 @@ class HFRolloutEngine:
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
         # Sampling reads SamplingSettings alone: nothing of the checkpoint's generation_config (repetition_penalty,
         # top_k, ...) reaches the loop, so completions come from the distribution the trainer scores.
-        self.decoder = make_decoder(model, tokenizer, self.eos_ids, compile=compile)
+        self.decoder = make_decoder(model, tokenizer, self.eos_ids, compile=compile, decoder=decoder)
+        # Why the loop does not sample here, once its check has run (None: it does, or has not been checked yet).
+        self.loop_problem: str | None = None
+        self._loop_checked = False
 
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         return {"time/sync_s": 0.0}  # the loop runs on the trained model itself
@@ -89,6 +111,8 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
+            if isinstance(self.decoder, Decoder) and not self._loop_checked:
+                self._check_loop(prompt_ids[:chunk])
             for start in range(0, len(prompt_ids), chunk):
                 # Each completion's stream depends on its prompt's index in the step, so chunks change nothing.
                 part_settings = replace(settings, first_prompt_index=settings.first_prompt_index + start)
@@ -99,11 +123,27 @@ class HFRolloutEngine:
             self.model.train(was_training)
         return out
 
+    def _check_loop(self, prompt_ids: list[list[int]]) -> None:
+        """Keep the decode loop only if it agrees with generate() on this model, these prompts, in this context."""
+        self._loop_checked = True
+        problem = loop_disagreement(self.decoder, self.model, prompt_ids)
+        if problem is None:
+            version = hf_internals.transformers_version()
+            _log_once(
+                logging.INFO,
+                f"rollout: sampling with the decode loop (its first {CHECK_TOKENS} greedy tokens on this model "
+                f"equal generate()'s under transformers {version})",
+            )
+            return
+        self.loop_problem = f"{problem} under transformers {hf_internals.transformers_version()}"
+        fall_back(self.loop_problem)
+        self.decoder = GenerateDecoder(self.model, self.tokenizer, self.eos_ids)
+
     def _generate_chunk(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
         sampled = self.decoder.sample(prompt_ids, settings)
         batch = RolloutBatch([], [], [], [], sampler_log_probs=[])
         for row, (ids, log_probs) in enumerate(zip(sampled.token_ids, sampled.log_probs, strict=True)):
-            ids, finished = cut_completion(ids, self.eos_ids, settings.stop, self.tokenizer)
+            ids, finished = cut_completion(ids, self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens)
             batch.prompt_ids.append(prompt_ids[row // settings.n])
             batch.completion_ids.append(ids)
             batch.sampler_log_probs.append(log_probs[: len(ids)])

@@ -9,8 +9,9 @@ here, never a crash. The samples are the decode loop's, not generate()'s own sam
   sampling function (`rollout.sampling`: temperature, top-p, min_tokens holding EOS back, row r from its own
   generator seeded by (seed, prompt index, completion index)) and forces it (every other logit -inf), and generate
   runs greedy, so it takes exactly that token;
-- EOS ends a row (generate's own check), stop strings every STOP_CHECK_EVERY tokens (`StopStrings`), and the
-  completion is cut at its first EOS or stop string afterwards (`rollout.hf.cut_completion`), as in the loop;
+- EOS ends a row (generate's own check), stop strings that count past min_tokens every STOP_CHECK_EVERY tokens
+  (`StopStrings`, `rollout.stopping`), and the completion is cut at its first EOS or such stop string afterwards
+  (`rollout.hf.cut_completion`), as in the loop;
 - nothing of the checkpoint's generation_config (repetition_penalty, top_k, ...) applies: generate runs with a
   config holding only the EOS and pad ids.
 
@@ -31,6 +32,7 @@ from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.decode import STOP_CHECK_EVERY, DecodeTimings, Sampled, left_pad
 from grpo_cli.rollout.hf_internals import base_model
 from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_
+from grpo_cli.rollout.stopping import stopped
 
 
 class RowSampler(LogitsProcessor):
@@ -57,12 +59,14 @@ class RowSampler(LogitsProcessor):
 
 
 class StopStrings(StoppingCriteria):
-    """Ends rows whose generated text holds a stop string, checked every STOP_CHECK_EVERY tokens as in the loop."""
+    """Ends rows whose generated text holds a stop string that counts (past min_tokens, `rollout.stopping`),
+    checked every STOP_CHECK_EVERY tokens as in the loop."""
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_width: int) -> None:
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_width: int, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.prompt_width = prompt_width
+        self.min_tokens = min_tokens
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids[:, self.prompt_width :]  # (B, steps)
@@ -70,8 +74,7 @@ class StopStrings(StoppingCriteria):
         if generated.shape[1] % STOP_CHECK_EVERY:
             return hit
         for row, ids in enumerate(generated.tolist()):
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
-            hit[row] = any(s in text for s in self.stop)
+            hit[row] = stopped(self.tokenizer, ids, self.stop, self.min_tokens)
         return hit
 
 
@@ -114,7 +117,8 @@ class GenerateDecoder:
             generators = row_generators(settings.seed, settings.first_prompt_index, len(prompt_ids), n, self.device)
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=self.device)
         sampler = RowSampler(settings, generators, eos)
-        criteria = StoppingCriteriaList([StopStrings(self.tokenizer, settings.stop, width)] if settings.stop else [])
+        stop = [StopStrings(self.tokenizer, settings.stop, width, settings.min_tokens)] if settings.stop else []
+        criteria = StoppingCriteriaList(stop)
         with plain_generation_config(self.model, self.eos_ids, self.pad_id) as config:
             config.do_sample = False
             config.max_new_tokens = settings.max_tokens

@@ -6,10 +6,13 @@ swaps `config._attn_implementation` to an attention function of its own for the 
 `F.linear` on few rows through a `TorchFunctionMode`. None of that is a stable API: transformers 4.57's
 `StaticLayer` has no `cumulative_length`, and any release may change the rest. So:
 
-- `fast_path_problem(model)` says, before any sampling, why the loop cannot run this model here (the installed
-  transformers outside the versions it was tested on, an internal missing, an architecture, adapter, quantized
-  layer, attention implementation or device it was not checked on) or None when it can. Where it cannot, the
-  HF engine samples through `model.generate` instead (`rollout.hf_generate`): same samples, slower.
+- `fast_path_problem(model)` says, before any sampling, why the loop cannot run this model here (a transformers
+  older than the loop's floor, an internal missing, an architecture, adapter, quantized layer, attention
+  implementation or device it was not checked on) or None when it may. Where it cannot, the HF engine samples
+  through `model.generate` instead (`rollout.hf_generate`): same samples, slower.
+- There is no upper bound on transformers: whether the loop is right under the installed release, whatever it
+  is, is checked on the loaded model against `generate()` before the loop samples anything
+  (`rollout.loop_check`), and the engine takes `generate()` where it is not.
 - Nothing here is imported from transformers at import time, and nothing is registered in transformers'
   global tables at import time: `decode_scope` adds the decode attention function for the duration of the decode
   steps only and removes it afterwards.
@@ -21,6 +24,7 @@ sliding-window layer go to `generate`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,10 +37,9 @@ from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger(__name__)
 
-# The transformers releases the decode loop was run against (its tests pass on them); outside this range the HF
-# engine uses generate(). Raise the upper end after running tests/test_decode.py on a newer release.
+# The oldest transformers release the decode loop runs on (older ones lack internals it uses, and will not change).
+# Newer releases, published or not, are not listed: the loop is checked on the loaded model (rollout.loop_check).
 FAST_PATH_MIN_TRANSFORMERS = Version("5.16")
-FAST_PATH_MAX_TRANSFORMERS = Version("5.20")  # exclusive
 # Architectures whose greedy tokens on the loop equal generate()'s (tests/test_decode.py, one test each), and
 # whose attention calls the attention interface with (query, key, value, mask, scaling, dropout) only, so
 # decode_attention computes exactly what sdpa would.
@@ -117,16 +120,24 @@ def fast_path_problem(model: torch.nn.Module, device: torch.device) -> str | Non
     if device.type not in ("cpu", "cuda"):
         return f"the device {device.type} was not checked"
     version = transformers_version()
-    if not FAST_PATH_MIN_TRANSFORMERS <= Version(version.base_version) < FAST_PATH_MAX_TRANSFORMERS:
-        return (
-            f"transformers {version} is outside the releases the decode loop is tested on "
-            f"(>={FAST_PATH_MIN_TRANSFORMERS},<{FAST_PATH_MAX_TRANSFORMERS})"
-        )
+    if Version(version.base_version) < FAST_PATH_MIN_TRANSFORMERS:
+        return f"transformers {version} is older than the decode loop's floor ({FAST_PATH_MIN_TRANSFORMERS})"
     missing = _missing_internal()
     return None if missing is None else f"transformers {version} lacks {missing}"
 
 
 # --- caches ------------------------------------------------------------------------------------------------------
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward keyword that takes the KV cache: `cache` where the model's forward declares it (transformers
+    5.24 renamed `past_key_values`, which it accepts with a warning until 5.40), else `past_key_values`."""
+    forward = base_model(model).forward
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def can_compile_fullgraph(model: torch.nn.Module) -> bool:

@@ -293,7 +293,9 @@ class VLLMRolloutEngine:
         batch = RolloutBatch([], [], [], [], sampler_log_probs=[] if full_vocabulary else None)
         for index, output in enumerate(outputs):
             completion = output.outputs[0]
-            ids, finished = cut_completion(list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer)
+            ids, finished = cut_completion(
+                list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens
+            )
             batch.prompt_ids.append(list(prompt_ids[index // n]))
             batch.completion_ids.append(ids)
             if full_vocabulary:
@@ -318,8 +320,10 @@ class VLLMRolloutEngine:
             include_stop_str_in_output=True,
             seed=seed,
             # Texts are decoded from the cut ids, exactly as the transformers engine does; vLLM detokenizes only
-            # to find stop strings.
+            # to find stop strings, in the text every engine's cut reads (special tokens' text included, so that
+            # vLLM stops where rollout.hf.cut_completion cuts).
             detokenize=bool(settings.stop),
+            skip_special_tokens=False,
             **extra,
         )
 

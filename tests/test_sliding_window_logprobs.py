@@ -16,19 +16,10 @@ import transformers
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core.prompt_sharing import worth_sharing
+from tests.conftest import TINY_LM_CONFIG
 
 WINDOW = 4
-TINY = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=64,
-    pad_token_id=0,
-)
+TINY = dict(TINY_LM_CONFIG, pad_token_id=0)
 # Two layers, the first sliding, for the configs that take a per-layer list.
 MIXED_LAYERS = ["sliding_attention", "full_attention"]
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,8 @@ from grpo_cli.tasks.custom import CustomTaskConfig, RewardFunctionError, Trainer
 from grpo_cli.tasks.user_code import UserCodeError
 from grpo_cli.tracking.wandb_sink import extra_columns, sample_table_rows
 from tests.conftest import compose_config, run_grpo
+from tests.test_custom_task import rows_jsonl as jsonl
+from tests.test_custom_task import write
 
 SEED_003_REWARDS = Path(__file__).parents[1] / "examples" / "medcalc_trl" / "rewards.py"
 
@@ -96,18 +97,6 @@ def broken_factory(x):
 def not_a_function(x):
     return 3
 """
-
-
-def write(folder: Path, files: dict[str, str]) -> Path:
-    for name, body in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(body).lstrip())
-    return folder
-
-
-def jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(row) + "\n" for row in rows)
 
 
 def custom_cfg(folder: Path, **keys) -> CustomTaskConfig:

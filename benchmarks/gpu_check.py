@@ -61,7 +61,7 @@ def _device() -> torch.device:
 
 def check_master_weights_and_autocast() -> Row:
     from grpo_cli.models import TINY_RANDOM, load_policy
-    from grpo_cli.runtime import autocast_factory, compute_dtype, resolve_dtype
+    from grpo_cli.models.runtime import autocast_factory, compute_dtype, resolve_dtype
 
     if not cuda():
         reason = "checks the GPU; tests/test_mixed_precision.py covers bf16 autocast on the CPU"

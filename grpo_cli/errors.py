@@ -8,13 +8,26 @@ import tempfile
 import traceback
 from pathlib import Path
 
-# Exit codes of grpo-run (a stop has its own: 128 + the signal, or the one RunStopped names).
-EXIT_INTERNAL_ERROR = 1
-EXIT_USER_ERROR = 2
+# Every exit code of grpo-run (the table in docs/reliability.md lists them for users).
+EXIT_INTERNAL_ERROR = 1  # a bug: one line naming the file that holds the traceback; also "some sweep jobs failed"
+EXIT_USER_ERROR = 2  # bad input (config, data, model path, a reward that failed under on_reward_error=stop)
+EXIT_DIVERGED = 3  # loss or gradients not finite for train.max_nonfinite_steps steps in a row (last good saved)
+EXIT_WEIGHT_SYNC_FAILED = 4  # the sampler could not take the learner's new weights (the update is saved)
+EXIT_SIGINT = 130  # stopped by Ctrl-C after a checkpoint (128 + SIGINT, the shell's convention)
+EXIT_SIGTERM = 143  # stopped by SIGTERM (a scheduler's time limit) after a checkpoint (128 + SIGTERM)
+
+
+def exit_code_for_signal(signal_name: str) -> int:
+    """The exit code of a run stopped by `signal_name` ("SIGINT" or "SIGTERM")."""
+    return EXIT_SIGINT if signal_name == "SIGINT" else EXIT_SIGTERM
 
 
 class UserFacingError(Exception):
     """An error caused by the user's input; the CLI prints its one-line message and exits with code 2."""
+
+
+class ModelLoadError(UserFacingError):
+    """The model, its tokenizer, device or dtype could not be set up as configured (one-line message)."""
 
 
 class RunStopped(Exception):

@@ -1,5 +1,5 @@
-"""Jobs that tests/test_distributed.py launches on real ranks through grpo_cli.launch (each rank imports this
-module by name, as it imports grpo_cli.jobs.train)."""
+"""Jobs that tests/test_distributed.py launches on real ranks through grpo_cli.distributed.launch (each rank
+imports this module by name, as it imports grpo_cli.jobs.train)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_cli import parallel
+from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
 
 

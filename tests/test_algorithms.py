@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from grpo_cli.batch import RolloutData, concat_rollouts, select_completions
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number, groups_with_signal
 from grpo_cli.errors import UserFacingError
+from grpo_cli.learner.batch import RolloutData, concat_rollouts, select_completions
 from tests.conftest import compose_config, run_grpo
 
 # --- the presets: what each sets, and that everything stays overridable -----------------------------------------
@@ -174,7 +174,7 @@ def test_dapo_with_no_signal_samples_its_extra_rounds_and_says_it_trained_on_few
 
 
 def learner_and_batch(tmp_path, overrides: list[str]):
-    from grpo_cli.learner import Learner
+    from grpo_cli.learner.learner import Learner
 
     cfg = compose_config(["debug=smoke", *overrides], output_dir=str(tmp_path))
     learner = Learner(cfg, tmp_path)

@@ -34,6 +34,7 @@ from grpo_cli.config import (
     constraint_of,
     validate_config,
 )
+from grpo_cli.config.resume import resumed_config
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import load_jsonl_examples
 from grpo_cli.tracking import read_metrics
@@ -275,7 +276,7 @@ def test_a_damaged_config_yaml_is_rewritten_from_hydras_copy(tmp_path, damage):
     else:
         saved.write_text(DAMAGED_YAML[damage](original))
     console = Console(record=True, width=400)
-    cfg = cli.resumed_config(str(run_dir), tmp_path / "new", [], console)
+    cfg = resumed_config(str(run_dir), tmp_path / "new", [], console)
     assert cfg.model.name == "tiny_random" and cfg.output_dir == str(run_dir) and cfg.resume is True
     printed = console.export_text()
     assert f"{saved} was damaged" in printed and "rewritten from" in printed
@@ -287,7 +288,7 @@ def test_a_damaged_config_yaml_without_hydras_copy_fails_in_one_line(tmp_path):
     shutil.rmtree(run_dir / ".hydra")
     (run_dir / "config.yaml").write_text("model: {name: [\n")
     with pytest.raises(SavedConfigError) as info:
-        cli.resumed_config(str(run_dir), tmp_path / "new", [])
+        resumed_config(str(run_dir), tmp_path / "new", [])
     message = str(info.value)
     assert message.startswith(f"{run_dir / 'config.yaml'} is damaged (not valid YAML") and "\n" not in message
     assert "start a new run without resume=" in message
@@ -339,8 +340,8 @@ DAMAGED_CHECKPOINT = {
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     from rich.console import Console
 
-    from grpo_cli.checkpoint import list_checkpoints
     from grpo_cli.drivers.loop import TrainingLoop
+    from grpo_cli.learner.checkpoint import list_checkpoints
     from tests.conftest import compose_config
 
     overrides = ["debug=smoke", "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"]
@@ -400,9 +401,9 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_keeps_the_previous_
 ):
     from rich.console import Console
 
-    from grpo_cli import checkpoint
-    from grpo_cli.checkpoint import list_checkpoints
     from grpo_cli.drivers.loop import TrainingLoop
+    from grpo_cli.learner import checkpoint
+    from grpo_cli.learner.checkpoint import list_checkpoints
     from tests.conftest import compose_config
 
     real_save, real_usage = checkpoint.torch.save, shutil.disk_usage

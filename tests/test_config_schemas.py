@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from grpo_cli import config
-from grpo_cli.cli import precheck_overrides, resumed_config
+from grpo_cli.cli import precheck_overrides
 from grpo_cli.config import (
     DISAGGREGATED,
     ROLLOUT_SCHEMAS,
@@ -32,6 +32,7 @@ from grpo_cli.config import (
     unknown_key_hint,
     validate_config,
 )
+from grpo_cli.config.resume import resumed_config
 from grpo_cli.core import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, POLICY_GRADIENT_LOSS_TYPES
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import TASKS

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from grpo_cli import parallel
 from grpo_cli.config import BatchShape, validate_config
+from grpo_cli.distributed import parallel
+from grpo_cli.distributed.launch import launch_config, run_distributed
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.errors import EXIT_INTERNAL_ERROR, RunStopped, UserFacingError
-from grpo_cli.launch import launch_config, run_distributed
 from grpo_cli.tracking import read_metrics
 from tests.conftest import compose_config, run_grpo
 from tests.test_reliability import start_grpo, wait_for
@@ -287,7 +287,7 @@ def test_a_failing_rank_stops_every_rank_with_its_one_line_error(tmp_path):
 
 
 def test_a_rank_crash_leaves_its_traceback_and_one_line(tmp_path):
-    from grpo_cli.launch import _raise_rank_outcome, _report_crash
+    from grpo_cli.distributed.launch import _raise_rank_outcome, _report_crash
 
     try:
         raise KeyError("policy.lm_head")
@@ -302,7 +302,7 @@ def test_a_rank_crash_leaves_its_traceback_and_one_line(tmp_path):
 
 
 def test_run_stopped_reports_keep_their_exit_code(tmp_path):
-    from grpo_cli.launch import _raise_rank_outcome, _report
+    from grpo_cli.distributed.launch import _raise_rank_outcome, _report
 
     _report(tmp_path / "rank0.json", "stopped", "stopped by SIGTERM after step 2; continue with: ...", 143)
     with pytest.raises(RunStopped) as info:

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from grpo_cli import parallel
-from grpo_cli.batch import RolloutData
+from grpo_cli.distributed import parallel
+from grpo_cli.learner.batch import RolloutData
 from tests.conftest import compose_config
 from tests.test_distributed import free_port, run_setting
 
@@ -107,7 +107,7 @@ def record_loss_inputs(learner_module) -> list[dict[str, torch.Tensor]]:
 
 
 def _resume_case(rank: int, tmp: Path) -> dict:
-    from grpo_cli.learner import Learner
+    from grpo_cli.learner.learner import Learner
 
     cfg = compose_config([*RANK_SHARE, "model.mixed_precision=no"], output_dir=str(tmp))
     trained = Learner(cfg, tmp)
@@ -157,8 +157,8 @@ def test_an_fsdp_run_resumed_after_its_step_2_checkpoint_takes_the_uninterrupted
 
 
 def _ratio_case(rank: int, tmp: Path) -> dict:
-    import grpo_cli.learner as learner_module
-    from grpo_cli.learner import Learner
+    import grpo_cli.learner.learner as learner_module
+    from grpo_cli.learner.learner import Learner
 
     found = {}
     for precision in ("bf16", "no"):
@@ -214,11 +214,11 @@ def test_the_first_update_of_a_multi_epoch_batch_has_ratio_one_in_bf16_and_fp32(
 
 
 def _lora_reference_case(rank: int, tmp: Path) -> dict:
-    import grpo_cli.learner as learner_module
-    from grpo_cli.batch import per_completion_log_probs
-    from grpo_cli.learner import Learner
+    import grpo_cli.learner.learner as learner_module
+    from grpo_cli.learner.batch import per_completion_log_probs
+    from grpo_cli.learner.learner import Learner
     from grpo_cli.models import build_policy
-    from grpo_cli.runtime import seed_everything
+    from grpo_cli.models.runtime import seed_everything
 
     overrides = [*RANK_SHARE, "model.mixed_precision=no", "kl.beta=0.04", "train.gradient_accumulation_steps=2"]
     cfg = compose_config([*overrides, "model.lora.enabled=true"], output_dir=str(tmp))

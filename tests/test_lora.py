@@ -5,10 +5,10 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
-from grpo_cli.checkpoint import list_checkpoints, load_checkpoint
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.loop import TrainingLoop
 from grpo_cli.errors import UserFacingError
+from grpo_cli.learner.checkpoint import list_checkpoints, load_checkpoint
 from grpo_cli.models import TINY_RANDOM, apply_lora, load_policy
 from grpo_cli.tracking import read_metrics
 from tests.conftest import compose_config, run_grpo

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from grpo_cli.batch import RolloutData
 from grpo_cli.drivers.dynamic_sampling import SignalBatch
+from grpo_cli.learner.batch import RolloutData
 from tests.conftest import compose_config
 
 
@@ -25,7 +25,7 @@ def one_row_log_probs(model: torch.nn.Module, prompt: list[int], completion: lis
 
 
 def test_kl_under_mask_truncated_is_the_mean_over_the_completions_kept_in_the_loss(tmp_path):
-    from grpo_cli.learner import Learner
+    from grpo_cli.learner.learner import Learner
 
     cfg = compose_config(
         ["debug=smoke", "train.mask_truncated=true", "kl.monitor=true", "model.mixed_precision=no"],

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from grpo_cli.runtime import autocast_factory, has_fast_bf16
+from grpo_cli.models.runtime import autocast_factory, has_fast_bf16
 from tests.conftest import run_grpo
 
 CPU = torch.device("cpu")

@@ -19,18 +19,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli import models
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import (
     EMBEDDED_SMOLLM2,
     TINY_RANDOM,
     ModelLoadError,
     check_model_source,
+    embedded,
     embedded_model_dir,
     load_policy,
     load_tokenizer,
+    sources,
 )
-from grpo_cli.runtime import resolve_device, resolve_dtype
+from grpo_cli.models.runtime import resolve_device, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -252,7 +253,7 @@ def test_check_unknown_builtin_name() -> None:
 
 def test_check_embedded_package_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))  # no cache here, so the package is needed
-    monkeypatch.setattr(models, "_embedded_gguf_path", lambda: None)
+    monkeypatch.setattr(sources, "embedded_gguf_path", lambda: None)
     for name in (EMBEDDED_SMOLLM2, TINY_RANDOM):
         with pytest.raises(ModelLoadError) as excinfo:
             check_model_source(name)
@@ -271,7 +272,7 @@ def test_check_embedded_ok(embedded_dir: Path) -> None:
 
 def _fake_build(directory: Path) -> None:
     """Instant stand-in for dequantizing the GGUF: writes the files a built cache must hold."""
-    for name in models._CACHE_FILES:
+    for name in embedded._CACHE_FILES:
         (directory / name).write_text("x")
 
 
@@ -283,16 +284,16 @@ def _leftovers(root: Path) -> list[str]:
 def fake_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """An empty cache root whose builder is `_fake_build` (replaceable per test)."""
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
-    monkeypatch.setattr(models, "_build_embedded_cache", _fake_build)
+    monkeypatch.setattr(embedded, "_build_embedded_cache", _fake_build)
     return tmp_path
 
 
 def test_cache_is_built_once_and_published_whole(fake_cache: Path, monkeypatch) -> None:
     final = embedded_model_dir()
-    assert final == fake_cache / "models" / models._embedded_cache_path().name
-    assert models._is_built(final)
+    assert final == fake_cache / "models" / embedded.embedded_cache_path().name
+    assert embedded.is_built(final)
     assert _leftovers(fake_cache) == []  # the temporary build directory was renamed away
-    monkeypatch.setattr(models, "_build_embedded_cache", lambda directory: pytest.fail("rebuilt"))
+    monkeypatch.setattr(embedded, "_build_embedded_cache", lambda directory: pytest.fail("rebuilt"))
     assert embedded_model_dir() == final
 
 
@@ -301,17 +302,17 @@ def test_failed_build_leaves_no_cache(fake_cache: Path, monkeypatch) -> None:
         (directory / "config.json").write_text("{}")
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(models, "_build_embedded_cache", crash_halfway)
+    monkeypatch.setattr(embedded, "_build_embedded_cache", crash_halfway)
     with pytest.raises(RuntimeError, match="killed"):
         embedded_model_dir()
-    assert not models._embedded_cache_path().exists()
+    assert not embedded.embedded_cache_path().exists()
     assert _leftovers(fake_cache) == []
 
 
 def test_cache_without_weights_counts_as_not_built(fake_cache: Path) -> None:
     final = embedded_model_dir()
     (final / "model.safetensors").unlink()
-    assert not models._is_built(final)
+    assert not embedded.is_built(final)
     assert embedded_model_dir() == final
     assert (final / "model.safetensors").is_file()
     assert _leftovers(fake_cache) == []
@@ -320,7 +321,7 @@ def test_cache_without_weights_counts_as_not_built(fake_cache: Path) -> None:
 def test_leftover_builds_of_killed_runs_are_ignored_then_swept(fake_cache: Path) -> None:
     parent = fake_cache / "models"
     parent.mkdir()
-    prefix = models._temp_prefix(models._embedded_cache_path())
+    prefix = embedded._temp_prefix(embedded.embedded_cache_path())
     stale = parent / f"{prefix}killed"
     young = parent / f"{prefix}running"  # maybe another process's build in progress
     for leftover in (stale, young):
@@ -329,21 +330,21 @@ def test_leftover_builds_of_killed_runs_are_ignored_then_swept(fake_cache: Path)
     two_hours_ago = time.time() - 7200
     os.utime(stale, (two_hours_ago, two_hours_ago))
     final = embedded_model_dir()
-    assert models._is_built(final)
+    assert embedded.is_built(final)
     assert _leftovers(fake_cache) == [young.name]
 
 
 def test_losing_a_build_race_keeps_the_winners_cache(fake_cache: Path, monkeypatch) -> None:
-    final = models._embedded_cache_path()
+    final = embedded.embedded_cache_path()
 
     def build_while_another_process_wins(directory: Path) -> None:
         final.mkdir()
         _fake_build(final)
-        (final / models._STAMP_FILE).write_text(json.dumps(models._cache_stamp()))
+        (final / embedded._STAMP_FILE).write_text(json.dumps(embedded._cache_stamp()))
         (final / "winner").write_text("")
         _fake_build(directory)
 
-    monkeypatch.setattr(models, "_build_embedded_cache", build_while_another_process_wins)
+    monkeypatch.setattr(embedded, "_build_embedded_cache", build_while_another_process_wins)
     assert embedded_model_dir() == final
     assert (final / "winner").is_file()
     assert _leftovers(fake_cache) == []
@@ -351,21 +352,23 @@ def test_losing_a_build_race_keeps_the_winners_cache(fake_cache: Path, monkeypat
 
 def test_each_library_release_has_its_own_cache_entry(fake_cache: Path, monkeypatch) -> None:
     ours = embedded_model_dir()
-    monkeypatch.setattr(models, "_cache_stamp", lambda: {"transformers": "4.0.0", "tokenizers": "0.0.1"})
+    monkeypatch.setattr(embedded, "_cache_stamp", lambda: {"transformers": "4.0.0", "tokenizers": "0.0.1"})
     theirs = embedded_model_dir()
     assert theirs != ours and "transformers4.0.0" in theirs.name
-    assert models._is_built(theirs) and json.loads((theirs / models._STAMP_FILE).read_text())["tokenizers"] == "0.0.1"
+    assert (
+        embedded.is_built(theirs) and json.loads((theirs / embedded._STAMP_FILE).read_text())["tokenizers"] == "0.0.1"
+    )
     monkeypatch.undo()
-    assert models._is_built(ours)  # the other release's build left ours alone
+    assert embedded.is_built(ours)  # the other release's build left ours alone
 
 
 def test_a_foreign_stamp_is_rebuilt_with_one_line(fake_cache: Path, caplog) -> None:
     final = embedded_model_dir()
-    (final / models._STAMP_FILE).write_text(json.dumps({"transformers": "9.9", "tokenizers": "9.9"}))
+    (final / embedded._STAMP_FILE).write_text(json.dumps({"transformers": "9.9", "tokenizers": "9.9"}))
     caplog.clear()  # the first build's own line, which an earlier test's logging level may let through
     with caplog.at_level(logging.INFO, logger="grpo_cli.models"):
         assert embedded_model_dir() == final
-    assert models._is_built(final)
+    assert embedded.is_built(final)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "written by other library versions" in lines[0] and "rebuilding" in lines[0]
 
@@ -375,7 +378,7 @@ def test_a_cache_entry_that_fails_to_load_is_rebuilt_once_with_one_line(
 ) -> None:
     real = embedded_dir
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
-    target = models._embedded_cache_path()
+    target = embedded.embedded_cache_path()
     shutil.copytree(real, target)
     # Files that do not load under a matching stamp (a disk error, a hand edit, a copy from another machine).
     (target / "tokenizer.json").write_text('{"version": "1.0", "truncated')
@@ -385,7 +388,7 @@ def test_a_cache_entry_that_fails_to_load_is_rebuilt_once_with_one_line(
         rebuilds.append(directory)
         shutil.copytree(real, directory, dirs_exist_ok=True)
 
-    monkeypatch.setattr(models, "_build_embedded_cache", copy_the_real_build)
+    monkeypatch.setattr(embedded, "_build_embedded_cache", copy_the_real_build)
     with caplog.at_level(logging.WARNING, logger="grpo_cli.models"):
         tokenizer = load_tokenizer(TINY_RANDOM)
     assert tokenizer.pad_token_id is not None and len(rebuilds) == 1
@@ -421,7 +424,7 @@ def test_embedded_model_answers_a_chat_prompt(embedded_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_a_gguf_file_loads_dequantized_like_the_cache(embedded_dir: Path) -> None:
-    gguf = models._embedded_gguf_path()
+    gguf = embedded.embedded_gguf_path()
     assert gguf is not None
     from_file, tokenizer = load_policy(str(gguf), CPU, torch.float32)  # ~20 s: dequantizes every tensor
     from_cache, _ = load_policy(EMBEDDED_SMOLLM2, CPU, torch.float32)

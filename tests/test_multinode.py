@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.launch import launch_config, rendezvous_id
+from grpo_cli.distributed.launch import launch_config, rendezvous_id
 from tests.conftest import OFFLINE_ENV, compose_config
 from tests.test_distributed import COMPARED, SETTING, free_port, run_setting, train_rows
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from grpo_cli import learner as learner_module
-from grpo_cli.checkpoint import list_checkpoints, verify_checkpoint
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.loop import TrainingLoop
 from grpo_cli.errors import RunStopped
+from grpo_cli.learner.checkpoint import list_checkpoints, verify_checkpoint
+from grpo_cli.learner import learner as learner_module
 from grpo_cli.tracking import read_metrics
 from tests.conftest import OFFLINE_ENV, compose_config, run_grpo
 

@@ -1,4 +1,4 @@
-"""resume= never drops an override silently (cli.resumed_config), and init_from= branches a new run from a
+"""resume= never drops an override silently (config.resume.resumed_config), and init_from= branches a new run from a
 checkpoint's weights: through the real `grpo-run`, on one 2-step smoke run shared by the tests of this module."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from conftest import run_grpo
 from safetensors.torch import load_file
 
-from grpo_cli.checkpoint import CheckpointError, init_from_checkpoint, list_checkpoints, load_weights
+from grpo_cli.learner.checkpoint import CheckpointError, init_from_checkpoint, list_checkpoints, load_weights
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from grpo_cli.batch import RolloutData
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
+from grpo_cli.learner.batch import RolloutData
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
@@ -273,7 +273,7 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 
 
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
-    from grpo_cli.learner import Learner
+    from grpo_cli.learner.learner import Learner
 
     # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
     # autocast would round the differently grouped rows differently).

@@ -153,7 +153,7 @@ def assert_scored_like_one_unpadded_forward_per_sequence(model: torch.nn.Module,
         (score * weights).sum().backward()
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
-    # The trainer's call (grpo_cli/learner.py): response-masked, chunked head, prompts shared when they repeat.
+    # The trainer's call (grpo_cli/learner/learner.py): response-masked, chunked head, prompts shared when they repeat.
     trained = response_log_probs(model, batch["input_ids"], batch["labels"], mask, share_prompts=share_prompts)
     scored = trained["log_probs"][mask]  # row-major order == the rows' completions concatenated
     scored_grads = gradients(scored)

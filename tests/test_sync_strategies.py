@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_cli import learner as learner_module
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.loop import TrainingLoop
+from grpo_cli.learner import learner as learner_module
 from grpo_cli.tracking import read_metrics
 from tests.conftest import compose_config, run_grpo
 from tests.test_reliability import start_grpo, wait_for

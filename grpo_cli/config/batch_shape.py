@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.config.fields import from_core
 from grpo_cli.config.schemas import DISAGGREGATED
-from grpo_cli.fields import from_core
 
 # The losses with an importance ratio against the old policy: they need old log-probs off-policy and stay
 # correct there (grpo_cli.core.RATIO_LOSS_TYPES, read when first needed: the core imports torch).

@@ -8,9 +8,9 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
+from grpo_cli.config.fields import Choices, constraint_of, resolve_choices
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
 from grpo_cli.errors import UserFacingError
-from grpo_cli.fields import Choices, constraint_of, resolve_choices
 
 
 def _choices_of(cls: type, name: str) -> Choices | None:

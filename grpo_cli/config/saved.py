@@ -57,7 +57,7 @@ def _load_yaml_mapping(path: Path) -> DictConfig:
 def load_saved_config(path: Path) -> DictConfig:
     """A run directory's config.yaml under the schemas (GRPOConfig, with the task and rollout schemas of that
     run), so that resuming checks it as a fresh run would. A file that is no config at all is a SavedConfigError
-    (which resuming recovers from, cli.resumed_config); a bad key or value a UserFacingError (one line).
+    (which resuming recovers from, config.resume.resumed_config); a bad key or value a UserFacingError (one line).
 
     Keys of another choice's schema are dropped from `task` and `rollout`: a config.yaml written before the
     per-task schemas holds every task's keys, which that run's task never read.

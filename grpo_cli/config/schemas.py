@@ -5,7 +5,7 @@ Because the primary config extends `grpo_config_schema`, a typo'd key (`optim.lr
 per choice: `task` (each task's schema lives next to the task, grpo_cli.tasks.TASK_SCHEMAS) and `rollout` (the
 sampling keys every engine shares, plus the vLLM keys for rollout=vllm, ROLLOUT_SCHEMAS), so
 `task=keyword task.min_words=3` fails as a typo would. Every option is documented where it is defined (as in
-TRL's GRPOConfig); what it accepts is declared with it (grpo_cli/fields.py).
+TRL's GRPOConfig); what it accepts is declared with it (grpo_cli/config/fields.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from grpo_cli.fields import (
+from grpo_cli.config.fields import (
     any_value,
     choice,
     from_core,

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from grpo_cli import parallel
+from grpo_cli.distributed import parallel
 from grpo_cli.drivers.versions import overlap_fraction
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import Example

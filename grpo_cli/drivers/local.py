@@ -7,13 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo_cli import parallel
-from grpo_cli.batch import RolloutData
+from grpo_cli.distributed import parallel
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
-from grpo_cli.learner import Learner
+from grpo_cli.learner.batch import RolloutData
+from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.worker import RolloutWorker
 from grpo_cli.tasks import Example
 

@@ -19,14 +19,21 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_cli import parallel
 from grpo_cli.config import DISAGGREGATED
+from grpo_cli.distributed import parallel
 from grpo_cli.drivers.executor import Executor
 from grpo_cli.drivers.prompts import PromptSampler
-from grpo_cli.errors import EXIT_USER_ERROR, RunStopped, UserFacingError
+from grpo_cli.errors import (
+    EXIT_DIVERGED,
+    EXIT_USER_ERROR,
+    EXIT_WEIGHT_SYNC_FAILED,
+    RunStopped,
+    UserFacingError,
+    exit_code_for_signal,
+)
+from grpo_cli.models.runtime import timed
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
-from grpo_cli.runtime import timed
 from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
 from grpo_cli.tasks.custom import RewardFunctionError
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
@@ -149,7 +156,7 @@ class TrainingLoop:
                 f"stopped by {self.stop_signal} during step {step}: reward {error}, so the step is abandoned; "
                 f"the checkpoints in {self.output_dir / 'checkpoints'} are kept; continue with: "
                 f"grpo-run resume={self.output_dir}",
-                exit_code=130 if self.stop_signal == "SIGINT" else 143,
+                exit_code=exit_code_for_signal(self.stop_signal),
             ) from None
         finally:
             reward_workers.clear_stop_notice()
@@ -171,7 +178,7 @@ class TrainingLoop:
             raise RunStopped(
                 f"{error}; step {version}'s update is saved in {path}; after fixing it continue with: "
                 f"grpo-run resume={self.output_dir}",
-                exit_code=4,
+                exit_code=EXIT_WEIGHT_SYNC_FAILED,
             ) from None
         return metrics
 
@@ -204,18 +211,17 @@ class TrainingLoop:
             path = self.executor.save_checkpoint(step)
             self.last_saved_step = step
         if self.stop_signal is not None:
-            code = 130 if self.stop_signal == "SIGINT" else 143
             raise RunStopped(
                 f"stopped by {self.stop_signal} after step {step}; checkpoint {path}; "
                 f"continue with: grpo-run resume={self.output_dir}",
-                exit_code=code,
+                exit_code=exit_code_for_signal(self.stop_signal),
             )
         if self.nonfinite_streak >= limit:
             raise RunStopped(
                 f"loss or gradients were not finite in {limit} consecutive steps (last: step {step}); those "
                 f"updates were skipped and the weights in {path} are the last good ones: lower optim.lr or check "
                 "the reward function, then continue with: grpo-run resume=" + str(self.output_dir),
-                exit_code=3,
+                exit_code=EXIT_DIVERGED,
             )
 
     def _install_signal_handlers(self) -> dict[int, Any]:

@@ -39,7 +39,7 @@ def run_job(name: str, cfg: Any, output_dir: Path, console: Any, overrides: list
         for warning in preflight(cfg, job.splits, output_dir, overrides):
             console.print(f"warning: {warning}", highlight=False, markup=False)
     if job.distributed and cfg.distributed.strategy != "none":
-        from grpo_cli.launch import run_distributed  # torch.distributed's launcher, only when asked for
+        from grpo_cli.distributed.launch import run_distributed  # torch.distributed's launcher, only when asked for
 
         return run_distributed(job.module, cfg, output_dir, console)
     return importlib.import_module(job.module).run(cfg, output_dir, console)

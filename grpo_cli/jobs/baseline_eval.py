@@ -10,9 +10,9 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_cli.models.runtime import timed
 from grpo_cli.rollout.evaluation import prefixed, summarize_records, truncation_warning
 from grpo_cli.rollout.worker import RolloutWorker
-from grpo_cli.runtime import timed
 from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking import write_jsonl
 from grpo_cli.tracking.console import generation_progress, sample_metrics_line

@@ -49,10 +49,10 @@ from grpo_cli.config import allowed_values, rollout_config_for
 from grpo_cli.drivers.local import InProcessExecutor
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import UserFacingError
+from grpo_cli.models.runtime import compute_dtype, resolve_device, resolve_dtype, timed
 from grpo_cli.rollout import render_prompts
 from grpo_cli.rollout.decode import SkinnyLinear
 from grpo_cli.rollout.worker import sampling_settings
-from grpo_cli.runtime import compute_dtype, resolve_device, resolve_dtype, timed
 from grpo_cli.tasks import load_examples
 
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.

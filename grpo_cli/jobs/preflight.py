@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import check_model_source, check_quantization
-from grpo_cli.runtime import pure_half_precision_warning, resolve_device
+from grpo_cli.models.runtime import pure_half_precision_warning, resolve_device
 from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking.run_info import build_run_info, write_run_info
 

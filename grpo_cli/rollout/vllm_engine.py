@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from grpo_cli import parallel
 from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
+from grpo_cli.models.runtime import compute_dtype
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
 from grpo_cli.rollout.sampling import completion_seed
-from grpo_cli.runtime import compute_dtype
 
 INSTALL_HINT = (
     'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '

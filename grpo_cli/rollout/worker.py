@@ -15,16 +15,16 @@ from typing import Any
 
 import torch
 
-from grpo_cli.batch import RolloutData, per_completion_log_probs
 from grpo_cli.config import BatchShape
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
+from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
 from grpo_cli.models import build_policy
+from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
-from grpo_cli.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
 from grpo_cli.tasks.custom import TrainerState
 

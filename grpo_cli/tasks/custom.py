@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from grpo_cli.config.fields import any_value, choice, non_negative, path, positive
 from grpo_cli.errors import UserFacingError
-from grpo_cli.fields import any_value, choice, non_negative, path, positive
 from grpo_cli.tasks.base import (
     PROMPT_STYLES,
     R1_ZERO_TEMPLATE,

@@ -11,7 +11,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from grpo_cli.fields import positive
+from grpo_cli.config.fields import positive
 from grpo_cli.tasks.base import Example, SanityCase, TaskSpec, format_prompt
 from grpo_cli.tasks.schema import TaskConfig
 

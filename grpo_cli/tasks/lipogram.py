@@ -14,7 +14,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.fields import positive
+from grpo_cli.config.fields import positive
 from grpo_cli.tasks.base import Example, SanityCase, TaskSpec, format_prompt
 from grpo_cli.tasks.keyword import keyword_present
 from grpo_cli.tasks.schema import TaskConfig

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.fields import non_negative
+from grpo_cli.config.fields import non_negative
 from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
 from grpo_cli.tasks.hub import load_hub_examples
 from grpo_cli.tasks.reasoning import HUB_OPTIONS

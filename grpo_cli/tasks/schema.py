@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from grpo_cli.fields import any_value, choice, finite, non_negative, path, positive
+from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
 from grpo_cli.tasks.base import PROMPT_STYLES
 
 

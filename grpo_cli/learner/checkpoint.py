@@ -21,8 +21,8 @@ import numpy as np  # always present: torch and transformers require it
 import torch
 from safetensors.torch import load_file, save_file
 
+from grpo_cli.distributed.parallel import barrier, full_tensor, shard_like, world
 from grpo_cli.errors import UserFacingError, error_summary
-from grpo_cli.parallel import barrier, full_tensor, shard_like, world
 
 CHECKPOINT_DIR = "checkpoints"
 MARKER = "COMPLETE"

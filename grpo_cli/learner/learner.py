@@ -24,24 +24,6 @@ from typing import Any
 
 import torch
 
-from grpo_cli import parallel
-from grpo_cli.batch import (
-    RolloutData,
-    make_microbatch,
-    per_completion_log_probs,
-    per_completion_rows,
-    shares_prompts,
-    tokens_through_model,
-)
-from grpo_cli.checkpoint import (
-    CheckpointError,
-    init_from_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    load_weights,
-    save_checkpoint,
-    verify_checkpoint,
-)
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.core import (
     RATIO_LOSS_TYPES,
@@ -50,9 +32,34 @@ from grpo_cli.core import (
     masked_mean,
     response_log_probs,
 )
+from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
+from grpo_cli.learner.batch import (
+    RolloutData,
+    make_microbatch,
+    per_completion_log_probs,
+    per_completion_rows,
+    shares_prompts,
+    tokens_through_model,
+)
+from grpo_cli.learner.checkpoint import (
+    CheckpointError,
+    init_from_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from grpo_cli.models import build_policy
-from grpo_cli.runtime import autocast_factory, compute_dtype, limit_threads, resolve_device, seed_everything, timed
+from grpo_cli.models.runtime import (
+    autocast_factory,
+    compute_dtype,
+    limit_threads,
+    resolve_device,
+    seed_everything,
+    timed,
+)
 
 
 class PolicyScorer(torch.nn.Module):

@@ -2,7 +2,7 @@
 collectives a GRPO step needs. No communication of our own: every exchange is a torch.distributed call.
 
 A rank knows who it is from the environment torch's launchers set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT), whether `grpo-run` started the ranks itself (grpo_cli/launch.py) or torchrun / srun did.
+MASTER_PORT), whether `grpo-run` started the ranks itself (grpo_cli/distributed/launch.py) or torchrun / srun did.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def wrap_for_training(
 ) -> torch.nn.Module:
     """The learner's scoring module under DDP or FSDP2 (unchanged without a process group).
 
-    `scorer` wraps the policy and runs the training forward (grpo_cli/learner.py), so the wrapper's hooks see
+    `scorer` wraps the policy and runs the training forward (grpo_cli/learner/learner.py), so the wrapper's hooks see
     exactly the computation training runs. FSDP2 shards each decoder layer, then the root (embeddings, final
     norm, head); its mixed-precision policy follows model.mixed_precision (bf16 compute, fp32 gradient
     reduction and fp32 master weights).

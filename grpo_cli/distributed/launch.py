@@ -25,8 +25,8 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_cli import parallel
 from grpo_cli.config import BatchShape
+from grpo_cli.distributed import parallel
 from grpo_cli.errors import (
     EXIT_INTERNAL_ERROR,
     EXIT_USER_ERROR,
@@ -35,7 +35,7 @@ from grpo_cli.errors import (
     error_summary,
     write_traceback,
 )
-from grpo_cli.runtime import resolve_device
+from grpo_cli.models.runtime import resolve_device
 
 _PR_SET_PDEATHSIG = 1
 

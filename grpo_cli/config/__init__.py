@@ -11,6 +11,7 @@ Where each part lives:
     config/declared.py     the declarations read back: choice keys for --help, the generic field check, key hints
     config/validation.py   validate_config: every field against its declaration, then the cross-field rules
     config/saved.py        a run's config.yaml read back under its schemas (resume, reports)
+    config/resume.py       which run resume= names, and its saved config with the overrides a resume may change
     config/registry.py     registration in Hydra's ConfigStore, the help text, our sweep plugins
     config/group_choices.py  every group choice a command names exists (its one line naming the choices)
 

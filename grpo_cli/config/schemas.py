@@ -75,7 +75,7 @@ class ModelConfig:
 class LossConfig:
     # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio |
     # gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped,
-    # stop-gradient ratio (CISPO). Formulas and papers: docs/design.md section 1.
+    # stop-gradient ratio (CISPO). Formulas and papers: docs/algorithm.md.
     type: str = choice("reinforce_with_baseline", from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
     # Clip range epsilon (eps_low with cliprange_high): grpo_clip / gspo clip ratios to [1 - eps_low, 1 + eps_high].
     cliprange: float = in_range(0.2, 0, 1, low_open=True, high_open=True)

@@ -1,4 +1,4 @@
-"""The training loop, written once for every sync strategy (docs/design.md section 1):
+"""The training loop, written once for every sync strategy (docs/architecture.md, "Sync strategies"):
 
     evaluate at step 0
     for each step: executor.step (sample prompts -> generate -> score -> advantages -> update -> sync weights)

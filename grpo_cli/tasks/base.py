@@ -6,9 +6,13 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.schema import PROMPT_STYLES
+
+if TYPE_CHECKING:
+    from grpo_cli.tasks.schema import TaskConfig
 
 # A prompt is either plain text (r1_zero / question_only templates, fed to the model as is) or a list of
 # chat messages that the tokenizer's chat template renders (instruct models).
@@ -21,8 +25,6 @@ RewardComponent = Callable[[str, Any], float]
 # and, when composed from weighted components, "reward/<component>" for each weighted one and "correctness"
 # (the task's own reward, which decides whether an answer is right: eval/pass@k and maj@n read it).
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
-# task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
-PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 OPTIONAL_REWARD_KEYS = ("unparseable", "correctness")
 
 
@@ -113,11 +115,11 @@ class TaskSpec:
     same_answer: Callable[[str, str], bool] | None = None
     # The task's config schema (a dataclass extending grpo_cli.tasks.schema.TaskConfig, next to the task), whose
     # keys hold `options` and `reward_options`; registered as `<name>_schema` in group `task`. None: TaskConfig.
-    schema: type | None = None
+    schema: type[TaskConfig] | None = None
     # A task made from its config and the user's code (task=custom): task config -> this run's TaskSpec, whose
     # reward applies task.reward_weights itself and whose build() reads its own data sources. Callers get it
     # through grpo_cli.tasks.task_for(task_cfg).
-    from_config: Callable[[Any], TaskSpec] | None = None
+    from_config: Callable[[TaskConfig], TaskSpec] | None = None
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""

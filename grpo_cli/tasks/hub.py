@@ -48,7 +48,7 @@ def load_hub_examples(
             f"cannot load {where} from the Hugging Face hub ({type(e).__name__}: {_one_line(e)}): "
             f"pass a local JSONL file with {path_key}=..."
         ) from None
-    examples = []
+    examples: list[Example] = []
     for index, row in enumerate(rows):
         if n is not None and len(examples) >= n:
             break

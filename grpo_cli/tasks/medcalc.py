@@ -87,7 +87,9 @@ def first_answer(response: str) -> str | None:
 def within_atol(response: str, ground_truth: str, atol: float) -> bool:
     """The handout's numeric_tolerance_reward: |number after <answer> - first number of the truth| <= atol."""
     pred, truth = _ANSWER_NUMBER.search(response), _NUMBER.search(str(ground_truth))
-    return bool(pred and truth) and abs(float(pred.group(1)) - float(truth.group(1))) <= atol
+    if pred is None or truth is None:
+        return False
+    return abs(float(pred.group(1)) - float(truth.group(1))) <= atol
 
 
 def medcalc_reward_fn(response: str, ground_truth: str) -> dict[str, float]:

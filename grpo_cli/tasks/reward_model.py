@@ -15,7 +15,7 @@ from grpo_cli.errors import UserFacingError
 _CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
-def _labels(config: Any) -> list[str]:
+def _labels(config: Any) -> list[str]:  # Any: a transformers PretrainedConfig, whose id2label may be absent
     return [str(config.id2label[i]) for i in sorted(config.id2label)] if getattr(config, "id2label", None) else []
 
 

@@ -76,9 +76,15 @@ class Shaping:
     repetition_ngram: int = 3  # task.repetition_ngram
 
     def buffer(self) -> int:
+        return self.overlong_window()[1]
+
+    def overlong_window(self) -> tuple[int, int]:
+        """(max_tokens, buffer): what overlong_penalty reads besides the completion's length."""
         if self.max_tokens is None:
             raise ValueError("the overlong reward term needs rollout.max_tokens")
-        return self.overlong_buffer if self.overlong_buffer is not None else max(1, self.max_tokens // 4)
+        return self.max_tokens, self.overlong_buffer if self.overlong_buffer is not None else max(
+            1, self.max_tokens // 4
+        )
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ class WeightedReward:
         if "overlong" in self.weights:
             if n_tokens is None:
                 raise ValueError("the overlong reward term needs the completion's token count: pass n_tokens=")
-            values["overlong"] = overlong_penalty(n_tokens, self.shaping.max_tokens, self.shaping.buffer())
+            values["overlong"] = overlong_penalty(n_tokens, *self.shaping.overlong_window())
         if "repetition" in self.weights:
             values["repetition"] = repetition_penalty(response, self.shaping.repetition_ngram)
         result["reward"] = sum(weight * values[name] for name, weight in self.weights.items())

@@ -17,9 +17,12 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.tasks.custom import code_hashes
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
 PACKAGES = (
     "grpo-cli",
@@ -85,7 +88,7 @@ def git_state(source_dir: Path) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": bool(changed), "changed_files": changed[:50]}
 
 
-def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str]) -> dict[str, Any]:
+def build_run_info(cfg: GRPOConfig, examples: dict[str, list[Any]], overrides: list[str]) -> dict[str, Any]:
     """Everything but the config itself (config.yaml holds that) needed to rerun this run."""
     import grpo_cli
 

@@ -14,12 +14,15 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tracking.jsonl import read_metrics
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
 LOG_SUBDIR = "tensorboard"
 SAMPLES_TAG = "eval/samples"
@@ -92,7 +95,7 @@ class TensorBoardSink:
         self._closed = False
 
     @classmethod
-    def start(cls, cfg: Any, output_dir: Path, console: Console) -> TensorBoardSink:
+    def start(cls, cfg: GRPOConfig, output_dir: Path, console: Console) -> TensorBoardSink:
         """Open <output_dir>/tensorboard; a resumed run first hides the steps it is about to log again."""
         require_tensorboard()
         try:

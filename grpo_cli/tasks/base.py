@@ -17,9 +17,13 @@ if TYPE_CHECKING:
 # A prompt is either plain text (r1_zero / question_only templates, fed to the model as is) or a list of
 # chat messages that the tokenizer's chat template renders (instruct models).
 Prompt = str | list[dict[str, str]]
-RewardFn = Callable[[str, Any], dict[str, float]]
+# Any, named once here: a data row's values and a ground truth are whatever the task's data holds (JSON, CSV,
+# Parquet or a `datasets` row; a number, a string, a dict of columns), read by the task that knows their shape.
+Row = dict[str, Any]
+GroundTruth = Any
+RewardFn = Callable[[str, GroundTruth], dict[str, float]]
 # A named part of a composite reward (task.reward_weights): one number per (response, ground truth).
-RewardComponent = Callable[[str, Any], float]
+RewardComponent = Callable[[str, GroundTruth], float]
 
 # Every reward function returns these; it may add "unparseable" (1.0: no answer could be extracted or read)
 # and, when composed from weighted components, "reward/<component>" for each weighted one and "correctness"
@@ -39,7 +43,7 @@ class RowError(ValueError):
 @dataclass(frozen=True)
 class Example:
     prompt: Prompt
-    ground_truth: Any
+    ground_truth: GroundTruth
     # Free-form data kept in eval JSONL (e.g. the source question); never read by rewards.
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -48,7 +52,7 @@ class Example:
 class SanityCase:
     """A hand-made response with the reward it must get: shown by check_reward, asserted by tests."""
 
-    ground_truth: Any
+    ground_truth: GroundTruth
     response: str
     expected_reward: float | None  # None: the case expects values of the named rewards only (expected_each)
     why: str
@@ -58,7 +62,7 @@ class SanityCase:
     completion_ids: tuple[int, ...] | None = None
 
 
-def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, Row]]:
     """(line number, object) of each non-blank line of a JSONL file; a line that is not a JSON object is one
     TaskDataError naming the file and the line. OSError and UnicodeDecodeError reach the caller, which names the
     key the path came from."""
@@ -75,7 +79,7 @@ def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]
             yield line_no, row
 
 
-def parse_question_row(row: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+def parse_question_row(row: Row) -> tuple[str, GroundTruth, dict[str, Any]]:
     """The generic data row: {"question": str, "ground_truth": ...} -> (question, ground truth, meta)."""
     for key in ("question", "ground_truth"):
         if key not in row:
@@ -95,7 +99,7 @@ class TaskSpec:
     # Task-specific keys of the task config passed to build() as keyword arguments.
     options: tuple[str, ...] = ()
     # Reads one row of a local JSONL file (task.train_path / task.eval_path) or of the hub dataset.
-    parse_row: Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]] = parse_question_row
+    parse_row: Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]] = parse_question_row
     # Prompt styles whose answers are graded differently (math: r1_zero's strict tags), with their cases.
     reward_fns_by_prompt: dict[str, RewardFn] = field(default_factory=dict)
     sanity_cases_by_prompt: dict[str, tuple[SanityCase, ...]] = field(default_factory=dict)

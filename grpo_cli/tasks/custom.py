@@ -59,7 +59,9 @@ from grpo_cli.tasks.base import (
     PROMPT_STYLES,
     R1_ZERO_TEMPLATE,
     Example,
+    GroundTruth,
     Prompt,
+    Row,
     SanityCase,
     TaskDataError,
     TaskSpec,
@@ -198,7 +200,7 @@ def template_columns(template: str) -> list[str]:
     return list(dict.fromkeys(columns))
 
 
-def render_prompt(task_cfg: CustomTaskConfig, row: dict[str, Any]) -> Prompt:
+def render_prompt(task_cfg: CustomTaskConfig, row: Row) -> Prompt:
     """The prompt of one text row as the model is given it: under task.prompt=chat a system message (when set)
     and the template over the row's columns as the user message; otherwise `prompt_text`."""
     if task_cfg.prompt == "chat":
@@ -208,7 +210,7 @@ def render_prompt(task_cfg: CustomTaskConfig, row: dict[str, Any]) -> Prompt:
     return prompt_text(task_cfg, row)
 
 
-def prompt_text(task_cfg: CustomTaskConfig, row: dict[str, Any]) -> str:
+def prompt_text(task_cfg: CustomTaskConfig, row: Row) -> str:
     """The prompt of one text row as text, what TRL passes as prompts= for a standard dataset: the system prompt
     (when set) as the first paragraph, then the template over the row's columns (wrapped in the R1 template under
     r1_zero). Under question_only and r1_zero it is exactly what the model is fed; under chat, the text of its
@@ -241,7 +243,7 @@ def _message_problem(messages: list[Any]) -> str | None:
     return None
 
 
-def is_conversational_data(task_cfg: CustomTaskConfig, rows: list[dict[str, Any]], where: str) -> bool:
+def is_conversational_data(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> bool:
     """Whether the rows are conversational (TRL's format: a `prompt` column of {role, content} messages), checked:
     every row of one kind, every message renderable, and neither task.template nor task.system_prompt nor a text
     prompt style set for a conversation (one line naming the row or the key)."""
@@ -286,12 +288,12 @@ def is_conversational_data(task_cfg: CustomTaskConfig, rows: list[dict[str, Any]
     return True
 
 
-def renamed(task_cfg: CustomTaskConfig, row: dict[str, Any]) -> dict[str, Any]:
+def renamed(task_cfg: CustomTaskConfig, row: Row) -> dict[str, Any]:
     mapping = dict(task_cfg.rename_columns or {})
     return {mapping.get(key, key): value for key, value in row.items()}
 
 
-def check_template(task_cfg: CustomTaskConfig, rows: list[dict[str, Any]], where: str) -> None:
+def check_template(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> None:
     """Every column the template reads is in every row (one line naming the first row that lacks one)."""
     needed = template_columns(task_cfg.template)
     for index, row in enumerate(rows):
@@ -304,12 +306,12 @@ def check_template(task_cfg: CustomTaskConfig, rows: list[dict[str, Any]], where
             )
 
 
-def truth_of(row: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
+def truth_of(row: Row, prompt: Prompt) -> dict[str, Any]:
     """A custom task's ground truth: the row's columns and the prompt as TRL passes it (what a reward reads)."""
     return {**row, "prompt": prompt}
 
 
-def examples_of(task_cfg: CustomTaskConfig, rows: list[dict[str, Any]], where: str) -> list[Example]:
+def examples_of(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> list[Example]:
     """Renamed rows as examples: a conversation is the model's prompt and TRL's prompts= alike; a text row's
     template is checked, rendered in the prompt style for the model, and as text for prompts=."""
     if is_conversational_data(task_cfg, rows, where):
@@ -355,7 +357,7 @@ def build_examples(task_cfg: CustomTaskConfig, rewards: list[NamedReward], split
 # ------------------------------------------------------------------------------------------------ rewards
 
 
-def _row_text(truth: Any, limit: int = 160) -> str:
+def _row_text(truth: GroundTruth, limit: int = 160) -> str:
     columns = {k: v for k, v in truth.items() if k != "prompt"} if isinstance(truth, dict) else truth
     text = json.dumps(columns, default=repr, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -483,7 +485,7 @@ class NamedReward:
             return kwargs
         return {k: v for k, v in kwargs.items() if k in self.parameters}
 
-    def check_columns(self, row: dict[str, Any], where: str) -> None:
+    def check_columns(self, row: Row, where: str) -> None:
         """A TRL function's required parameters are columns of the data (TRL passes each column by its name)."""
         if self.convention != "trl":
             return
@@ -496,7 +498,7 @@ class NamedReward:
         completions: list[Any],
         completion_ids: list[list[int]] | None,
         trainer_state: TrainerState,
-        truths: list[Any],
+        truths: list[GroundTruth],
     ) -> dict[str, Any]:
         """The keyword arguments of one call under TRL 1.16's convention (GRPOTrainer._calculate_rewards), except
         log_extra and log_metric, which `call_arguments` adds: picklable data only, so that a worker process can
@@ -514,7 +516,7 @@ class NamedReward:
         return self.accepted(kwargs)
 
     def per_sample_row(
-        self, truth: Any, completion_ids: list[int] | None, trainer_state: TrainerState
+        self, truth: GroundTruth, completion_ids: list[int] | None, trainer_state: TrainerState
     ) -> dict[str, Any]:
         """per_sample: the row a call gets (every column, "prompt", this sample's completion_ids, trainer_state),
         except log_extra and log_metric, which `call_arguments` adds. Picklable."""
@@ -633,7 +635,7 @@ class CustomReward:
     def __call__(
         self,
         response: str,
-        ground_truth: Any,
+        ground_truth: GroundTruth,
         n_tokens: int | None = None,
         completion_ids: list[int] | None = None,
         trainer_state: TrainerState | None = None,
@@ -650,7 +652,7 @@ class CustomReward:
     def score_batch(
         self,
         responses: Sequence[str],
-        truths: Sequence[Any],
+        truths: Sequence[GroundTruth],
         n_tokens: Sequence[int | None] | None = None,
         completion_ids: Sequence[list[int]] | None = None,
         trainer_state: TrainerState | None = None,
@@ -713,7 +715,7 @@ class CustomReward:
             return [self._one(reward, batch, i, counts, c) for i, c in enumerate(calls)]
         return self._trl_batch(reward, batch, list(range(len(batch.responses))), counts, calls)
 
-    def _fail(self, reward: NamedReward, what: str, truth: Any, where: str = "on row") -> None:
+    def _fail(self, reward: NamedReward, what: str, truth: GroundTruth, where: str = "on row") -> None:
         """Stop: one line naming the function, the row and what it did."""
         raise RewardFunctionError(
             f"reward {reward.key} {what} {where} {_row_text(truth)}: fix it, or set task.on_reward_error=skip to "
@@ -778,7 +780,7 @@ class CustomReward:
             return None
         return self._checked(reward, value, truth, counts)
 
-    def _checked(self, reward: NamedReward, value: Any, truth: Any, counts: dict[str, int]) -> float | None:
+    def _checked(self, reward: NamedReward, value: Any, truth: GroundTruth, counts: dict[str, int]) -> float | None:
         if hasattr(value, "item") and not isinstance(value, str):  # a 0-d tensor or numpy scalar
             # An array of several values keeps its type, and _value_problem names it.
             with contextlib.suppress(TypeError, ValueError):
@@ -835,7 +837,7 @@ class CustomReward:
             return [None] * n
         return [self._checked(reward, v, t, counts) for v, t in zip(out, truths, strict=True)]
 
-    def _model_values(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> list[float | None]:
+    def _model_values(self, reward: NamedReward, responses: list[str], truths: list[GroundTruth]) -> list[float | None]:
         if self._model is None:
             self._model = reward.fn(self.device)  # the scorer, loaded on first use on this run's device
         return [float(v) for v in self._model(responses, truths)]
@@ -854,7 +856,7 @@ class _Batch:
     """One scored batch: what every reward reads, and what they log."""
 
     responses: list[str]
-    truths: list[Any]
+    truths: list[GroundTruth]
     completion_ids: list[list[int]] | None
     trainer_state: TrainerState
     log: RewardLog

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpo_cli.tasks.base import Example, RowError, TaskDataError, format_prompt
+from grpo_cli.tasks.base import Example, GroundTruth, Row, RowError, TaskDataError, format_prompt
 
-RowParser = Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]]
+RowParser = Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]]
 
 
 def _one_line(error: BaseException, limit: int = 200) -> str:

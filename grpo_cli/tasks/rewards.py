@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.tasks.base import RewardComponent, RewardFn, TaskSpec
+from grpo_cli.tasks.base import GroundTruth, RewardComponent, RewardFn, TaskSpec
 from grpo_cli.tasks.timelimit import call_with_time_limit
 
 # Component name -> key of the task's own reward dict.
@@ -133,7 +133,7 @@ class WeightedReward:
         """Whether a call needs n_tokens (the scorer passes it only then)."""
         return "overlong" in self.weights
 
-    def __call__(self, response: str, ground_truth: Any, n_tokens: int | None = None) -> dict[str, float]:
+    def __call__(self, response: str, ground_truth: GroundTruth, n_tokens: int | None = None) -> dict[str, float]:
         result = {key: float(value) for key, value in self.base(response, ground_truth).items()}
         values = {name: result[key] for name, key in BUILTIN_COMPONENTS.items()}
         for name, component in self.extras.items():
@@ -161,7 +161,7 @@ class TimeLimitedReward:
     def uses_n_tokens(self) -> bool:
         return uses_n_tokens(self.fn)
 
-    def __call__(self, response: str, ground_truth: Any, **kwargs: Any) -> dict[str, float]:
+    def __call__(self, response: str, ground_truth: GroundTruth, **kwargs: Any) -> dict[str, float]:
         return call_with_time_limit(self.seconds, self.fn, response, ground_truth, **kwargs)
 
 

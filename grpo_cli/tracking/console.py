@@ -26,7 +26,7 @@ STEP_LINE_KEYS = (
 )
 
 
-def shape_table(rows: list[tuple[str, Any]], title: str) -> Table:
+def shape_table(rows: list[tuple[str, object]], title: str) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("quantity")
     table.add_column("value", justify="right")

@@ -144,7 +144,7 @@ def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _natural_key(path: Path) -> list[Any]:
+def _natural_key(path: Path) -> list[int | str]:
     # Multirun job directories start with the job number: 2_... sorts before 10_...
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
@@ -303,7 +303,7 @@ def hparams_label(run: RunData, keys: list[str], fallback: str) -> str:
     return ", ".join(f"{k}={format_value(run.config.get(k))}" for k in keys) or fallback
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if value is None:

@@ -23,6 +23,7 @@ from grpo_cli.tasks.custom import code_hashes
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.tasks.base import Example
 
 PACKAGES = (
     "grpo-cli",
@@ -55,7 +56,7 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
     return versions
 
 
-def examples_sha256(examples: list[Any]) -> str:
+def examples_sha256(examples: list[Example]) -> str:
     """A hash of prompts and ground truths, stable across processes (JSON with sorted keys, not hash())."""
     digest = hashlib.sha256()
     for example in examples:
@@ -88,7 +89,7 @@ def git_state(source_dir: Path) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": bool(changed), "changed_files": changed[:50]}
 
 
-def build_run_info(cfg: GRPOConfig, examples: dict[str, list[Any]], overrides: list[str]) -> dict[str, Any]:
+def build_run_info(cfg: GRPOConfig, examples: dict[str, list[Example]], overrides: list[str]) -> dict[str, Any]:
     """Everything but the config itself (config.yaml holds that) needed to rerun this run."""
     import grpo_cli
 

@@ -22,6 +22,8 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.tracking.jsonl import read_metrics
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
     from grpo_cli.config.schemas import GRPOConfig
 
 LOG_SUBDIR = "tensorboard"
@@ -63,7 +65,7 @@ def _fenced(text: str) -> str:
     return f"{fence}\n{text}\n{fence}"
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     return f"{value:g}" if isinstance(value, int | float) and math.isfinite(value) else str(value)
 
 
@@ -88,7 +90,7 @@ class TensorBoardSink:
     """Scalars against the GRPO step and eval completions as text, flushed at every call so a live TensorBoard
     shows each step as it lands and a killed run keeps what it logged (as metrics.jsonl does)."""
 
-    def __init__(self, writer: Any, samples_every: int, samples_rows: int) -> None:
+    def __init__(self, writer: SummaryWriter, samples_every: int, samples_rows: int) -> None:
         self.writer = writer
         self.samples_every = samples_every
         self.samples_rows = samples_rows

@@ -96,14 +96,14 @@ def sample_table_rows(
     return table
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: object) -> object:
     return value.item() if hasattr(value, "item") else value
 
 
 class WandbSink:
     """Scalars against the GRPO step, a samples table at evaluations, the resolved config, the run id on disk."""
 
-    def __init__(self, run: Any, samples_every: int, samples_rows: int) -> None:
+    def __init__(self, run: wandb.Run, samples_every: int, samples_rows: int) -> None:
         self.run = run
         self.samples_every = samples_every
         self.samples_rows = samples_rows
@@ -167,7 +167,7 @@ class WandbSink:
             self.run.finish()
 
 
-def _start_line(run: Any, mode: WandbMode, notice: str | None) -> str:
+def _start_line(run: wandb.Run, mode: WandbMode, notice: str | None) -> str:
     prefix = f"{notice}: " if notice else ""
     if mode == "online":
         return f"W&B: run {run.name} at {run.url}"

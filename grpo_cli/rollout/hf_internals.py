@@ -183,6 +183,8 @@ def prefill_keys(prefix: DynamicCache) -> torch.Tensor | None:
     return layers[0].keys
 
 
+# Any: a StaticCache and a DynamicCache, whose layers transformers types as a union of kinds; the type() checks
+# below admit only the plain kinds whose keys and values this copies.
 def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bool:
     """Copy a prefill's keys/values (P prompts) into rows p*n .. p*n+n-1 of a static cache's first `width`
     positions, and mark those positions filled. False (nothing copied) when the layers are not the plain kinds."""

@@ -85,10 +85,10 @@ def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 def sample_table_rows(
     rows: list[dict[str, Any]], step: int, max_rows: int, extra: list[str] | None = None
-) -> list[list[Any]]:
+) -> list[list[str | int | float | None]]:
     """Rows of the W&B samples table (SAMPLE_COLUMNS, then the `extra` columns); values that are not scalars (a
     ground truth's list of keywords, a logged list) become text."""
-    table = []
+    table: list[list[str | int | float | None]] = []
     for row in rows[:max_rows]:
         values = [row.get("prompt"), row.get("response"), row.get("ground_truth")]
         values += [row.get(k) for k in (*SAMPLE_COLUMNS[4:], *(extra or ()))]

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import transformers
 from packaging.version import Version
 from torch.overrides import TorchFunctionMode
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, StaticCache
+    from transformers.generation.utils import GenerateOutput
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +61,18 @@ def transformers_version() -> Version:
     return Version(transformers.__version__)
 
 
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
     """The transformers model inside a peft wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    # The policy is a transformers model, in a peft wrapper when LoRA is on (grpo_cli.models.loading).
+    return cast("PreTrainedModel", get_base_model() if get_base_model is not None else model)
+
+
+def generate(model: torch.nn.Module, **kwargs: Any) -> GenerateOutput | torch.LongTensor:
+    """`model.generate(**kwargs)`: transformers' own, or a peft wrapper's, which forwards to it (nn.Module's
+    attribute typing cannot see either)."""
+    generate_fn = cast("Callable[..., GenerateOutput | torch.LongTensor]", model.generate)
+    return generate_fn(**kwargs)
 
 
 def _missing_internal() -> str | None:
@@ -79,7 +92,7 @@ def _missing_internal() -> str | None:
     return None
 
 
-def _sliding_window(config: Any) -> bool:
+def _sliding_window(config: PretrainedConfig) -> bool:
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     return layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None
 
@@ -147,13 +160,13 @@ def can_compile_fullgraph(model: torch.nn.Module) -> bool:
     return bool(getattr(base_model(model), "_can_compile_fullgraph", False))
 
 
-def new_dynamic_cache(config: Any) -> Any:
+def new_dynamic_cache(config: PretrainedConfig) -> DynamicCache:
     from transformers import DynamicCache
 
     return DynamicCache(config=config)
 
 
-def new_static_cache(config: Any, rows: int, length: int, like: torch.Tensor) -> Any:
+def new_static_cache(config: PretrainedConfig, rows: int, length: int, like: torch.Tensor) -> StaticCache:
     """A static cache of `rows` x `length` positions, allocated now in `like`'s dtype/device and head shape."""
     from transformers import StaticCache
 
@@ -162,7 +175,7 @@ def new_static_cache(config: Any, rows: int, length: int, like: torch.Tensor) ->
     return cache
 
 
-def prefill_keys(prefix: Any) -> torch.Tensor | None:
+def prefill_keys(prefix: DynamicCache) -> torch.Tensor | None:
     """The first layer's keys (P, Hkv, W, D) of a prefilled dynamic cache, None if it has no plain layers."""
     from transformers.cache_utils import DynamicLayer
 
@@ -172,6 +185,8 @@ def prefill_keys(prefix: Any) -> torch.Tensor | None:
     return layers[0].keys
 
 
+# Any: a StaticCache and a DynamicCache, whose layers transformers types as a union of kinds; the type() checks
+# below admit only the plain kinds whose keys and values this copies.
 def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bool:
     """Copy a prefill's keys/values (P prompts) into rows p*n .. p*n+n-1 of a static cache's first `width`
     positions, and mark those positions filled. False (nothing copied) when the layers are not the plain kinds."""
@@ -187,7 +202,7 @@ def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bo
     return True
 
 
-def repeat_dynamic(prefix: Any, n: int) -> Any:
+def repeat_dynamic(prefix: DynamicCache, n: int) -> DynamicCache:
     """The prefill's dynamic cache with each prompt's row repeated n times (prompt-major), in place."""
     prefix.batch_repeat_interleave(n)
     return prefix
@@ -242,7 +257,7 @@ def configured_attention(model: torch.nn.Module) -> str | None:
 
 
 @contextmanager
-def decode_scope(config: Any, grouped_attention: bool, skinny: bool) -> Iterator[None]:
+def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: bool) -> Iterator[None]:
     """The decode steps' setting, undone on exit: with `grouped_attention`, `decode_attention` is added to the
     attention tables under DECODE_ATTENTION and the config switched to it; with `skinny`, SkinnyLinear is on.
 

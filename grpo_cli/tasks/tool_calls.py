@@ -71,6 +71,11 @@ def find_hermes_calls(text: str) -> RawCalls:
     return [body.strip() for body in _HERMES_CALL.findall(text)]
 
 
+def wrap_hermes_result(content: str) -> str:
+    """A tool's result as Qwen2.5's template shows it in a user turn."""
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
 HERMES_INSTRUCTIONS = """# Tools
 
 You may call one or more functions to help with the user's request.
@@ -92,7 +97,7 @@ HERMES = ToolCallFormat(
     template_marker="<tool_call>",
     find=find_hermes_calls,
     instructions=HERMES_INSTRUCTIONS,
-    wrap_result=lambda content: f"<tool_response>\n{content}\n</tool_response>",
+    wrap_result=wrap_hermes_result,
 )
 
 # Every tool-call format grpo-run reads, by the name task.tool_call_format takes. Add a format here.

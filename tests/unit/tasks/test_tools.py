@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,7 @@ def test_a_hermes_template_renders_the_tools_itself(tokenizer: Any, tools: dict[
     hermes = _with_template(tokenizer, HERMES_TEMPLATE.read_text())
     prompt = tool_prompt(hermes, tools)
     assert (prompt.native, prompt.tool_messages_native, prompt.fmt) == (True, True, HERMES)
+    assert pickle.loads(pickle.dumps(prompt)) == prompt  # plain data: it can travel to a Ray actor or a worker
     schemas = [t.schema for t in tools.values()]
     text = prompt.render(hermes, CONVERSATION, tokenize=False, add_generation_prompt=True)
     assert text == hermes.apply_chat_template(CONVERSATION, tools=schemas, tokenize=False, add_generation_prompt=True)

@@ -249,6 +249,20 @@ def test_a_hermes_template_renders_the_tools_itself(tokenizer: Any, tools: dict[
     assert rendered.endswith(f"<|im_start|>assistant\n{CONVERSATION[1]['content']}<|im_end|>\n")
 
 
+@pytest.mark.parametrize("template", ["smollm2", "hermes"])
+def test_a_turns_tool_results_extend_the_rendered_conversation(
+    tokenizer: Any, tools: dict[str, Any], template: str
+) -> None:
+    """The episode builder appends the text of a turn's tool messages after the text so far: rendering the
+    conversation with them starts with the rendering without them (when all of a turn's results are appended at
+    once: consecutive tool messages share one user turn)."""
+    chat = tokenizer if template == "smollm2" else _with_template(tokenizer, HERMES_TEMPLATE.read_text())
+    prompt = tool_prompt(chat, tools)
+    before = prompt.render(chat, CONVERSATION[:2], tokenize=False)
+    after = prompt.render(chat, CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert after.startswith(before) and after[len(before) :].startswith("<|im_start|>user\n<tool_response>\n5")
+
+
 def _with_template(tokenizer: Any, template: str) -> Any:
     import copy
 

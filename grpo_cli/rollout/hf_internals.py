@@ -17,7 +17,8 @@ swaps `config._attn_implementation` to an attention function of its own for the 
   global tables at import time: `decode_scope` adds the decode attention function for the duration of the decode
   steps only and removes it afterwards.
 
-Tested (tests/test_decode.py, greedy tokens equal to `generate`'s): Llama (tied and untied embeddings, Llama 3
+Tested (tests/unit/rollout/test_decode.py, greedy tokens equal to `generate`'s): Llama (tied and untied
+embeddings, Llama 3
 rope scaling), Qwen2 (qkv bias), Qwen3, Mistral without a sliding window, each also under LoRA; Gemma 2 and any
 sliding-window layer go to `generate`.
 """
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 # The oldest transformers release the decode loop runs on (older ones lack internals it uses, and will not change).
 # Newer releases, published or not, are not listed: the loop is checked on the loaded model (rollout.loop_check).
 FAST_PATH_MIN_TRANSFORMERS = Version("5.16")
-# Architectures whose greedy tokens on the loop equal generate()'s (tests/test_decode.py, one test each), and
+# Architectures whose greedy tokens on the loop equal generate()'s (tests/unit/rollout/test_decode.py, one test
+# each), and
 # whose attention calls the attention interface with (query, key, value, mask, scaling, dropout) only, so
 # decode_attention computes exactly what sdpa would.
 FAST_PATH_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})

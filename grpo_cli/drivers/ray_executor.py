@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import random
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -142,9 +143,9 @@ class RayExecutor:
         self.sampler = sampler
         self.shape = BatchShape.from_config(cfg)
         self.with_old_log_probs = needs_old_log_probs(cfg)
-        self.ray = ray = import_ray(cfg.sync.strategy)
+        self.ray = import_ray(cfg.sync.strategy)
         self.started_ray = False
-        self.sentinel = None
+        self.sentinel: subprocess.Popen[bytes] | None = None
         self.requests: list[Request] = []
         self.loads: list[Any] = []  # load_weights calls not checked yet (ray.ObjectRefs)
         # Ray ActorHandles of Hosted (ray is imported at run time only: import_ray); None once closed.
@@ -157,6 +158,24 @@ class RayExecutor:
         self.groups_dropped = 0
         self.extra_rounds = 0
         cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
+        try:
+            device_text, ray_s = self._start_actors(cfg, output_dir, cpus, gpus)
+        except BaseException:
+            # The caller gets no executor to close: stop what was started (the local Ray, both actors, the
+            # sentinel) here, or it outlives the error in this process, where the next run (a sweep's next job
+            # under hydra/launcher=basic) would find Ray up and the actors still holding their CPUs.
+            self.close()
+            raise
+        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
+        self.device_text = (
+            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
+            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
+        )
+
+    def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
+        """Start Ray (unless it runs already) and both actors with their policy copies; returns the learner's
+        device description and the seconds Ray took to start (self.load_s: the actors')."""
+        ray = self.ray
         t0 = time.perf_counter()
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {
@@ -183,11 +202,7 @@ class RayExecutor:
             ]
         )
         self.load_s = time.perf_counter() - t0
-        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
-        self.device_text = (
-            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
-            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
-        )
+        return device_text, ray_s
 
     @property
     def learner_version(self) -> int:

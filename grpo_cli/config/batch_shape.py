@@ -72,7 +72,7 @@ class BatchShape:
         per rollout batch, or a generator that runs behind the learner (the DISAGGREGATED strategies)."""
         return self.optimizer_steps_per_rollout_batch > 1 or self.sync_strategy in DISAGGREGATED
 
-    def rows(self) -> list[tuple[str, int | str]]:
+    def rows(self) -> list[tuple[str, object]]:
         return [
             ("prompts per rollout batch", self.prompts_per_rollout_batch),
             ("completions per prompt (group size)", self.group_size),

@@ -1,7 +1,7 @@
 """`grpo-run`: the Hydra entrypoint. Composes and validates the config, then dispatches the job.
 
 This is the only module that touches Hydra: it reads what it needs (output dir, the resolved config) once and
-hands plain objects to the job functions.
+hands plain objects to the job functions: the config as the schema's GRPOConfig, typed from here to the kernel.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ class RayExecutor:
                 raise error.cause from None
             raise
 
-    def get_all(self, refs: list[Any]) -> list[Any]:
+    def get_all(self, refs: list[Any]) -> list[Any]:  # Any: ray.ObjectRefs in, what the actors returned out
         """Every result, after all have finished: when both actors fail to start, the second error is retrieved
         too (an error nobody retrieves is printed by Ray as a traceback when its reference is dropped)."""
         self.ray.wait(refs, num_returns=len(refs))

@@ -42,9 +42,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from grpo_cli.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from grpo_cli.tasks.environments import EnvironmentRunner
 
 # A chat message, {"role": ..., "content": ...} (and whatever else the template reads: tool_calls, name, ...).
 Message = dict[str, Any]
@@ -155,6 +158,8 @@ class Episode:
     rerendered_turns: int = 0  # turns whose delta needed rule 2 (the template altered the earlier conversation)
     # The template's rendering of the conversation the next turn is (or the last turn was) sampled from.
     rendered: str = ""
+    # The caller's own data for this episode (its row, its environment session, ...); the driver never reads it.
+    context: Any = None
 
     @property
     def n_turns(self) -> int:
@@ -257,12 +262,16 @@ class ChatTemplate:
         return delta, after, True
 
 
-def start_episode(template: ChatTemplate, messages: Sequence[Message]) -> Episode:
+def start_episode(template: ChatTemplate, messages: Sequence[Message], context: Any = None) -> Episode:
     """An episode at its opening messages: rendered with the generation prompt and tokenized once."""
     rendered = template.render(messages, add_generation_prompt=True)
     opening = [dict(m) for m in messages]
     return Episode(
-        prompt_messages=opening, prompt_ids=template.encode(rendered), messages=list(opening), rendered=rendered
+        prompt_messages=opening,
+        prompt_ids=template.encode(rendered),
+        messages=list(opening),
+        rendered=rendered,
+        context=context,
     )
 
 
@@ -379,3 +388,14 @@ def run_episodes(
             raise ValueError(f"on_turn returned {len(outcomes)} outcomes for {len(active)} episodes")
         for episode, outcome in zip(active, outcomes, strict=True):
             apply_outcome(episode, template, outcome, limits)
+
+
+def environment_hook(runner: EnvironmentRunner) -> TurnHook:
+    """The hook that steps each episode's environment session (its `context`, from `EnvironmentRunner.reset`) on
+    the conversation so far; the steps of different workers run in parallel."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        steps = runner.step([e.context for e in episodes], [e.messages for e in episodes])
+        return [TurnOutcome(s.messages, s.reward, s.done, s.error) for s in steps]
+
+    return hook

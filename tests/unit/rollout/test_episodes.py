@@ -18,9 +18,12 @@ from grpo_cli.rollout.episodes import (
     EpisodeLimits,
     SampledTurn,
     TurnOutcome,
+    environment_hook,
     run_episodes,
     start_episode,
 )
+from grpo_cli.tasks.environments import EnvironmentRunner
+from grpo_cli.tasks.guess_number import guess_number_rows
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
 QUESTION = [{"role": "user", "content": "What is 6 times 7? Use the calculator."}]
@@ -41,26 +44,22 @@ def chat_template(tokenizer: transformers.PreTrainedTokenizerBase, name: str) ->
 class Scripted:
     """A generate callable that 'samples' the given texts in order (one list per episode), recording its calls."""
 
-    def __init__(self, template: ChatTemplate, turns: list[list[str]], end: bool = True) -> None:
+    def __init__(self, template: ChatTemplate, episodes: list[Episode], turns: list[list[str]], end: bool) -> None:
         im_end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.episodes = episodes
         self.turns = [[template.encode(t) + ([im_end] if end else []) for t in episode] for episode in turns]
         self.calls: list[tuple[list[list[int]], int]] = []
-        self.prompt_to_episode: dict[int, int] = {}
 
     def __call__(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[SampledTurn]:
         self.calls.append(([list(p) for p in prompts], max_tokens))
-        out = []
-        for prompt in prompts:
-            # Each episode's prompt starts with its own opening ids, so match on which script is next for it.
-            episode = next(i for i, ids in self.prompt_to_episode.items() if list(prompt[: len(ids)]) == ids)
-            out.append(SampledTurn(self.turns[episode].pop(0)))
-        return out
+        # The driver passes the unfinished episodes' ids so far, in order.
+        active = [i for i, e in enumerate(self.episodes) if not e.finished]
+        assert [list(p) for p in prompts] == [self.episodes[i].prompt_ids + self.episodes[i].ids for i in active]
+        return [SampledTurn(self.turns[i].pop(0)) for i in active]
 
 
 def scripted(template: ChatTemplate, episodes: list[Episode], turns: list[list[str]], end: bool = True) -> Scripted:
-    script = Scripted(template, turns, end)
-    script.prompt_to_episode = {i: e.prompt_ids for i, e in enumerate(episodes)}
-    return script
+    return Scripted(template, episodes, turns, end)
 
 
 def tool_then_done(episodes: Sequence[Episode]) -> list[TurnOutcome]:
@@ -215,7 +214,7 @@ def test_the_unfinished_episodes_of_a_batch_generate_together(tokenizer: transfo
     assert [len(prompts) for prompts, _ in script.calls] == [3, 2, 1]
     assert [e.n_turns for e in episodes] == [3, 1, 2]
     assert [e.counts.get("tool_calls", 0) for e in episodes] == [2, 0, 1]
-    # Each call's prompts are the episodes' ids so far, exactly.
+    # The last call's prompt is the episode's ids up to its last turn, exactly (Scripted checks every call).
     assert script.calls[-1][0] == [episodes[0].prompt_ids + episodes[0].ids[: episodes[0].spans[-1].start]]
 
 
@@ -309,3 +308,28 @@ def test_sampled_logprobs_equal_one_teacher_forced_pass_over_the_episode(
         for span in (s for s in episode.spans if s.kind == "env"):
             text = template.decode(episode.ids[span.start : span.end])
             assert "<|im_start|>user\n<tool_response>\nresult " in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_guess_number_episodes_run_against_their_environment_in_a_worker(
+    tokenizer: transformers.PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    template = chat_template(tokenizer, "qwen2_5_tools")
+    runner = EnvironmentRunner("task.environment", "grpo_cli.tasks.guess_number:GuessNumber", tmp_path, 1, 30.0)
+    try:
+        rows = guess_number_rows(2, seed=0, low=10, high=20)
+        sessions = runner.reset(rows)
+        episodes = [start_episode(template, s.opening, context=s) for s in sessions]
+        finds = rows[0]["target"]
+        script = scripted(template, episodes, [[f"{finds - 1}", f"{finds + 1}", f"It is {finds}"], ["5", "30", "7"]])
+        run_episodes(episodes, template, script, environment_hook(runner), EpisodeLimits(3, 8))
+        runner.close(sessions)
+    finally:
+        runner.shutdown()
+    found, lost = episodes
+    assert (found.stop_reason, found.truncated, found.step_rewards) == ("done", False, [0.0, 0.0, 1.0])
+    assert [m["content"] for m in found.completion_messages if m["role"] == "user"] == ["Higher.", "Lower."]
+    assert (lost.stop_reason, lost.truncated, lost.step_reward) == ("max_turns", True, 0.0)
+    for episode in episodes:
+        env_text = [template.decode(episode.ids[s.start : s.end]) for s in episode.spans if s.kind == "env"]
+        assert all(t.startswith("\n<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in env_text)
+        assert template.decode(episode.prompt_ids).count("between 10 and 20") == 1

@@ -62,11 +62,14 @@ class ChatTemplateError(UserFacingError):
 
 @dataclass(frozen=True)
 class SampledTurn:
-    """What the engine sampled for one episode's turn: the token ids (cut after the first stop token, which is
-    kept), and the log-prob of each under the sampler (None when the engine gives none)."""
+    """What the engine sampled for one episode's turn: the token ids (cut after the first stop token or stop string,
+    both kept), the log-prob of each under the sampler (None when the engine gives none), and whether the turn
+    stopped on its own (a stop token or a stop string; vLLM's finish_reason "stop") rather than at its token limit
+    (None: the engine does not say; then a turn stopped iff its last id is a stop token)."""
 
     ids: list[int]
     logprobs: list[float] | None = None
+    stopped: bool | None = None
 
 
 class Generate(Protocol):
@@ -277,7 +280,8 @@ def start_episode(template: ChatTemplate, messages: Sequence[Message], context: 
 
 def add_model_turn(episode: Episode, template: ChatTemplate, sampled: SampledTurn) -> None:
     """Append a sampled turn: its ids as they are (mask 1), its text as the assistant message (the stop token's
-    text left out of the content, as the template writes that itself)."""
+    text left out of the content, as the template writes that itself). A turn ended by a stop string keeps it in
+    its content, and the template's end of turn follows it out of the loss, as after a cut turn."""
     ids = list(sampled.ids)
     if sampled.logprobs is not None and len(sampled.logprobs) != len(ids):
         raise ValueError(f"the engine gave {len(sampled.logprobs)} log-probs for {len(ids)} sampled tokens")
@@ -288,7 +292,7 @@ def add_model_turn(episode: Episode, template: ChatTemplate, sampled: SampledTur
     episode.sampler_logprobs.extend(sampled.logprobs if sampled.logprobs is not None else [math.nan] * len(ids))
     episode.spans.append(TokenSpan("model", start, len(episode.ids)))
     episode.model_turns.append(ids)
-    episode.turn_cut.append(not ended)
+    episode.turn_cut.append(not (ended if sampled.stopped is None else sampled.stopped))
     episode.messages.append({"role": "assistant", "content": template.decode(ids[:-1] if ended else ids)})
 
 
@@ -332,10 +336,12 @@ def _cut(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) -> S
     """The turn cut after its first stop token (an engine may pad after it) and at the episode's budget (exact:
     a token's log-prob depends only on the tokens before it)."""
     ids = list(sampled.ids)
-    end = next((i + 1 for i, t in enumerate(ids) if t in stop_token_ids), len(ids))
-    end = min(end, budget)
+    stop = next((i + 1 for i, t in enumerate(ids) if t in stop_token_ids), None)
+    end = min(stop or len(ids), budget)
     logprobs = list(sampled.logprobs[:end]) if sampled.logprobs is not None else None
-    return SampledTurn(ids[:end], logprobs)
+    if stop is not None and stop <= budget:
+        return SampledTurn(ids[:end], logprobs, True)
+    return SampledTurn(ids[:end], logprobs, sampled.stopped if end == len(ids) else False)
 
 
 def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome, limits: EpisodeLimits) -> None:
@@ -388,6 +394,24 @@ def run_episodes(
             raise ValueError(f"on_turn returned {len(outcomes)} outcomes for {len(active)} episodes")
         for episode, outcome in zip(active, outcomes, strict=True):
             apply_outcome(episode, template, outcome, limits)
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-episode means over a batch: `turns` (model turns), `env_tokens` (tokens out of the loss after the
+    prompt), `truncated_episodes` (the fraction ended by a limit or on a cut turn), `rerendered_turns`, and each
+    of the hooks' counters (`tool_calls`, `tool_errors`, ...); {} for no episodes."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    metrics = {
+        "turns": sum(e.n_turns for e in episodes) / n,
+        "env_tokens": sum(e.env_tokens for e in episodes) / n,
+        "truncated_episodes": sum(e.truncated for e in episodes) / n,
+        "rerendered_turns": sum(e.rerendered_turns for e in episodes) / n,
+    }
+    for name in sorted({name for e in episodes for name in e.counts}):
+        metrics[name] = sum(e.counts.get(name, 0) for e in episodes) / n
+    return metrics
 
 
 def environment_hook(runner: EnvironmentRunner) -> TurnHook:

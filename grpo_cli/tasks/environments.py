@@ -112,7 +112,11 @@ def load_environment_factory(key: str, spec: EnvironmentSpec, base_dir: Path) ->
                 f"{key}={spec_text(spec)}: an environment given as a node names its class in _target_: "
                 "{_target_: path/to/file.py:Class, <constructor arguments>}"
             )
-        return load_reward_spec(key, {**spec, "_partial_": True}, base_dir)
+        made = load_reward_spec(key, {**spec, "_partial_": True}, base_dir)
+        target = getattr(made, "func", made)  # the class itself, its arguments bound by functools.partial
+        if isinstance(target, type) and not callable(getattr(target, "step", None)):
+            raise UserCodeError(f"{key}={spec_text(spec)}: {target.__name__} has no step(messages) method: add one")
+        return made
     reference = str(spec)
     target, sep, name = reference.rpartition(":")
     if not sep and not is_file_reference(reference) and "." in reference:  # pkg.mod.Class reads as pkg.mod:Class

@@ -19,6 +19,7 @@ from grpo_cli.rollout.episodes import (
     SampledTurn,
     TurnOutcome,
     environment_hook,
+    episode_metrics,
     run_episodes,
     start_episode,
 )
@@ -333,3 +334,47 @@ def test_guess_number_episodes_run_against_their_environment_in_a_worker(
         env_text = [template.decode(episode.ids[s.start : s.end]) for s in episode.spans if s.kind == "env"]
         assert all(t.startswith("\n<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in env_text)
         assert template.decode(episode.prompt_ids).count("between 10 and 20") == 1
+
+
+def test_a_turn_ended_by_a_stop_string_is_not_cut_and_the_template_closes_it(
+    tokenizer: transformers.PreTrainedTokenizerBase,
+) -> None:
+    template = chat_template(tokenizer, "qwen2_5_tools")
+    episode = start_episode(template, QUESTION)
+    call = '<tool_call>\n{"name": "mul", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+
+    def stops_on_string(prompts: Sequence[Sequence[int]], max_tokens: int) -> list[SampledTurn]:
+        # vLLM's finish_reason "stop" for a stop string: no stop token, yet the turn ended on its own.
+        return [SampledTurn(template.encode(call if episode.n_turns == 0 else "42"), None, True) for _ in prompts]
+
+    run_episodes([episode], template, stops_on_string, tool_then_done, EpisodeLimits(3, 64))
+    assert episode.turn_cut == [False, False] and not episode.truncated
+    assert episode.messages[1] == {"role": "assistant", "content": call}
+    (env,) = spans_of(episode, "env")
+    assert template.decode(env).startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
+
+
+def test_episode_metrics_are_per_episode_means(tokenizer: transformers.PreTrainedTokenizerBase) -> None:
+    template = chat_template(tokenizer, "qwen2_5_tools")
+    episodes = [start_episode(template, [{"role": "user", "content": f"Question {i}"}]) for i in range(2)]
+    script = scripted(template, episodes, [["a", "b"], ["a"]])
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        return [
+            TurnOutcome([TOOL_RESULT], None, False, counts={"tool_calls": 2, "tool_errors": 1})
+            if e.prompt_messages[0]["content"] == "Question 0" and e.n_turns == 1
+            else TurnOutcome(None, None, True)
+            for e in episodes
+        ]
+
+    run_episodes(episodes, template, script, hook, EpisodeLimits(3, 8))
+    metrics = episode_metrics(episodes)
+    assert metrics == {
+        "turns": 1.5,
+        "env_tokens": episodes[0].env_tokens / 2,
+        "truncated_episodes": 0.0,
+        "rerendered_turns": 0.0,
+        "tool_calls": 1.0,
+        "tool_errors": 0.5,
+    }
+    assert episodes[0].env_tokens > 0 and episode_metrics([]) == {}

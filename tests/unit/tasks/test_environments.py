@@ -85,6 +85,7 @@ def test_an_environment_loads_from_a_file_a_module_or_a_node_with_constructor_ar
         ("counter.py:NoStep", "task.environment=counter.py:NoStep: NoStep has no step(messages) method: add one"),
         ("missing.py:Env", "task.environment=missing.py:Env: no such file"),
         ({"start": 1}, "task.environment={start: 1}: an environment given as a node names its class in _target_"),
+        ({"_target_": "counter.py:NoStep"}, "task.environment={_target_: counter.py:NoStep}: NoStep has no step("),
     ],
 )
 def test_a_bad_environment_spec_is_one_line(env_dir: Path, spec: str | dict, expected: str) -> None:

@@ -48,6 +48,11 @@ from grpo_cli.errors import UserFacingError
 
 if TYPE_CHECKING:
     from grpo_cli.tasks.environments import EnvironmentRunner
+    from grpo_cli.tasks.tools import ToolPrompt, ToolRunner
+
+# How a conversation is rendered when not by the tokenizer's template as it is (a tools prompt's render, which adds
+# the default tool prompt or shows tool results as user turns): (messages, add_generation_prompt) -> text.
+Renderer = Callable[[Sequence["Message"], bool], str]
 
 # A chat message, {"role": ..., "content": ...} (and whatever else the template reads: tool_calls, name, ...).
 Message = dict[str, Any]
@@ -193,7 +198,8 @@ class ChatTemplate:
 
     `tools` (JSON schemas) and `template_kwargs` (e.g. enable_thinking) go to every rendering; `stop_token_ids`
     end a model turn (default: the tokenizer's EOS and `<|im_end|>` when the vocabulary has it); `chat_template`
-    replaces the tokenizer's template (None: its own)."""
+    replaces the tokenizer's template (None: its own); `renderer` replaces the rendering altogether (then `tools`,
+    `template_kwargs` and `chat_template` are its business): `ChatTemplate.for_tools` makes one from a tools prompt."""
 
     def __init__(
         self,
@@ -202,9 +208,11 @@ class ChatTemplate:
         template_kwargs: Mapping[str, Any] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         chat_template: str | None = None,
+        renderer: Renderer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template  # None: the tokenizer's own
+        self.renderer = renderer
         self.tools = [dict(t) for t in tools] if tools else None
         self.template_kwargs = dict(template_kwargs or {})
         if stop_token_ids is None:
@@ -216,6 +224,8 @@ class ChatTemplate:
         self.stop_token_ids = frozenset(stop_token_ids)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        if self.renderer is not None:
+            return self.renderer(messages, add_generation_prompt)
         text = self.tokenizer.apply_chat_template(
             list(messages),
             tools=self.tools,
@@ -227,6 +237,21 @@ class ChatTemplate:
         if not isinstance(text, str):
             raise ChatTemplateError(f"the chat template rendered a {type(text).__name__}, not text")
         return text
+
+    @classmethod
+    def for_tools(
+        cls, tokenizer: Any, prompt: ToolPrompt, stop_token_ids: Sequence[int] | None = None, **template_kwargs: Any
+    ) -> ChatTemplate:
+        """The template as a tools prompt (tasks/tools.py) renders it: the tools in the template's own way or the
+        default tool prompt, tool results as `tool` messages or as user turns when the template has no tool role."""
+
+        def render(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+            text = prompt.render(
+                tokenizer, messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+            )
+            return str(text)
+
+        return cls(tokenizer, stop_token_ids=stop_token_ids, renderer=render)
 
     def encode(self, text: str) -> list[int]:
         """The text's ids, no special tokens added (the template writes its own BOS and turn markers)."""
@@ -421,5 +446,29 @@ def environment_hook(runner: EnvironmentRunner) -> TurnHook:
     def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
         steps = runner.step([e.context for e in episodes], [e.messages for e in episodes])
         return [TurnOutcome(s.messages, s.reward, s.done, s.error) for s in steps]
+
+    return hook
+
+
+def tools_hook(runner: ToolRunner, prompt: ToolPrompt) -> TurnHook:
+    """The hook that runs the tool calls of each episode's last turn (parsed in the prompt's format; every call of
+    the batch started before any result is read, so they run concurrently) and appends one `tool` message per
+    call; a turn without a call ends its episode. Counts `tool_calls` and `tool_errors` (the model's malformed
+    calls, a tool's error or time-out: text the model reads, not the episode's error)."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        calls = [prompt.parse(str(e.messages[-1]["content"])) for e in episodes]
+        results = runner.run(calls)
+        return [
+            TurnOutcome(
+                [r.message() for r in turn],
+                None,
+                False,
+                counts={"tool_calls": len(turn), "tool_errors": sum(r.error for r in turn)},
+            )
+            if turn
+            else TurnOutcome(None, None, True)
+            for turn in results
+        ]
 
     return hook

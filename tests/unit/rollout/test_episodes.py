@@ -4,7 +4,8 @@ the log-probs the sampler had turn by turn. The real SmolLM2 tokenizer, two chat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,11 @@ from grpo_cli.rollout.episodes import (
     episode_metrics,
     run_episodes,
     start_episode,
+    tools_hook,
 )
 from grpo_cli.tasks.environments import EnvironmentRunner
 from grpo_cli.tasks.guess_number import guess_number_rows
+from grpo_cli.tasks.tools import ToolRunner, load_tools, tool_prompt
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
 QUESTION = [{"role": "user", "content": "What is 6 times 7? Use the calculator."}]
@@ -259,7 +262,7 @@ class TorchSampler:
         for prompt in prompts:
             sequence, ids, logprobs = list(prompt), [], []
             for _ in range(max_tokens):
-                logits = self.model(torch.tensor([sequence])).logits[0, -1]
+                logits = self.model(torch.tensor([sequence]), logits_to_keep=1).logits[0, -1]
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
                 ids.append(token)
@@ -271,6 +274,16 @@ class TorchSampler:
         return out
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread: a 16-wide model gains nothing from two, and on a busy 2-core machine loses 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_sampled_logprobs_equal_one_teacher_forced_pass_over_the_episode(
     tokenizer: transformers.PreTrainedTokenizerBase,
 ) -> None:
@@ -378,3 +391,34 @@ def test_episode_metrics_are_per_episode_means(tokenizer: transformers.PreTraine
         "tool_errors": 0.5,
     }
     assert episodes[0].env_tokens > 0 and episode_metrics([]) == {}
+
+
+@pytest.mark.parametrize("template_name", [None, "hermes_tools"])
+def test_tool_episodes_render_through_the_tools_prompt(
+    tokenizer: transformers.PreTrainedTokenizerBase, tmp_path: Path, template_name: str | None
+) -> None:
+    """SmolLM2's own template (no tools: the default tool prompt) and the tools helper's Hermes fixture (native
+    tools and tool messages): the calculator's result is the environment span, the model's turns as sampled."""
+    if template_name is not None:
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.chat_template = (TEMPLATES / f"{template_name}.jinja").read_text()
+    tools = load_tools({"calculator": "grpo_cli.tasks.builtin_tools:calculator"}, tmp_path)
+    prompt = tool_prompt(tokenizer, tools)
+    template = ChatTemplate.for_tools(tokenizer, prompt)
+    episode = start_episode(template, QUESTION)
+    assert "calculator" in template.decode(episode.prompt_ids)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+    script = scripted(template, [episode], [[call, "It is 42."]])
+    run_episodes(
+        [episode], template, script, tools_hook(ToolRunner(tools, 10.0, workers=0), prompt), EpisodeLimits(3, 64)
+    )
+
+    assert episode.messages[-2]["role"] == "tool" and episode.messages[-2]["content"] == "42"
+    assert (episode.stop_reason, episode.counts, episode.rerendered_turns) == (
+        "done",
+        {"tool_calls": 1, "tool_errors": 0},
+        0,
+    )
+    (env,) = spans_of(episode, "env")
+    assert "42" in template.decode(env) and set(episode.loss_mask[episode.spans[1].start : episode.spans[1].end]) == {0}
+    assert template.decode(episode.prompt_ids + episode.ids) + "\n" == template.render(episode.messages, False)

@@ -1,0 +1,474 @@
+"""Multi-turn episodes, tokens in and tokens out: the ids the learner scores are the ids the sampler saw.
+
+An episode is a conversation: the opening messages, then model turns, each followed by the messages a tool or an
+environment answers with, until the hook says done or a limit ends it. Its token ids are built once, as they are
+sampled, and never re-tokenized from text:
+
+    prompt_ids   the opening messages rendered by the chat template (add_generation_prompt) and tokenized once
+    model turn   the ids the engine SAMPLED, as they are (loss_mask 1), the stop token included when it ended one
+    env turn     the "delta" (loss_mask 0): the text the template adds after the model's sampled text (the end of
+                 its turn, the new tool/environment messages, the next generation prompt), tokenized once
+
+How the delta is found (`ChatTemplate.delta`). After a model turn whose text is `sampled_text` (its ids decoded,
+special tokens kept), and with `before` the rendering the turn was sampled from:
+1. the prefix rule: render the conversation with the new assistant message and the new messages (with the next
+   generation prompt); when `before + sampled_text` is a prefix of it, the delta is the rest. The model's turn
+   ended by its stop token (`<|im_end|>`, sampled, in the loss): the delta starts after it ("\\n<|im_start|>...");
+   cut by the per-turn max tokens: the delta starts with the template's end of turn ("<|im_end|>\\n"), mask 0.
+2. the template altered the earlier conversation (it strips reasoning from earlier assistant turns, its
+   generation prompt differs from how it renders an assistant turn, it trims whitespace, ...), so rule 1's
+   prefix does not hold: the delta is what the template renders after a placeholder assistant content in the
+   same conversation (the last assistant content swapped for a sentinel, the new messages and the generation
+   prompt after it), less the stop token's text when the model sampled it. The episode counts these turns in
+   `Episode.rerendered_turns`.
+Either way the sampled ids stay as sampled: the learner trains on exactly the sequence the model saw when it
+sampled each turn, which after a rule-2 turn is not what the template would render for the whole conversation
+(that rendering would put tokens under the model that it never conditioned on).
+
+Limits (`EpisodeLimits`): `max_turns` model turns, `max_tokens_per_turn` sampled tokens per turn, and
+`max_episode_tokens` tokens after the prompt in all (model and environment tokens). A turn is sampled with the
+smaller of the per-turn limit and what is left of the episode's; an episode the hook has not ended when a limit is
+reached stops with `truncated` set and `stop_reason` naming the limit. Messages that arrive when the episode ends
+(the hook's last answer) are kept in `messages` (transcripts and rewards see them) but not tokenized: no model
+turn would follow them.
+
+The driver (`run_episodes`) runs a batch turn by turn: the unfinished episodes generate together through a
+`generate(prompts, max_tokens)` callable (bound to an engine by the caller), then the hook answers all of them
+at once (so tools and environments of different episodes can run in parallel). Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from grpo_cli.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from grpo_cli.tasks.environments import EnvironmentRunner
+    from grpo_cli.tasks.tools import ToolPrompt, ToolRunner
+
+# How a conversation is rendered when not by the tokenizer's template as it is (a tools prompt's render, which adds
+# the default tool prompt or shows tool results as user turns): (messages, add_generation_prompt) -> text.
+Renderer = Callable[[Sequence["Message"], bool], str]
+
+# A chat message, {"role": ..., "content": ...} (and whatever else the template reads: tool_calls, name, ...).
+Message = dict[str, Any]
+
+# What stands in for the last assistant content under rule 2: plain text no template alters.
+_SENTINEL = "\u2063GRPO_CLI_ASSISTANT_TURN\u2063"
+
+
+class ChatTemplateError(UserFacingError):
+    """The chat template cannot render an episode's turns in a way its tokens can be built from."""
+
+
+@dataclass(frozen=True)
+class SampledTurn:
+    """What the engine sampled for one episode's turn: the token ids (cut after the first stop token or stop string,
+    both kept), the log-prob of each under the sampler (None when the engine gives none), and whether the turn
+    stopped on its own (a stop token or a stop string; vLLM's finish_reason "stop") rather than at its token limit
+    (None: the engine does not say; then a turn stopped iff its last id is a stop token)."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
+    stopped: bool | None = None
+
+
+class Generate(Protocol):
+    """The engine: one sampled turn per prompt (token ids in), at most `max_tokens` tokens each."""
+
+    def __call__(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> Sequence[SampledTurn]: ...
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """The answer of a tool runner or environment to an episode's last model turn.
+
+    messages: to append (tool results, the environment's observation); None or [] ends the episode.
+    reward: this step's reward (an environment's; summed over the episode by `Episode.step_reward`), or None.
+    done: the episode is over (its last messages, if any, are kept in the transcript but not tokenized).
+    error: the tool runner or environment failed on this turn (raised, timed out): the episode ends, and the
+           caller applies task.on_reward_error to it (`Episode.error`).
+    counts: per-turn counters the caller sums into metrics (e.g. {"tool_calls": 2, "tool_errors": 1}).
+    """
+
+    messages: list[Message] | None = None
+    reward: float | None = None
+    done: bool = False
+    error: str | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+# Answers each episode's last model turn; all unfinished episodes of a batch at once, one outcome each in order.
+TurnHook = Callable[[Sequence["Episode"]], Sequence[TurnOutcome]]
+
+
+def one_at_a_time(on_turn: Callable[[Episode], TurnOutcome]) -> TurnHook:
+    """A hook that answers one episode at a time, as a TurnHook."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        return [on_turn(episode) for episode in episodes]
+
+    return hook
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int  # model turns per episode
+    max_tokens_per_turn: int  # sampled tokens per model turn (rollout.max_tokens)
+    max_episode_tokens: int | None = None  # tokens after the prompt, model and environment ones together
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_tokens_per_turn < 1:
+            raise ValueError(f"an episode needs max_turns >= 1 and max_tokens_per_turn >= 1, not {self}")
+        if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
+            raise ValueError(f"max_episode_tokens must be >= 1 (or None), not {self.max_episode_tokens}")
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """A run of `Episode.ids`: a model turn (`model`, loss_mask 1) or what the template and the tools or
+    environment added after one (`env`, loss_mask 0); [start, end) indexes `Episode.ids`."""
+
+    kind: Literal["model", "env"]
+    start: int
+    end: int
+
+
+StopReason = Literal["", "done", "no_messages", "error", "max_turns", "max_episode_tokens"]
+
+
+@dataclass
+class Episode:
+    """One conversation's tokens and transcript. `ids`, `loss_mask` and `sampler_logprobs` run in step after
+    `prompt_ids`; the learner scores `prompt_ids + ids` with `loss_mask` as the response mask (holes at the
+    environment's tokens)."""
+
+    prompt_messages: list[Message]
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    # The sampler's log-prob of each model token; 0.0 at environment tokens, NaN where the engine gave none.
+    sampler_logprobs: list[float] = field(default_factory=list)
+    spans: list[TokenSpan] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # the whole conversation, the opening messages first
+    model_turns: list[list[int]] = field(default_factory=list)  # each model turn's sampled ids
+    turn_cut: list[bool] = field(default_factory=list)  # per model turn: cut by a token limit (no stop token)
+    step_rewards: list[float | None] = field(default_factory=list)  # the hook's reward after each model turn
+    counts: dict[str, int] = field(default_factory=dict)  # the hook's counters, summed over the turns
+    finished: bool = False
+    truncated: bool = False  # ended by max_turns or max_episode_tokens, or its last model turn was cut
+    stop_reason: StopReason = ""
+    error: str | None = None  # the hook's error that ended the episode
+    rerendered_turns: int = 0  # turns whose delta needed rule 2 (the template altered the earlier conversation)
+    # The template's rendering of the conversation the next turn is (or the last turn was) sampled from.
+    rendered: str = ""
+    # The caller's own data for this episode (its row, its environment session, ...); the driver never reads it.
+    context: Any = None
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.model_turns)
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def env_tokens(self) -> int:
+        return len(self.ids) - sum(self.loss_mask)
+
+    @property
+    def step_reward(self) -> float | None:
+        """The hook's rewards summed over the turns (the `env` reward component); None when it gave none."""
+        given = [r for r in self.step_rewards if r is not None]
+        return float(sum(given)) if given else None
+
+    @property
+    def completion_messages(self) -> list[Message]:
+        """The messages after the opening ones (what a reward function gets as this episode's completion)."""
+        return self.messages[len(self.prompt_messages) :]
+
+
+class ChatTemplate:
+    """A tokenizer's chat template as the episodes use it: render, tokenize once, decode as sampled.
+
+    `tools` (JSON schemas) and `template_kwargs` (e.g. enable_thinking) go to every rendering; `stop_token_ids`
+    end a model turn (default: the tokenizer's EOS and `<|im_end|>` when the vocabulary has it); `chat_template`
+    replaces the tokenizer's template (None: its own); `renderer` replaces the rendering altogether (then `tools`,
+    `template_kwargs` and `chat_template` are its business): `ChatTemplate.for_tools` makes one from a tools prompt."""
+
+    def __init__(
+        self,
+        tokenizer: Any,  # a transformers PreTrainedTokenizerBase (untyped library boundary)
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        chat_template: str | None = None,
+        renderer: Renderer | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template  # None: the tokenizer's own
+        self.renderer = renderer
+        self.tools = [dict(t) for t in tools] if tools else None
+        self.template_kwargs = dict(template_kwargs or {})
+        if stop_token_ids is None:
+            stops = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+            im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+                stops.add(im_end)
+            stop_token_ids = sorted(stops)
+        self.stop_token_ids = frozenset(stop_token_ids)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        if self.renderer is not None:
+            return self.renderer(messages, add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template,
+            tokenize=False,
+            **self.template_kwargs,
+        )
+        if not isinstance(text, str):
+            raise ChatTemplateError(f"the chat template rendered a {type(text).__name__}, not text")
+        return text
+
+    @classmethod
+    def for_tools(
+        cls, tokenizer: Any, prompt: ToolPrompt, stop_token_ids: Sequence[int] | None = None, **template_kwargs: Any
+    ) -> ChatTemplate:
+        """The template as a tools prompt (tasks/tools.py) renders it: the tools in the template's own way or the
+        default tool prompt, tool results as `tool` messages or as user turns when the template has no tool role."""
+
+        def render(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+            text = prompt.render(
+                tokenizer, messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+            )
+            return str(text)
+
+        return cls(tokenizer, stop_token_ids=stop_token_ids, renderer=render)
+
+    def encode(self, text: str) -> list[int]:
+        """The text's ids, no special tokens added (the template writes its own BOS and turn markers)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The ids' text with the special tokens kept, spaces as they are (what the template would see)."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    def ends_turn(self, ids: Sequence[int]) -> bool:
+        return bool(ids) and ids[-1] in self.stop_token_ids
+
+    def delta(
+        self, before: str, conversation: Sequence[Message], sampled: Sequence[int], new: Sequence[Message]
+    ) -> tuple[str, str, bool]:
+        """(the delta's text, the full rendering after it, whether rule 2 gave it): what the template adds after
+        the model's sampled ids, `conversation` ending with the assistant message made of them, `before` the
+        rendering they were sampled from (module docstring)."""
+        after = self.render([*conversation, *new], add_generation_prompt=True)
+        sampled_text = self.decode(sampled)
+        if after.startswith(before + sampled_text):
+            return after[len(before) + len(sampled_text) :], after, False
+        placeholder = [*conversation[:-1], {**conversation[-1], "content": _SENTINEL}]
+        with_sentinel = self.render([*placeholder, *new], add_generation_prompt=True)
+        at = with_sentinel.rfind(_SENTINEL)
+        if at < 0:
+            raise ChatTemplateError(
+                "the chat template drops the assistant's content from the conversation, so an episode's tokens "
+                "cannot be built from it: use a template that renders each assistant turn"
+            )
+        delta = with_sentinel[at + len(_SENTINEL) :]
+        if self.ends_turn(sampled):
+            stop_text = self.decode(sampled[-1:])
+            if delta.startswith(stop_text):
+                delta = delta[len(stop_text) :]
+        return delta, after, True
+
+
+def start_episode(template: ChatTemplate, messages: Sequence[Message], context: Any = None) -> Episode:
+    """An episode at its opening messages: rendered with the generation prompt and tokenized once."""
+    rendered = template.render(messages, add_generation_prompt=True)
+    opening = [dict(m) for m in messages]
+    return Episode(
+        prompt_messages=opening,
+        prompt_ids=template.encode(rendered),
+        messages=list(opening),
+        rendered=rendered,
+        context=context,
+    )
+
+
+def add_model_turn(episode: Episode, template: ChatTemplate, sampled: SampledTurn) -> None:
+    """Append a sampled turn: its ids as they are (mask 1), its text as the assistant message (the stop token's
+    text left out of the content, as the template writes that itself). A turn ended by a stop string keeps it in
+    its content, and the template's end of turn follows it out of the loss, as after a cut turn."""
+    ids = list(sampled.ids)
+    if sampled.logprobs is not None and len(sampled.logprobs) != len(ids):
+        raise ValueError(f"the engine gave {len(sampled.logprobs)} log-probs for {len(ids)} sampled tokens")
+    ended = template.ends_turn(ids)
+    start = len(episode.ids)
+    episode.ids.extend(ids)
+    episode.loss_mask.extend([1] * len(ids))
+    episode.sampler_logprobs.extend(sampled.logprobs if sampled.logprobs is not None else [math.nan] * len(ids))
+    episode.spans.append(TokenSpan("model", start, len(episode.ids)))
+    episode.model_turns.append(ids)
+    episode.turn_cut.append(not (ended if sampled.stopped is None else sampled.stopped))
+    episode.messages.append({"role": "assistant", "content": template.decode(ids[:-1] if ended else ids)})
+
+
+def add_env_turn(episode: Episode, template: ChatTemplate, new: Sequence[Message]) -> list[int]:
+    """Append the messages that answer the last model turn: their delta tokenized once, mask 0; its ids."""
+    new_messages = [dict(m) for m in new]
+    delta_ids, after, rerendered = _env_delta(episode, template, new_messages)
+    _append_env(episode, new_messages, delta_ids, after, rerendered)
+    return delta_ids
+
+
+def _env_delta(episode: Episode, template: ChatTemplate, new: list[Message]) -> tuple[list[int], str, bool]:
+    delta, after, rerendered = template.delta(episode.rendered, episode.messages, episode.model_turns[-1], new)
+    return template.encode(delta), after, rerendered
+
+
+def _append_env(episode: Episode, new: list[Message], delta_ids: list[int], after: str, rerendered: bool) -> None:
+    start = len(episode.ids)
+    episode.ids.extend(delta_ids)
+    episode.loss_mask.extend([0] * len(delta_ids))
+    episode.sampler_logprobs.extend([0.0] * len(delta_ids))
+    episode.spans.append(TokenSpan("env", start, len(episode.ids)))
+    episode.messages.extend(new)
+    episode.rendered = after
+    episode.rerendered_turns += int(rerendered)
+
+
+def _finish(episode: Episode, reason: StopReason, limit_hit: bool = False) -> None:
+    episode.finished = True
+    episode.stop_reason = reason
+    episode.truncated = limit_hit or bool(episode.turn_cut and episode.turn_cut[-1])
+
+
+def _turn_budget(episode: Episode, limits: EpisodeLimits) -> int:
+    if limits.max_episode_tokens is None:
+        return limits.max_tokens_per_turn
+    return min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(episode.ids))
+
+
+def _cut(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) -> SampledTurn:
+    """The turn cut after its first stop token (an engine may pad after it) and at the episode's budget (exact:
+    a token's log-prob depends only on the tokens before it)."""
+    ids = list(sampled.ids)
+    stop = next((i + 1 for i, t in enumerate(ids) if t in stop_token_ids), None)
+    end = min(stop or len(ids), budget)
+    logprobs = list(sampled.logprobs[:end]) if sampled.logprobs is not None else None
+    if stop is not None and stop <= budget:
+        return SampledTurn(ids[:end], logprobs, True)
+    return SampledTurn(ids[:end], logprobs, sampled.stopped if end == len(ids) else False)
+
+
+def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome, limits: EpisodeLimits) -> None:
+    """What follows a model turn: the hook's reward and counters recorded, then the episode ends (done, no
+    messages, an error, a limit) or the new messages are appended as its next environment turn."""
+    episode.step_rewards.append(outcome.reward)
+    for name, count in outcome.counts.items():
+        episode.counts[name] = episode.counts.get(name, 0) + int(count)
+    new = [dict(m) for m in outcome.messages or []]
+    if outcome.error is not None or outcome.done or not new:
+        episode.messages.extend(new)
+        episode.error = outcome.error
+        _finish(episode, "error" if outcome.error is not None else "done" if outcome.done else "no_messages")
+        return
+    if episode.n_turns >= limits.max_turns:
+        episode.messages.extend(new)
+        _finish(episode, "max_turns", limit_hit=True)
+        return
+    delta_ids, after, rerendered = _env_delta(episode, template, new)
+    # Room for the environment's tokens and at least one sampled token after them, or the episode ends here.
+    if limits.max_episode_tokens is not None and len(episode.ids) + len(delta_ids) >= limits.max_episode_tokens:
+        episode.messages.extend(new)
+        _finish(episode, "max_episode_tokens", limit_hit=True)
+        return
+    _append_env(episode, new, delta_ids, after, rerendered)
+
+
+def run_episodes(
+    episodes: Sequence[Episode],
+    template: ChatTemplate,
+    generate: Generate,
+    on_turn: TurnHook,
+    limits: EpisodeLimits,
+) -> list[Episode]:
+    """Run `episodes` (from `start_episode`) to their end, turn by turn: each round the unfinished ones generate
+    together (one `generate` call, `max_tokens` the largest budget among them, each turn then cut to its own),
+    and `on_turn` answers all of them at once. Returns the episodes, finished, in their order."""
+    while True:
+        active = [e for e in episodes if not e.finished]
+        if not active:
+            return list(episodes)
+        budgets = [_turn_budget(e, limits) for e in active]
+        sampled = generate([[*e.prompt_ids, *e.ids] for e in active], max(budgets))
+        if len(sampled) != len(active):
+            raise ValueError(f"generate returned {len(sampled)} turns for {len(active)} prompts")
+        for episode, turn, budget in zip(active, sampled, budgets, strict=True):
+            add_model_turn(episode, template, _cut(turn, budget, template.stop_token_ids))
+        outcomes = on_turn(active)
+        if len(outcomes) != len(active):
+            raise ValueError(f"on_turn returned {len(outcomes)} outcomes for {len(active)} episodes")
+        for episode, outcome in zip(active, outcomes, strict=True):
+            apply_outcome(episode, template, outcome, limits)
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-episode means over a batch: `turns` (model turns), `env_tokens` (tokens out of the loss after the
+    prompt), `truncated_episodes` (the fraction ended by a limit or on a cut turn), `rerendered_turns`, and each
+    of the hooks' counters (`tool_calls`, `tool_errors`, ...); {} for no episodes."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    metrics = {
+        "turns": sum(e.n_turns for e in episodes) / n,
+        "env_tokens": sum(e.env_tokens for e in episodes) / n,
+        "truncated_episodes": sum(e.truncated for e in episodes) / n,
+        "rerendered_turns": sum(e.rerendered_turns for e in episodes) / n,
+    }
+    for name in sorted({name for e in episodes for name in e.counts}):
+        metrics[name] = sum(e.counts.get(name, 0) for e in episodes) / n
+    return metrics
+
+
+def environment_hook(runner: EnvironmentRunner) -> TurnHook:
+    """The hook that steps each episode's environment session (its `context`, from `EnvironmentRunner.reset`) on
+    the conversation so far; the steps of different workers run in parallel."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        steps = runner.step([e.context for e in episodes], [e.messages for e in episodes])
+        return [TurnOutcome(s.messages, s.reward, s.done, s.error) for s in steps]
+
+    return hook
+
+
+def tools_hook(runner: ToolRunner, prompt: ToolPrompt) -> TurnHook:
+    """The hook that runs the tool calls of each episode's last turn (parsed in the prompt's format; every call of
+    the batch started before any result is read, so they run concurrently) and appends one `tool` message per
+    call; a turn without a call ends its episode. Counts `tool_calls` and `tool_errors` (the model's malformed
+    calls, a tool's error or time-out: text the model reads, not the episode's error)."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        calls = [prompt.parse(str(e.messages[-1]["content"])) for e in episodes]
+        results = runner.run(calls)
+        return [
+            TurnOutcome(
+                [r.message() for r in turn],
+                None,
+                False,
+                counts={"tool_calls": len(turn), "tool_errors": sum(r.error for r in turn)},
+            )
+            if turn
+            else TurnOutcome(None, None, True)
+            for turn in results
+        ]
+
+    return hook

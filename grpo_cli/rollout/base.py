@@ -9,7 +9,7 @@ sampled rather than with a re-tokenization of the text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from grpo_cli.errors import UserFacingError
@@ -37,6 +37,20 @@ class SamplingSettings:
     # rank passes its share's offset): each completion's random stream depends on (seed, prompt index,
     # completion index) only, so neither the split across ranks nor the batch composition changes it.
     first_prompt_index: int = 0
+    # Explicit stream indices, one per prompt of this call, replacing first_prompt_index + i (None: those). A
+    # multi-turn round passes its unfinished episodes' own indices (rollout/multiturn.py), so an episode's turn is
+    # sampled from the same stream whichever other episodes are still running.
+    prompt_indices: tuple[int, ...] | None = None
+
+    def prompt_index(self, i: int) -> int:
+        """The stream index of this call's i-th prompt (its index in the step's prompt list, or the explicit one)."""
+        return self.prompt_indices[i] if self.prompt_indices is not None else self.first_prompt_index + i
+
+    def chunk(self, start: int, stop: int) -> SamplingSettings:
+        """The settings of prompts [start, stop) of this call sampled on their own (same streams)."""
+        if self.prompt_indices is not None:
+            return replace(self, prompt_indices=self.prompt_indices[start:stop])
+        return replace(self, first_prompt_index=self.first_prompt_index + start)
 
 
 @dataclass

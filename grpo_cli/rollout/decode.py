@@ -221,7 +221,9 @@ class Decoder:
 
         generators = []
         if settings.temperature > 0:
-            generators = row_generators(settings.seed, settings.first_prompt_index, len(prompt_ids), n, device)
+            generators = row_generators(
+                settings.seed, settings.first_prompt_index, len(prompt_ids), n, device, settings.prompt_indices
+            )
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         limit = getattr(self.config, "max_position_embeddings", None)
         length = cache_length(width + max_tokens, limit) if self.static else width + max_tokens

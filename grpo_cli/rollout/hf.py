@@ -6,7 +6,6 @@ where `rollout.hf_internals` supports the model and the loop's greedy tokens on 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -127,7 +126,7 @@ class HFRolloutEngine:
                 self._check_loop(self.decoder, prompt_ids[:chunk])
             for start in range(0, len(prompt_ids), chunk):
                 # Each completion's stream depends on its prompt's index in the step, so chunks change nothing.
-                part_settings = replace(settings, first_prompt_index=settings.first_prompt_index + start)
+                part_settings = settings.chunk(start, start + chunk)
                 part = self._generate_chunk(prompt_ids[start : start + chunk], part_settings)
                 for field in ("prompt_ids", "completion_ids", "texts", "truncated", "sampler_log_probs"):
                     getattr(out, field).extend(getattr(part, field))

@@ -120,7 +120,9 @@ class GenerateDecoder:
         mask = mask.repeat_interleave(n, 0).to(self.device)
         generators = []
         if settings.temperature > 0:
-            generators = row_generators(settings.seed, settings.first_prompt_index, len(prompt_ids), n, self.device)
+            generators = row_generators(
+                settings.seed, settings.first_prompt_index, len(prompt_ids), n, self.device, settings.prompt_indices
+            )
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=self.device)
         sampler = RowSampler(settings, generators, eos)
         stop = [StopStrings(self.tokenizer, settings.stop, width, settings.min_tokens)] if settings.stop else []

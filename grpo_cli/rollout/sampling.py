@@ -47,15 +47,34 @@ def completion_seed(seed: int, prompt_index: int, completion_index: int) -> int:
     return h >> 1
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of a multi-turn episode's `turn`-th model turn (0-based) in a batch sampled with `seed`: each turn
+    draws from fresh streams (seeded by this and the episode's index), unrelated to any other turn's or step's."""
+    return completion_seed(seed, _TURN_STREAMS, turn)
+
+
+# Salts turn seeds away from completion seeds: no (prompt index) of a step comes near it.
+_TURN_STREAMS = 1 << 62
+
+
 def row_generators(
-    seed: int, first_prompt_index: int, n_prompts: int, n: int, device: torch.device | str = "cpu"
+    seed: int,
+    first_prompt_index: int,
+    n_prompts: int,
+    n: int,
+    device: torch.device | str = "cpu",
+    prompt_indices: Sequence[int] | None = None,
 ) -> list[torch.Generator]:
     """One generator per row, rows in prompt-major order (prompt 0's n completions, then prompt 1's, ...).
 
-    first_prompt_index: the index of this batch's first prompt within the step's whole prompt list.
+    first_prompt_index: the index of this batch's first prompt within the step's whole prompt list;
+    prompt_indices: each prompt's index given explicitly instead (n_prompts of them; `SamplingSettings`).
     """
+    if prompt_indices is not None and len(prompt_indices) != n_prompts:
+        raise ValueError(f"{len(prompt_indices)} prompt indices for {n_prompts} prompts")
+    indices = range(first_prompt_index, first_prompt_index + n_prompts) if prompt_indices is None else prompt_indices
     generators = []
-    for prompt in range(first_prompt_index, first_prompt_index + n_prompts):
+    for prompt in indices:
         for completion in range(n):
             generator = torch.Generator(device=device)
             generator.manual_seed(completion_seed(seed, prompt, completion))

@@ -290,13 +290,13 @@ class VLLMRolloutEngine:
         self._wake()
         # One request per completion, each with its own seed (vLLM would seed the n samples of one request seed,
         # seed + 1, ...): a completion's stream is fixed by its prompt's index in the step, not by its batch.
-        n, first = settings.n, settings.first_prompt_index
+        n = settings.n
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids for _ in range(n)]
         one = replace(settings, n=1)
         # logprobs=0: the sampled token's own log-prob (the engine runs in processed_logprobs mode: after
         # temperature), the sampler side of rollout.importance_correction and train/sampler_kl.
         params = [
-            self._sampling_params(one, seed=completion_seed(settings.seed, first + i, j), logprobs=0)
+            self._sampling_params(one, seed=completion_seed(settings.seed, settings.prompt_index(i), j), logprobs=0)
             for i in range(len(prompt_ids))
             for j in range(n)
         ]

@@ -1,0 +1,157 @@
+"""Multi-turn episodes on a rollout engine: the engine binding and the batch of episodes the learner trains on.
+
+`episodes.run_episodes` drives a batch turn by turn through a `Generate` callable; `EngineTurns` binds one to any
+`RolloutEngine` (rollout=hf, rollout=vllm). Random streams: a single-turn completion draws from the stream of
+(step seed, prompt index, completion index) (`rollout.sampling`); an episode's turn t draws from the stream of
+(`turn_seed(step seed, t)`, episode index, 0), the episode index being its place in the step's whole list of
+episodes (prompt index * G + completion index). So a turn's samples depend on its episode and its turn only: not on
+which other episodes are still running in the round, how the batch is chunked, or how the step is split across
+data-parallel ranks (each rank passes its share's first episode index, as single-turn rollouts pass their first
+prompt's).
+
+`episode_batch` turns finished episodes into what the learner scores: per episode the prompt ids, the ids after
+them as the completion (model and tool/environment tokens, as built), a per-token mask with holes (model tokens 1,
+tool/environment tokens 0), the sampler's log-probs aligned with the completion, and `truncated`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
+from grpo_cli.rollout.episodes import (
+    ChatTemplate,
+    Episode,
+    EpisodeLimits,
+    SampledTurn,
+    TurnHook,
+    episode_metrics,
+    run_episodes,
+)
+from grpo_cli.rollout.sampling import turn_seed
+
+
+class EngineTurns:
+    """A `Generate` for `run_episodes` over `episodes` (in the order given), sampling with `engine`.
+
+    Each call samples the unfinished episodes' next turn, one completion each (`settings.n` is ignored), with at
+    most `max_tokens` tokens (the driver's largest budget; `settings.max_tokens` is not read), and returns the
+    sampled ids, the engine's sampler log-probs (None where it gives none) and whether each turn stopped (EOS or
+    a stop string) rather than being cut. `first_episode_index` is the index of `episodes[0]` in the step's whole
+    list of episodes (module docstring)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        settings: SamplingSettings,
+        episodes: Sequence[Episode],
+        first_episode_index: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.episodes = list(episodes)
+        self.first_episode_index = first_episode_index
+        self.calls = 0
+
+    def __call__(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[SampledTurn]:
+        # run_episodes passes the unfinished episodes, in order, each as its prompt and ids so far.
+        active = [i for i, e in enumerate(self.episodes) if not e.finished]
+        if len(active) != len(prompts) or any(
+            len(prompt) != len(self.episodes[i].prompt_ids) + len(self.episodes[i].ids)
+            for i, prompt in zip(active, prompts, strict=True)
+        ):
+            raise ValueError("EngineTurns was called with prompts that are not its unfinished episodes, in order")
+        turns = {self.episodes[i].n_turns for i in active}
+        if len(turns) != 1:
+            raise ValueError(f"the unfinished episodes of a round are at different turns: {sorted(turns)}")
+        settings = replace(
+            self.settings,
+            n=1,
+            max_tokens=max_tokens,
+            min_tokens=min(self.settings.min_tokens, max_tokens),
+            seed=turn_seed(self.settings.seed, turns.pop()),
+            first_prompt_index=0,
+            prompt_indices=tuple(self.first_episode_index + i for i in active),
+        )
+        batch = self.engine.generate([list(p) for p in prompts], settings)
+        self.calls += 1
+        log_probs = batch.sampler_log_probs
+        return [
+            SampledTurn(list(ids), None if log_probs is None else list(log_probs[row]), not cut)
+            for row, (ids, cut) in enumerate(zip(batch.completion_ids, batch.truncated, strict=True))
+        ]
+
+
+def run_on_engine(
+    engine: RolloutEngine,
+    settings: SamplingSettings,
+    episodes: Sequence[Episode],
+    template: ChatTemplate,
+    on_turn: TurnHook,
+    limits: EpisodeLimits,
+    first_episode_index: int = 0,
+) -> list[Episode]:
+    """Run opened `episodes` (`episodes.start_episode`) to their end on `engine`, turn by turn in batches."""
+    return run_episodes(
+        episodes, template, EngineTurns(engine, settings, episodes, first_episode_index), on_turn, limits
+    )
+
+
+@dataclass
+class EpisodeBatch:
+    """Finished episodes as the learner scores them, in the episodes' order (per episode, the completion is every
+    id after its prompt)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]  # model and tool/environment tokens, as built
+    token_masks: list[list[int]]  # per completion id: 1 a model token (in the loss), 0 a tool/environment token
+    # Per completion id: the sampler's log-prob at model tokens, 0.0 at tool/environment tokens (never in the loss);
+    # None when the engine gave none for some model token (vLLM with top_p < 1).
+    sampler_log_probs: list[list[float]] | None
+    truncated: list[bool]
+    model_tokens: list[int]  # per episode: tokens in the loss
+
+    @property
+    def n_generated_tokens(self) -> int:
+        return sum(self.model_tokens)
+
+
+def episode_batch(episodes: Sequence[Episode]) -> EpisodeBatch:
+    """What the learner scores of finished `episodes` (module docstring)."""
+    log_probs = [list(e.sampler_logprobs) for e in episodes]
+    given = all(not math.isnan(lp) for row in log_probs for lp in row)
+    return EpisodeBatch(
+        prompt_ids=[list(e.prompt_ids) for e in episodes],
+        completion_ids=[list(e.ids) for e in episodes],
+        token_masks=[list(e.loss_mask) for e in episodes],
+        sampler_log_probs=log_probs if given else None,
+        truncated=[e.truncated for e in episodes],
+        model_tokens=[e.model_tokens for e in episodes],
+    )
+
+
+def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") -> dict[str, float]:
+    """`<prefix>/turns`, `<prefix>/tool_calls`, `<prefix>/tool_errors`, `<prefix>/env_tokens`,
+    `<prefix>/truncated_episodes`, `<prefix>/rerendered_turns`: per-episode means over the batch
+    (`episodes.episode_metrics`); tool_calls and tool_errors are 0 for episodes without tools."""
+    metrics = {"tool_calls": 0.0, "tool_errors": 0.0, **episode_metrics(episodes)}
+    return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}
+
+
+def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One episode as a transcript record (a line of the per-step episodes file, an eval generations record):
+    its messages, reward components, turns, token counts, truncated and why it stopped."""
+    return {
+        "messages": [dict(m) for m in episode.messages],
+        "rewards": dict(rewards or {}),
+        "turns": episode.n_turns,
+        "model_tokens": episode.model_tokens,
+        "env_tokens": episode.env_tokens,
+        "truncated": episode.truncated,
+        "stop_reason": episode.stop_reason,
+        "error": episode.error,
+        **({"counts": dict(episode.counts)} if episode.counts else {}),
+    }

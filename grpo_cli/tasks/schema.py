@@ -8,7 +8,8 @@ Each task's own schema lives next to its TaskSpec (`KeywordTaskConfig` in tasks/
      (help="..." on each key), and FOO_TASK = TaskSpec(name="foo", schema=FooTaskConfig, ...) registered in
      grpo_cli/tasks/__init__.py's TASKS;
   2. conf/task/foo.yaml starts with   defaults: [foo_schema, _self_]   then `name: foo` and the values that
-     differ from the schema's defaults.
+     differ from the schema's defaults;
+  3. python -m grpo_cli.config.reference > docs/config-reference.md (a test fails while the page lacks the key).
 The yaml files of `task` hold only the values of that choice; keys and defaults live in the schemas.
 """
 

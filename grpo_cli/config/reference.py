@@ -128,9 +128,10 @@ def group_sections(group: str, choice: str | None = None) -> list[Section]:
             own = list(_sections_of(schema, f"{group}.", f"{group}={name}", group, base))
             sections += [s for s in own if s.keys or s is not own[0] or schema_doc(schema)]
         return sections
-    schema = _nested_schema(typing.get_type_hints(GRPOConfig)[group])
-    assert schema is not None, group
-    return list(_sections_of(schema, f"{group}.", group, group))
+    section_schema = _nested_schema(typing.get_type_hints(GRPOConfig)[group])
+    if section_schema is None:
+        raise KeyError(f"{group} is not a group: one of {', '.join(groups())}")
+    return list(_sections_of(section_schema, f"{group}.", group, group))
 
 
 def groups() -> list[str]:

@@ -49,7 +49,7 @@ def _help_body(_root_: DictConfig) -> str:
     or the keys of the groups in HELP_TOPICS."""
     values: Any = OmegaConf.to_container(_root_, resolve=False)
     if HELP_TOPICS:
-        topics = reference.groups() if "all" in HELP_TOPICS else HELP_TOPICS
+        topics = ["", *reference.groups()] if "all" in HELP_TOPICS else HELP_TOPICS  # "": the top-level keys
         choices = {"task": values["task"].get("name"), "rollout": values["rollout"].get("engine")}
         sections = [s for topic in topics for s in reference.group_sections(topic, choices.get(topic))]
         body = reference.terminal_text(sections, values)

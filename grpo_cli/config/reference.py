@@ -5,16 +5,24 @@ when the committed page is not a fresh render).
 
 A section is a group (`loss`), a nested schema (`model.lora`), or, for a group with one schema per choice (task,
 rollout: GROUP_SCHEMAS), the keys every choice has and then each choice's own keys (`task=custom`).
+
+A docs page shows some keys in a table between `<!-- generated keys: <section titles or keys> -->` and
+`<!-- end of generated keys -->`; `python -m grpo_cli.config.reference --fill <page>...` rewrites those tables
+(the test of the reference page checks them too).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
+import re
+import sys
 import textwrap
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from grpo_cli.config.fields import constraint_of, help_of
@@ -215,7 +223,7 @@ not edit it, run `python -m grpo_cli.config.reference > docs/config-reference.md
 `grpo-run --help <group>` (`grpo-run --help all`: every group), there with the values of the selected choices.
 
 Override a key with `grpo-run <key>=<value>` and pick a group's preset with `grpo-run <group>=<choice>`
-([README](../README.md#configuration)). The default is the schema's: a choice (conf/<group>/<choice>.yaml, e.g.
+([README](../README.md#config-groups)). The default is the schema's: a choice (conf/<group>/<choice>.yaml, e.g.
 `loss=grpo_clip`) may set other values, and `???` means the choice sets it; `grpo-run --cfg job` prints the
 whole composed config. For `task` and `rollout`, which have a schema per choice, the keys every choice has come
 first, then each choice's own keys (those of `task=custom` are described in [custom tasks](custom-tasks.md)).
@@ -226,6 +234,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;")
 
 
+def _row(doc: KeyDoc, with_type: bool = True) -> str:
+    default = show_value(doc.default).replace("|", "\\|")
+    cells = [f"`{doc.key}`", *([_cell(doc.type)] if with_type else []), f"`{default}`", _cell(doc.accepts)]
+    return f"| {' | '.join(cells)} | {_cell(doc.help)} |"
+
+
 def markdown() -> str:
     """docs/config-reference.md."""
     parts = [PAGE_HEADER]
@@ -234,15 +248,52 @@ def markdown() -> str:
         parts.append(f"{level} {section.title}\n")
         if _what(section):
             parts.append(f"{_cell(_what(section))}\n")
-        if not section.keys:
-            continue
-        rows = ["| Key | Type | Default | Accepts | What it does |", "|---|---|---|---|---|"]
-        for doc in section.keys:
-            default = show_value(doc.default).replace("|", "\\|")
-            rows.append(f"| `{doc.key}` | {_cell(doc.type)} | `{default}` | {_cell(doc.accepts)} | {_cell(doc.help)} |")
-        parts.append("\n".join(rows) + "\n")
+        if section.keys:
+            rows = ["| Key | Type | Default | Accepts | What it does |", "|---|---|---|---|---|"]
+            parts.append("\n".join([*rows, *(_row(doc) for doc in section.keys)]) + "\n")
     return "\n".join(parts)
 
 
+# A docs page's generated table: the names it shows (section titles or keys), the table, the end marker.
+GENERATED_KEYS = re.compile(
+    r"(<!-- generated keys: (?P<names>[^>]*?) -->\n)(?P<table>.*?)(<!-- end of generated keys -->)", re.DOTALL
+)
+
+
+def key_table(names: list[str]) -> str:
+    """A table of the keys named, a section title (`task=custom`, `eval`) standing for its keys."""
+    sections = {section.title: section for section in all_sections()}
+    docs = {doc.key: doc for section in sections.values() for doc in section.keys}
+    rows = ["| Key | Default | Accepts | What it does |", "|---|---|---|---|"]
+    for name in names:
+        if name not in sections and name not in docs:
+            raise KeyError(f"generated keys: {name} is neither a section ({', '.join(sections)}) nor a key")
+        rows += [_row(doc, with_type=False) for doc in (sections[name].keys if name in sections else (docs[name],))]
+    return "\n".join(rows) + "\n"
+
+
+def fill_generated_tables(text: str) -> str:
+    """`text` (a docs page) with each generated table rendered afresh."""
+    return GENERATED_KEYS.sub(lambda m: m.group(1) + key_table(m.group("names").split()) + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_cli.config.reference",
+        description="Print docs/config-reference.md, or rewrite the generated key tables of docs pages.",
+    )
+    parser.add_argument("--fill", nargs="+", type=Path, metavar="PAGE", help="rewrite these pages' generated tables")
+    args = parser.parse_args(argv)
+    if not args.fill:
+        sys.stdout.write(markdown())
+        return
+    for page in args.fill:
+        text = page.read_text(encoding="utf-8")
+        filled = fill_generated_tables(text)
+        if filled != text:
+            page.write_text(filled, encoding="utf-8")
+            print(f"{page}: tables rewritten")
+
+
 if __name__ == "__main__":
-    print(markdown(), end="")
+    main()

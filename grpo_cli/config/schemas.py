@@ -249,7 +249,8 @@ class SamplingConfig:
         factory=list, help="Stop strings; the stop string is kept in the output. EOS always stops."
     )
     eval_temperature: float = non_negative(
-        0.0, hint="0 is greedy", help="Evaluation decoding temperature: 0 is greedy."
+        0.0, hint="0 is greedy", help="The evaluation's sampling temperature: 0 is greedy; > 0 when eval.n_samples > 1 (n greedy answers "
+        "would be one answer n times)."
     )
     max_batch_prompts: int | None = positive(
         None, help="Prompts per generate() call (null: the whole batch at once). Caps generation memory."
@@ -313,7 +314,9 @@ class VLLMRolloutConfig(SamplingConfig):
     )
     tensor_parallel_size: int = positive(1, help="GPUs vLLM splits the model over (1 with distributed=ddp / fsdp).")
     enable_sleep_mode: bool = flag(
-        False, help="Free vLLM's KV cache while the trainer runs (GPU only; vLLM ignores it on CPU)."
+        False,
+        help="Free vLLM's KV cache while the trainer runs (sleep level 1: the weights stay; GPU only, vLLM ignores "
+        "it on CPU).",
     )
     enforce_eager: bool = flag(
         True, help="Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU."
@@ -519,7 +522,8 @@ class EvalConfig:
     n_samples: int = positive(
         1,
         hint="1: one answer per held-out prompt",
-        help="Completions per held-out prompt. 1: one answer each at rollout.eval_temperature (greedy by default), "
+        help="Completions per held-out prompt, in training evaluations and job=baseline_eval. 1: one answer each "
+        "at rollout.eval_temperature (greedy by default), "
         "scored as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n, "
         "eval/pass@k and eval/maj@n.",
     )

@@ -89,7 +89,8 @@ class TaskConfig:
     reward_timeout_s: float = non_negative(
         10.0,
         hint="0: no time limit",
-        help="Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.",
+        help="Wall-clock limit per reward call (a TRL-convention call scores a whole batch); a timeout scores 0 and "
+        "is counted (train/reward_timeouts). 0: none.",
     )
     eval_sets: dict[str, str] = any_value(
         factory=dict,

@@ -229,7 +229,7 @@ class SamplingConfig:
         lambda: tuple(ROLLOUT_SCHEMAS),
         help="hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() "
         "where the loop does not support the model or the installed transformers) | vllm: vLLM's offline engine "
-        "(its own keys: VLLMRolloutConfig).",
+        "(rollout=vllm adds its own keys).",
     )
     temperature: float = positive(
         1.0,
@@ -249,8 +249,10 @@ class SamplingConfig:
         factory=list, help="Stop strings; the stop string is kept in the output. EOS always stops."
     )
     eval_temperature: float = non_negative(
-        0.0, hint="0 is greedy", help="The evaluation's sampling temperature: 0 is greedy; > 0 when eval.n_samples > 1 (n greedy answers "
-        "would be one answer n times)."
+        0.0,
+        hint="0 is greedy",
+        help="The evaluation's sampling temperature: 0 is greedy; > 0 when eval.n_samples > 1 (n greedy answers "
+        "would be one answer n times).",
     )
     max_batch_prompts: int | None = positive(
         None, help="Prompts per generate() call (null: the whole batch at once). Caps generation memory."
@@ -322,7 +324,9 @@ class VLLMRolloutConfig(SamplingConfig):
         True, help="Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU."
     )
     sync_tolerance: float | None = non_negative(
-        None, help="Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16."
+        None,
+        help="Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16, 0.25 in "
+        "fp16.",
     )
     sync_probe: bool = flag(
         True,
@@ -394,8 +398,7 @@ class TrainConfig:
     checkpoint_every: int = non_negative(
         10,
         hint="0: only at the end",
-        help="Save a checkpoint every N steps and at the end (0: only at the end); keep the newest K (K >= 2 leaves "
-        "a fallback if the newest is damaged).",
+        help="Save a checkpoint every N steps and at the end (0: only at the end).",
     )
     keep_checkpoints: int = positive(
         2, help="Checkpoints kept: the newest K (K >= 2 leaves a fallback if the newest is damaged)."
@@ -454,8 +457,9 @@ class LoggerConfig:
     mode: str = choice(
         "offline",
         ("online", "offline", "disabled"),
-        help="online without an API key, or without a server answering within init_timeout_s, logs offline instead "
-        "(upload later with `wandb sync`).",
+        help="W&B's mode. online: to the server | offline: written locally (upload later with `wandb sync`) | "
+        "disabled: no W&B. online without an API key, or without a server answering within "
+        "logger.init_timeout_s, logs offline instead.",
     )
     init_timeout_s: float = positive(
         15.0, help="logger.mode=online: how long W&B's init may take to reach the server before the run logs offline."

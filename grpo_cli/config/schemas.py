@@ -4,8 +4,9 @@ Because the primary config extends `grpo_config_schema`, a typo'd key (`optim.lr
 (`train.steps=ten`) fails when Hydra composes the config, before anything is loaded. Two groups have one schema
 per choice: `task` (each task's schema lives next to the task, grpo_cli.tasks.TASK_SCHEMAS) and `rollout` (the
 sampling keys every engine shares, plus the vLLM keys for rollout=vllm, ROLLOUT_SCHEMAS), so
-`task=keyword task.min_words=3` fails as a typo would. Every option is documented where it is defined (as in
-TRL's GRPOConfig); what it accepts is declared with it (grpo_cli/config/fields.py).
+`task=keyword task.min_words=3` fails as a typo would. Every option says what it is for where it is defined, as
+data (`help=`, as TRL's GRPOConfig does): `grpo-run --help <group>` and docs/config-reference.md print it; what it
+accepts is declared with it (grpo_cli/config/fields.py).
 """
 
 from __future__ import annotations

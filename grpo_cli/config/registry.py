@@ -7,8 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_cli.config import reference
 from grpo_cli.config.declared import choice_fields
+from grpo_cli.config.reference import group_sections, groups, groups_text, terminal_text
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
 
 # The groups `grpo-run --help <group> ...` asks for ("all": every group), set by cli.py, which takes them off the
@@ -49,10 +49,10 @@ def _help_body(_root_: DictConfig) -> str:
     or the keys of the groups in HELP_TOPICS."""
     values: Any = OmegaConf.to_container(_root_, resolve=False)
     if HELP_TOPICS:
-        topics = ["", *reference.groups()] if "all" in HELP_TOPICS else HELP_TOPICS  # "": the top-level keys
+        topics = ["", *groups()] if "all" in HELP_TOPICS else HELP_TOPICS  # "": the top-level keys
         choices = {"task": values["task"].get("name"), "rollout": values["rollout"].get("engine")}
-        sections = [s for topic in topics for s in reference.group_sections(topic, choices.get(topic))]
-        body = reference.terminal_text(sections, values)
+        sections = [s for topic in topics for s in group_sections(topic, choices.get(topic))]
+        body = terminal_text(sections, values)
     else:
         body = "\n".join(
             [
@@ -62,10 +62,10 @@ def _help_body(_root_: DictConfig) -> str:
                 "== Allowed values (key: values) ==",
                 _help_allowed_values(),
                 "",
-                reference.terminal_text(reference.group_sections(""), values),
+                terminal_text(group_sections(""), values),
                 "",
                 "== Keys of a group: grpo-run --help <group> (grpo-run --help all: every group) ==",
-                reference.groups_text(),
+                groups_text(),
             ]
         )
     return body.replace("$", "$$")  # Hydra passes the help text through string.Template

@@ -5,7 +5,7 @@ key is for. A leaf module (no grpo_cli imports, no torch), so that every schema 
 group schemas in grpo_cli/config/schemas.py and each task's schema next to its task in grpo_cli/tasks/. The generic
 check (grpo_cli.config.declared.check_fields, called by validate_config) enforces the declarations for every key,
 `grpo-run --help <group>` and docs/config-reference.md (grpo_cli/config/reference.py) list them with their help,
-and tests/test_bad_input.py feeds every field the values its declaration rules out.
+and tests/unit/config/test_bad_input.py feeds every field the values its declaration rules out.
 """
 
 from __future__ import annotations

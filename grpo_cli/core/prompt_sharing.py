@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-# The layer kinds the shared layout is proven for (tests/test_sliding_window_logprobs.py,
-# tests/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention beside
+# The layer kinds the shared layout is proven for (tests/unit/core/test_sliding_window_logprobs.py,
+# tests/unit/core/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention beside
 # "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
 SERVED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 

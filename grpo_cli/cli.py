@@ -1,7 +1,7 @@
 """`grpo-run`: the Hydra entrypoint. Composes and validates the config, then dispatches the job.
 
 This is the only module that touches Hydra: it reads what it needs (output dir, the resolved config) once and
-hands plain objects to the job functions.
+hands plain objects to the job functions: the config as the schema's GRPOConfig, typed from here to the kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import hydra
 from hydra.core.config_loader import ConfigLoader
@@ -104,7 +104,7 @@ class SweepJobError(CompactHydraException):
         super().__init__(message)
         self.exit_code = exit_code
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled back from a job process (submitit)
+    def __reduce__(self) -> tuple[type[SweepJobError], tuple[str, int]]:  # pickled back from a job process (submitit)
         return (type(self), (str(self), self.exit_code))
 
 
@@ -132,9 +132,11 @@ def task(dict_cfg: DictConfig) -> float | None:
             )
         else:  # task=custom: the user's files, found from where grpo-run was started, in every process after this
             absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
-        # to_object resolves interpolations and checks types against the schema dataclasses.
+        # to_object resolves interpolations and checks types against the schema dataclasses: the config composed
+        # under grpo_config_schema comes back as a GRPOConfig instance (OmegaConf's return type cannot say so).
+        # From here on every job and component gets this typed object.
         try:
-            cfg: GRPOConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
+            cfg = cast(GRPOConfig, OmegaConf.to_object(dict_cfg))
         except OmegaConfBaseException as e:
             raise UserFacingError(_one_line(e)) from None
         output_dir = Path(cfg.output_dir)

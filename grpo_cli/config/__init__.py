@@ -12,6 +12,7 @@ Where each part lives:
     config/declared.py     the declarations read back: choice keys for --help, the generic field check, key hints
     config/validation.py   validate_config: every field against its declaration, then the cross-field rules
     config/saved.py        a run's config.yaml read back under its schemas (resume, reports)
+    config/resume.py       which run resume= names, and its saved config with the overrides a resume may change
     config/registry.py     registration in Hydra's ConfigStore, the help text, our sweep plugins
     config/reference.py    every key's type, default, constraint and help: `grpo-run --help <group>` and
                            docs/config-reference.md (python -m grpo_cli.config.reference)
@@ -218,7 +219,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Any: whichever public name is asked for (typed above for mypy)
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOME[name]), name)

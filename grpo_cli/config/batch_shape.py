@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from grpo_cli.config.fields import from_core
-from grpo_cli.config.schemas import DISAGGREGATED
+from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
 
 # The losses with an importance ratio against the old policy: they need old log-probs off-policy and stay
 # correct there (grpo_cli.core.RATIO_LOSS_TYPES, read when first needed: the core imports torch).
@@ -34,7 +33,7 @@ class BatchShape:
     ranks: int = 1
 
     @classmethod
-    def from_config(cls, cfg: Any) -> BatchShape:
+    def from_config(cls, cfg: GRPOConfig) -> BatchShape:
         t = cfg.train
         epochs = cfg.sync.epochs_per_rollout_batch
         distributed = cfg.distributed
@@ -73,7 +72,7 @@ class BatchShape:
         per rollout batch, or a generator that runs behind the learner (the DISAGGREGATED strategies)."""
         return self.optimizer_steps_per_rollout_batch > 1 or self.sync_strategy in DISAGGREGATED
 
-    def rows(self) -> list[tuple[str, Any]]:
+    def rows(self) -> list[tuple[str, object]]:
         return [
             ("prompts per rollout batch", self.prompts_per_rollout_batch),
             ("completions per prompt (group size)", self.group_size),
@@ -90,7 +89,7 @@ class BatchShape:
         ]
 
 
-def needs_old_log_probs(cfg: Any) -> bool:
+def needs_old_log_probs(cfg: GRPOConfig) -> bool:
     """Whether old (behaviour) log-probs are computed once per rollout batch (sync.old_log_probs, null: when
     needed). The ratio losses (grpo_clip, gspo, cispo) need them whenever an update may run on a policy that moved
     since the rollout (BatchShape.off_policy). With one on-policy step the ratio is exactly 1 and the current

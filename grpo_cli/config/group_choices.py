@@ -71,7 +71,7 @@ def unknown_group_choice(loader: ConfigLoader, config_name: str, overrides: list
             line = _first_missing(search, parsed, multirun)
         if line is not None:
             return line
-        config_overrides = [o.input_line for o in parsed if o.is_delete() or not search.is_group(o.key_or_group)]
+        config_overrides = [_text(o) for o in parsed if o.is_delete() or not search.is_group(o.key_or_group)]
         for job in _job_variants(_group_choices(search, parsed, multirun)):
             loader.compute_defaults_list(config_name, [*config_overrides, *job], RunMode.RUN)
     except MissingConfigException as missing:  # a choice named in a config's own defaults list
@@ -83,6 +83,14 @@ def unknown_group_choice(loader: ConfigLoader, config_name: str, overrides: list
     except (HydraException, OmegaConfBaseException, ValueError):
         return None
     return None
+
+
+def _text(override: Override) -> str:
+    """The override as written: what parse_overrides records for every override it returns (Override's field is
+    optional only for overrides built by hand)."""
+    if override.input_line is None:
+        raise ValueError(f"override {override.key_or_group} has no text")
+    return override.input_line
 
 
 def _first_missing(search: _SearchPath, parsed: list[Override], multirun: bool) -> str | None:
@@ -133,7 +141,7 @@ def _group_choices(search: _SearchPath, parsed: list[Override], multirun: bool) 
         value = override.value()
         names = tuple(value) if isinstance(value, list) else (value,)  # group=[a,b] selects several
         if all(name is None or isinstance(name, str) for name in names):
-            choices[target] = [_Choice(override.input_line, names)]
+            choices[target] = [_Choice(_text(override), names)]
     return choices
 
 

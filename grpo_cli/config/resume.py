@@ -8,7 +8,6 @@ checkpoint's weights with init_from= instead).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -18,7 +17,7 @@ from grpo_cli.config.saved import SavedConfigError, load_saved_config
 from grpo_cli.errors import UserFacingError
 
 
-def find_run_to_resume(resume: Any, new_run_dir: Path) -> Path:
+def find_run_to_resume(resume: bool | str, new_run_dir: Path) -> Path:
     """resume=true: the newest run beside this one that has checkpoints; resume=<dir>: that run."""
     if resume is True:
         root = new_run_dir.parent
@@ -61,7 +60,7 @@ def _resume_may_change(key: str) -> bool:
 
 
 def resumed_config(
-    resume: Any,
+    resume: bool | str,
     new_run_dir: Path,
     overrides: list[str],
     console: Console | None = None,
@@ -121,12 +120,12 @@ def resumed_config(
 _ABSENT = object()
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """A config node or value as plain Python (so a changed group or list compares by content)."""
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _override_value(override: str) -> Any:
+def _override_value(override: str) -> object:
     """The value of a `key=value` override, parsed as YAML (without a composed config to read it from)."""
     import yaml
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -12,7 +12,7 @@ from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
 from grpo_cli.errors import UserFacingError
 
 
-def _schema_for(group: str, saved: Any, selector: str) -> type | None:
+def _schema_for(group: str, saved: object, selector: str) -> type | None:
     """The per-choice schema a saved group node was made with: the one its `selector` key (task.name,
     rollout.engine) names, else (a test task's name) the one whose keys are exactly the saved keys."""
     if not isinstance(saved, DictConfig):
@@ -76,7 +76,8 @@ def load_saved_config(path: Path) -> DictConfig:
             others = set().union(*map(field_names, GROUP_SCHEMAS[group].values())) - field_names(schema)
             for key in [k for k in node.keys() if k in others]:
                 del node[key]
-        return OmegaConf.merge(base, saved)  # type: ignore[return-value]
+        # Two mappings merge into a mapping (merge's declared result also allows a ListConfig).
+        return cast(DictConfig, OmegaConf.merge(base, saved))
     except OmegaConfBaseException as e:
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = unknown_key_hint(e)

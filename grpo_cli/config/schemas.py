@@ -100,7 +100,7 @@ class LossConfig:
         from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"),
         help="no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio | "
         "gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped, "
-        "stop-gradient ratio (CISPO). Formulas and papers: docs/design.md section 1.",
+        "stop-gradient ratio (CISPO). Formulas and papers: docs/algorithm.md.",
     )
     cliprange: float = in_range(
         0.2,

@@ -3,17 +3,17 @@ the CLI calls before any model loads, checks every field against its declaration
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.config.batch_shape import BatchShape, ratio_loss_types
 from grpo_cli.config.declared import check_fields
-from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS
+from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS, GRPOConfig, VLLMRolloutConfig
 from grpo_cli.errors import UserFacingError
 
 
-def validate_sync(cfg: Any) -> None:
+def validate_sync(cfg: GRPOConfig) -> None:
     """The sync strategy's rules: how many optimizer steps per batch, which losses stay correct off-policy,
     and the replay buffer's bounds."""
     t, sync = cfg.train, cfg.sync
@@ -56,7 +56,7 @@ def validate_sync(cfg: Any) -> None:
             )
 
 
-def validate_algorithm(cfg: Any) -> None:
+def validate_algorithm(cfg: GRPOConfig) -> None:
     """The loss variants' own knobs, set only where they act (a silently ignored key would mislead a comparison)."""
     loss, rollout = cfg.loss, cfg.rollout
     if loss.dual_clip is not None and loss.type != "grpo_clip":
@@ -77,7 +77,7 @@ def validate_algorithm(cfg: Any) -> None:
         )
 
 
-def validate_distributed(cfg: Any) -> None:
+def validate_distributed(cfg: GRPOConfig) -> None:
     """distributed.*: sizes that split into equal rank shares, and the combinations that work with several ranks."""
     d = cfg.distributed
     if d.strategy == "none":
@@ -97,7 +97,8 @@ def validate_distributed(cfg: Any) -> None:
             f"sync={cfg.sync.strategy} runs its generator and learner as Ray actors and does not combine with "
             f"distributed={d.strategy} over {shape.ranks} ranks yet: use sync=on_policy or sync=multi_epoch"
         )
-    if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size != 1:
+    # rollout.engine=vllm: validate_config checked that the rollout is then the vLLM schema.
+    if isinstance(cfg.rollout, VLLMRolloutConfig) and cfg.rollout.tensor_parallel_size != 1:
         raise UserFacingError(
             f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} with distributed={d.strategy}: each "
             "rank runs its own vLLM engine on its own device and samples its own prompts, so tensor parallelism "
@@ -116,11 +117,11 @@ def validate_distributed(cfg: Any) -> None:
         )
 
 
-def validate_config(cfg: Any) -> None:
+def validate_config(config: GRPOConfig | DictConfig) -> None:
     """Check every field against its declared constraint, then the rules between fields. Raises
-    UserFacingError with a one-line message naming the key."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_object(cfg)
+    UserFacingError with a one-line message naming the key. A DictConfig is converted to the schema dataclass
+    first (OmegaConf.to_object builds a GRPOConfig from a config composed under grpo_config_schema)."""
+    cfg = cast(GRPOConfig, OmegaConf.to_object(config)) if isinstance(config, DictConfig) else config
     check_fields(cfg)
     engine_schema = ROLLOUT_SCHEMAS[cfg.rollout.engine]
     if not isinstance(cfg.rollout, engine_schema):
@@ -185,9 +186,9 @@ def validate_config(cfg: Any) -> None:
             f"eval.n_samples={n_samples} samples at rollout.eval_temperature={cfg.rollout.eval_temperature:g}, "
             "where every sample is the same greedy answer: set rollout.eval_temperature>0 (e.g. 1.0 or 0.6)"
         )
-    bad_k = [k for k in cfg.eval.pass_k or [] if k > n_samples]
-    if bad_k:
-        raise UserFacingError(f"eval.pass_k={list(cfg.eval.pass_k)}: each k must be in 1..eval.n_samples={n_samples}")
+    pass_k = cfg.eval.pass_k or []
+    if any(k > n_samples for k in pass_k):
+        raise UserFacingError(f"eval.pass_k={list(pass_k)}: each k must be in 1..eval.n_samples={n_samples}")
     buffer = cfg.task.overlong_buffer
     if buffer is not None and buffer > cfg.rollout.max_tokens:
         raise UserFacingError(

@@ -1,4 +1,4 @@
-"""The pure math of GRPO (docs/design.md section 2): tokenization, log-probs, advantages, losses, aggregation,
+"""The pure math of GRPO (docs/algorithm.md): tokenization, log-probs, advantages, losses, aggregation,
 importance correction, the train step.
 
 Imports torch only: no transformers at import time, no I/O, no Hydra.

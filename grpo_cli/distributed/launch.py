@@ -20,8 +20,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -37,10 +38,15 @@ from grpo_cli.errors import (
 )
 from grpo_cli.models.runtime import resolve_device
 
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from grpo_cli.config.schemas import DistributedConfig, GRPOConfig
+
 _PR_SET_PDEATHSIG = 1
 
 
-def run_distributed(module: str, cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+def run_distributed(module: str, cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     """Run job `module` (its `run(cfg, output_dir, console)`) on every rank; returns rank 0's summary (on a node
     of a multi-node run without rank 0, its own first rank's)."""
     if parallel.launched_as_rank():
@@ -48,7 +54,7 @@ def run_distributed(module: str, cfg: Any, output_dir: Path, console: Console) -
     return _launch_ranks(module, cfg, output_dir)
 
 
-def rendezvous_id(d: Any, output_dir: Path) -> str:
+def rendezvous_id(d: DistributedConfig, output_dir: Path) -> str:
     """The c10d rendezvous id of this run, the same on every node: distributed.rdzv_id when given, else derived
     from what every node of the run is given, the rendezvous endpoint (master_addr:master_port) and the run
     directory. Another run directory or endpoint is another run, which never joins this one's rendezvous."""
@@ -58,7 +64,7 @@ def rendezvous_id(d: Any, output_dir: Path) -> str:
     return "grpo-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def launch_config(cfg: Any, output_dir: Path) -> Any:
+def launch_config(cfg: GRPOConfig, output_dir: Path) -> LaunchConfig:
     """The elastic launcher's settings for distributed.*: c10d rendezvous at master_addr:master_port under the
     run's rendezvous_id, no restarts. On one node the rendezvous and the ranks' MASTER_ADDR stay on the loopback
     address (the host's name may resolve to an address other processes cannot reach, or one outside this
@@ -67,7 +73,7 @@ def launch_config(cfg: Any, output_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
     d = cfg.distributed
-    rdzv_configs: dict[str, Any] = {"join_timeout": d.rdzv_timeout_s}
+    rdzv_configs: dict[str, int | bool] = {"join_timeout": d.rdzv_timeout_s}
     if d.nnodes > 1:
         rdzv_configs["is_host"] = d.node_rank == 0
     return LaunchConfig(
@@ -88,7 +94,7 @@ def launch_config(cfg: Any, output_dir: Path) -> Any:
     )
 
 
-def rendezvous_failure(d: Any, run_id: str, error: BaseException) -> str:
+def rendezvous_failure(d: DistributedConfig, run_id: str, error: BaseException) -> str:
     """The one line of a node that could not start: what it waited for, where, and how to fix it."""
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 
@@ -114,7 +120,7 @@ def rendezvous_failure(d: Any, run_id: str, error: BaseException) -> str:
     return f"{node} failed at {where} ({error_summary(error, limit=150)}): {same}"
 
 
-def _launch_ranks(module: str, cfg: Any, output_dir: Path) -> dict[str, Any]:
+def _launch_ranks(module: str, cfg: GRPOConfig, output_dir: Path) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
@@ -138,7 +144,7 @@ def _launch_ranks(module: str, cfg: Any, output_dir: Path) -> dict[str, Any]:
     return results[min(results)]  # keyed by global rank: rank 0's on its node, this node's first rank elsewhere
 
 
-def _wait_for_node_0(d: Any) -> None:
+def _wait_for_node_0(d: DistributedConfig) -> None:
     """Wait (up to distributed.rdzv_timeout_s) until node 0's rendezvous store accepts this node, with torch's own
     store client, before the elastic agent joins. The agent would wait the same way, but its store client prints
     each failed try as pages of C++ stack frames on stderr: a node started before node 0 waits quietly here, and
@@ -157,7 +163,7 @@ def _wait_for_node_0(d: Any) -> None:
 
 
 @contextlib.contextmanager
-def _stderr_silenced() -> Any:
+def _stderr_silenced() -> Iterator[None]:
     """File descriptor 2 to /dev/null for the block: what C++ code logs there too (no rank runs yet)."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -170,7 +176,7 @@ def _stderr_silenced() -> Any:
         os.close(saved)
 
 
-def _rank_main(module: str, cfg: Any, output_dir: str) -> dict[str, Any]:
+def _rank_main(module: str, cfg: GRPOConfig, output_dir: str) -> dict[str, Any]:
     """One rank, started by the elastic agent: the job, with its outcome written down for the launcher."""
     _die_with_parent()
     # Out of the terminal's process group: a Ctrl-C reaches the ranks once, forwarded by the agent, instead of
@@ -192,7 +198,7 @@ def _rank_main(module: str, cfg: Any, output_dir: str) -> dict[str, Any]:
         raise
 
 
-def _run_rank(module: str, cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+def _run_rank(module: str, cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     d = cfg.distributed
     world = parallel.init_process_group(d.backend, resolve_device(cfg.model.device).type, d.timeout_min)
     try:

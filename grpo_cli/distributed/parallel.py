@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 # How each metric combines across ranks; anything not listed is a mean (ranks hold equal shares).
 _SUMMED_SUFFIXES = (
@@ -76,7 +78,7 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def broadcast_object(value: Any, src: int = 0) -> Any:
+def broadcast_object(value: T, src: int = 0) -> T:
     """Rank src's value on every rank (e.g. the run directory rank 0 picked)."""
     if not world().distributed:
         return value
@@ -125,7 +127,7 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     if not world().distributed:
         return metrics
     keys = sorted(metrics)
-    gathered: list[Any] = [None] * world().size
+    gathered: list[object] = [None] * world().size
     dist.all_gather_object(gathered, keys)
     if any(other != keys for other in gathered):
         raise RuntimeError("ranks logged different metric names in one step: they are not running the same step")
@@ -177,11 +179,15 @@ def wrap_for_training(
         return DistributedDataParallel(scorer, device_ids=[device.index or torch.cuda.current_device()])
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else None
-    kwargs = {"mp_policy": policy} if policy is not None else {}
+    # Without autocast, MixedPrecisionPolicy() is fully_shard's own default: no casting.
+    policy = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if compute_dtype
+        else MixedPrecisionPolicy()
+    )
     for layer in decoder_layers(scorer):
-        fully_shard(layer, **kwargs)
-    fully_shard(scorer, **kwargs)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(scorer, mp_policy=policy)
     return scorer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.distributed import parallel
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number
@@ -17,11 +17,14 @@ from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.worker import RolloutWorker
 from grpo_cli.tasks import Example
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
+
 
 class InProcessExecutor:
     """The learner and a rollout worker that samples from the learner's own model (no weights to copy)."""
 
-    def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
+    def __init__(self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> None:
         self.cfg = cfg
         self.sampler = sampler
         self.learner = Learner(cfg, output_dir)
@@ -31,6 +34,7 @@ class InProcessExecutor:
         self.world = parallel.world()
         self.load_s = self.learner.load_s
         self.device_text = self.learner.describe()
+        self.closed = False
 
     @property
     def learner_version(self) -> int:
@@ -108,7 +112,6 @@ class InProcessExecutor:
         return metrics, records
 
     def close(self) -> None:
-        worker = getattr(self, "worker", None)
-        if worker is not None:
-            worker.close()
-            self.worker = None
+        if not self.closed:
+            self.worker.close()
+            self.closed = True

@@ -1,4 +1,4 @@
-"""The training loop, written once for every sync strategy (docs/design.md section 1):
+"""The training loop, written once for every sync strategy (docs/architecture.md, "Sync strategies"):
 
     evaluate at step 0
     for each step: executor.step (sample prompts -> generate -> score -> advantages -> update -> sync weights)
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -45,8 +47,15 @@ from grpo_cli.tracking.console import (
     step_time_table,
 )
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.tracking.sinks import MetricsSink
 
-def build_executor(cfg: Any, output_dir: Path, sampler: PromptSampler) -> Executor:
+# What signal.signal returns and takes: a function, SIG_DFL / SIG_IGN, or None (a handler not set from Python).
+SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+def build_executor(cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> Executor:
     """The executor for cfg.sync.strategy: in-process, or generator and learner as Ray actors."""
     if cfg.sync.strategy in DISAGGREGATED:
         from grpo_cli.drivers.ray_executor import RayExecutor  # Ray is an optional extra
@@ -61,7 +70,7 @@ class TrainingLoop:
     """One run: builds the executor, resumes if asked, runs the steps, evaluates, checkpoints, logs, stops
     cleanly. `run()` returns the summary (the last step's metrics, the last evaluation, the step-0 reward)."""
 
-    def __init__(self, cfg: Any, output_dir: Path, console: Console) -> None:
+    def __init__(self, cfg: GRPOConfig, output_dir: Path, console: Console) -> None:
         self.cfg = cfg
         self.output_dir = output_dir
         self.console = console
@@ -76,11 +85,10 @@ class TrainingLoop:
         self.stop_signal: str | None = None
         self.warned_truncation = False
         self.last_saved_step = -1  # the newest checkpoint this process wrote
-        self.metrics_sink = None
-        self.executor: Executor | None = None
         self.world = parallel.world()
+        self.executor = build_executor(cfg, output_dir, self.sampler)
+        self.sink_closed = False
         try:
-            self.executor = build_executor(cfg, output_dir, self.sampler)
             # A resumed run restores weights, optimizer, RNG and data position, and forgets the metrics logged
             # after its checkpoint (they are logged again, identically) before the metrics sink opens the file.
             self.start_step = self._resume() if cfg.resume else 0
@@ -93,17 +101,19 @@ class TrainingLoop:
                 )
             # metrics.jsonl always, plus W&B with logger=wandb; closed in run()'s `finally`. Rank 0 logs for all
             # (the metrics are already combined over ranks).
-            self.metrics_sink = build_metrics_sink(cfg, output_dir, console) if self.world.is_main else FanOutSink([])
+            self.metrics_sink: MetricsSink = (
+                build_metrics_sink(cfg, output_dir, console) if self.world.is_main else FanOutSink([])
+            )
         except BaseException:
-            self.close()
+            self.executor.close()
             raise
 
     def close(self) -> None:
-        if self.metrics_sink is not None:
+        """Close the metrics sink (once) and the executor; safe after any error, and more than once."""
+        if not self.sink_closed:
             self.metrics_sink.close()
-            self.metrics_sink = None
-        if self.executor is not None:
-            self.executor.close()
+            self.sink_closed = True
+        self.executor.close()
 
     def _resume(self) -> int:
         """Load the newest usable checkpoint of this run directory; returns its step."""
@@ -156,7 +166,8 @@ class TrainingLoop:
                 f"stopped by {self.stop_signal} during step {step}: reward {error}, so the step is abandoned; "
                 f"the checkpoints in {self.output_dir / 'checkpoints'} are kept; continue with: "
                 f"grpo-run resume={self.output_dir}",
-                exit_code=exit_code_for_signal(self.stop_signal),
+                # A stop was asked for: RewardsAbandoned comes only after request_stop set stop_signal.
+                exit_code=exit_code_for_signal(self.stop_signal or "SIGTERM"),
             ) from None
         finally:
             reward_workers.clear_stop_notice()
@@ -224,12 +235,12 @@ class TrainingLoop:
                 exit_code=EXIT_DIVERGED,
             )
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
+    def _install_signal_handlers(self) -> dict[signal.Signals, SignalHandler]:
         """SIGINT/SIGTERM finish the current step, checkpoint and exit; a second SIGINT interrupts at once."""
         if threading.current_thread() is not threading.main_thread():
             return {}
 
-        def request_stop(signum: int, _frame: Any) -> None:
+        def request_stop(signum: int, _frame: FrameType | None) -> None:
             if self.stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_signal = signal.Signals(signum).name
@@ -283,6 +294,6 @@ class TrainingLoop:
         return metrics
 
 
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+def _restore_signal_handlers(previous: dict[signal.Signals, SignalHandler]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)

@@ -24,7 +24,7 @@ class PromptSampler:
         return self.drawn / max(len(self.examples), 1)
 
     def next_batch(self, n: int) -> list[Example]:
-        batch = []
+        batch: list[Example] = []
         while len(batch) < n:
             if self.position >= len(self.order):
                 self.order = list(range(len(self.examples)))

@@ -26,11 +26,13 @@ import contextlib
 import logging
 import os
 import random
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,8 +53,15 @@ from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.worker import RolloutWorker
 from grpo_cli.tasks import Example
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
-def import_ray(strategy: str) -> Any:
+# One completion of a rollout batch, as the replay buffer holds it: prompt ids, completion ids, reward, advantage,
+# old log-probs, loss-mask weight (1.0: counts in the loss), the sampler's log-probs.
+Trajectory = tuple[list[int], list[int], float, float, torch.Tensor | None, float, torch.Tensor | None]
+
+
+def import_ray(strategy: str) -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -60,7 +69,7 @@ def import_ray(strategy: str) -> Any:
     return ray
 
 
-def actor_resources(cfg: Any, local_cpus: int, has_cuda: bool) -> tuple[int, float]:
+def actor_resources(cfg: GRPOConfig, local_cpus: int, has_cuda: bool) -> tuple[int, float]:
     """(CPUs, GPUs) for each of the two actors: sync.actor_cpus / actor_gpus, or half the cores and a GPU
     each when CUDA is there."""
     cpus = cfg.sync.actor_cpus or max(1, local_cpus // 2)
@@ -70,11 +79,11 @@ def actor_resources(cfg: Any, local_cpus: int, has_cuda: bool) -> tuple[int, flo
     return cpus, gpus
 
 
-def split_trajectories(data: RolloutData) -> list[tuple]:
+def split_trajectories(data: RolloutData) -> list[Trajectory]:
     """One scored rollout batch as per-completion tuples, for the replay buffer."""
     n = len(data.completion_ids)
-    old = data.old_log_probs or [None] * n
-    sampler = data.sampler_log_probs or [None] * n
+    old: Sequence[torch.Tensor | None] = data.old_log_probs or [None] * n
+    sampler: Sequence[torch.Tensor | None] = data.sampler_log_probs or [None] * n
     keep = data.loss_mask.tolist() if data.loss_mask is not None else [1.0] * n
     columns = (
         data.prompt_ids,
@@ -88,7 +97,7 @@ def split_trajectories(data: RolloutData) -> list[tuple]:
     return list(zip(*columns, strict=True))
 
 
-def join_trajectories(items: list[tuple], versions: list[int]) -> RolloutData:
+def join_trajectories(items: list[Trajectory], versions: list[int]) -> RolloutData:
     """A train batch assembled from replay-buffer trajectories (advantages as computed in their own group)."""
     columns = (list(column) for column in zip(*items, strict=True))
     prompt_ids, completion_ids, rewards, advantages, old, keep, sampler = columns
@@ -109,11 +118,11 @@ class Hosted:
     bad model path) then reaches the driver as itself, where a failed actor constructor reports only text.
     Every later call names the object's method: `actor.call.remote("learn", data, step)`."""
 
-    def start(self, factory: Callable[..., Any], *args: Any) -> str:
+    def start(self, factory: Callable[..., Learner | RolloutWorker], *args: object) -> str:
         self.target = factory(*args)
         return self.target.describe()
 
-    def call(self, method: str, *args: Any) -> Any:
+    def call(self, method: str, *args: object) -> object:
         return getattr(self.target, method)(*args)
 
 
@@ -121,32 +130,52 @@ class Hosted:
 class Request:
     """A rollout batch asked of the generator and not received yet."""
 
-    ref: Any  # ray.ObjectRef of a RolloutData
+    ref: Any  # a ray.ObjectRef of a RolloutData (ray is imported at run time only: import_ray)
     sampler_state: dict[str, Any]  # the prompt sampler before this batch's prompts were drawn
 
 
 class RayExecutor:
     """The executor of a one_behind or replay_buffer run (see the module docstring)."""
 
-    def __init__(self, cfg: Any, output_dir: Path, sampler: PromptSampler) -> None:
+    def __init__(self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> None:
         self.cfg = cfg
         self.output_dir = output_dir
         self.sampler = sampler
         self.shape = BatchShape.from_config(cfg)
         self.with_old_log_probs = needs_old_log_probs(cfg)
-        self.ray = ray = import_ray(cfg.sync.strategy)
+        self.ray = import_ray(cfg.sync.strategy)
         self.started_ray = False
-        self.sentinel = None
+        self.sentinel: subprocess.Popen[bytes] | None = None
         self.requests: list[Request] = []
-        self.loads: list[Any] = []  # load_weights calls not checked yet
-        self.learner_actor = self.generator_actor = None
+        self.loads: list[Any] = []  # load_weights calls not checked yet (ray.ObjectRefs)
+        # Ray ActorHandles of Hosted (ray is imported at run time only: import_ray); None once closed.
+        self.learner_actor: Any = None
+        self.generator_actor: Any = None
         self.version = 0  # the learner's policy version
         self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
-        self.buffer: ReplayBuffer[tuple] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
+        self.buffer: ReplayBuffer[Trajectory] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
         # train.dynamic_sampling with the replay buffer: groups kept out of it, and the batches waited for this step
         self.groups_dropped = 0
         self.extra_rounds = 0
         cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
+        try:
+            device_text, ray_s = self._start_actors(cfg, output_dir, cpus, gpus)
+        except BaseException:
+            # The caller gets no executor to close: stop what was started (the local Ray, both actors, the
+            # sentinel) here, or it outlives the error in this process, where the next run (a sweep's next job
+            # under hydra/launcher=basic) would find Ray up and the actors still holding their CPUs.
+            self.close()
+            raise
+        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
+        self.device_text = (
+            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
+            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
+        )
+
+    def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
+        """Start Ray (unless it runs already) and both actors with their policy copies; returns the learner's
+        device description and the seconds Ray took to start (self.load_s: the actors')."""
+        ray = self.ray
         t0 = time.perf_counter()
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {
@@ -173,11 +202,7 @@ class RayExecutor:
             ]
         )
         self.load_s = time.perf_counter() - t0
-        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
-        self.device_text = (
-            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
-            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
-        )
+        return device_text, ray_s
 
     @property
     def learner_version(self) -> int:
@@ -208,7 +233,7 @@ class RayExecutor:
         stop_sentinel(self.sentinel)
         self.sentinel = None
 
-    def get(self, refs: Any, timeout: float | None = None) -> Any:
+    def get(self, refs: Any, timeout: float | None = None) -> Any:  # Any: what the actor method returned
         """ray.get, re-raising a user-facing error from an actor as itself (one line, not a remote traceback)."""
         try:
             return self.ray.get(refs, timeout=timeout)
@@ -217,7 +242,7 @@ class RayExecutor:
                 raise error.cause from None
             raise
 
-    def get_all(self, refs: list[Any]) -> list[Any]:
+    def get_all(self, refs: list[Any]) -> list[Any]:  # Any: ray.ObjectRefs in, what the actors returned out
         """Every result, after all have finished: when both actors fail to start, the second error is retrieved
         too (an error nobody retrieves is printed by Ray as a traceback when its reference is dropped)."""
         self.ray.wait(refs, num_returns=len(refs))
@@ -301,7 +326,7 @@ class RayExecutor:
         self.version = step
         sync_s = self.publish(step)
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
-        versions = {"sync/policy_version": data.policy_version, "sync/lag": lag}
+        versions: dict[str, float] = {"sync/policy_version": data.policy_version, "sync/lag": lag}
         metrics = step_metrics(data.metrics, learned, timing, versions)
         return finish_step_metrics(metrics, data.raw_rewards), nonfinite_streak
 

@@ -56,7 +56,7 @@ def ray_descendants(root: int) -> dict[int, int]:
     return found
 
 
-def start_sentinel() -> subprocess.Popen | None:
+def start_sentinel() -> subprocess.Popen[bytes] | None:
     """Start the sentinel for this process; keep the returned handle for the run's lifetime."""
     if not Path("/proc/self/stat").exists():
         return None
@@ -68,11 +68,12 @@ def start_sentinel() -> subprocess.Popen | None:
     )
 
 
-def stop_sentinel(sentinel: subprocess.Popen | None) -> None:
+def stop_sentinel(sentinel: subprocess.Popen[bytes] | None) -> None:
     """After ray.shutdown(): close the pipe so the sentinel sweeps up stragglers and exits."""
     if sentinel is None:
         return
-    sentinel.stdin.close()
+    if sentinel.stdin is not None:  # always: start_sentinel opens the pipe
+        sentinel.stdin.close()
     try:
         sentinel.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""The bookkeeping of the sync strategies (docs/design.md section 1), as pure functions: no torch, no Ray.
+"""The bookkeeping of the sync strategies (docs/architecture.md), as pure functions: no torch, no Ray.
 
 Policy versions count learner steps: version 0 is the initial policy and version k the weights after step k's
 updates. A rollout batch carries the version that sampled it (its behaviour policy). Its *lag* (or staleness:

@@ -1,4 +1,5 @@
-"""The jobs `job=<name>` runs, found by name. Each module has `run(cfg, output_dir, console) -> summary dict`.
+"""The jobs `job=<name>` runs, found by name. Each module has `run(cfg: GRPOConfig, output_dir: Path, console:
+Console) -> summary dict`, cfg being the typed config cli.py built.
 
 Modules are imported only when their job runs, so `job=report` and `job=check_reward` never import torch.
 """
@@ -8,7 +9,12 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from grpo_cli.config.schemas import GRPOConfig
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ JOBS: dict[str, Job] = {
 }
 
 
-def run_job(name: str, cfg: Any, output_dir: Path, console: Any, overrides: list[str]) -> dict[str, Any]:
+def run_job(name: str, cfg: GRPOConfig, output_dir: Path, console: Console, overrides: list[str]) -> dict[str, Any]:
     """Run job `name`: for jobs that load a model, everything checkable is checked first (preflight)."""
     job = JOBS[name]
     if job.splits is not None:

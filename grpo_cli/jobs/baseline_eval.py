@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -17,8 +17,11 @@ from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking import write_jsonl
 from grpo_cli.tracking.console import generation_progress, sample_metrics_line
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
-def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+
+def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     examples = load_examples(cfg.task, "eval")[: cfg.job.n_examples or None]
     # task.eval_sets: evaluated after the task's own set, their metrics under eval/<name>/...
     eval_sets = {name: rows[: cfg.job.n_examples or None] for name, rows in load_eval_sets(cfg.task).items()}

@@ -40,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from rich.table import Table
@@ -54,6 +54,13 @@ from grpo_cli.rollout import render_prompts
 from grpo_cli.rollout.decode import SkinnyLinear
 from grpo_cli.rollout.worker import sampling_settings
 from grpo_cli.tasks import load_examples
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from transformers import PreTrainedModel
+
+    from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.rollout.base import RolloutEngine
 
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.
 BREAKDOWN = (
@@ -105,10 +112,18 @@ def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, size: int = 204
     return best
 
 
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers causal LM of the policy, under peft's LoRA wrapper if there is one."""
+    get_base_model = getattr(model, "get_base_model", None)
+    # The policy is a PreTrainedModel, or a peft model around one (the trainer loads nothing else).
+    return cast("PreTrainedModel", model if get_base_model is None else get_base_model())
+
+
 def parameter_counts(model: torch.nn.Module) -> tuple[int, int, int]:
     """(non-embedding parameters, vocabulary size, hidden size) of a causal LM (peft-wrapped or not)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    embedding = base.get_input_embeddings().weight
+    base = base_model(model)
+    # The embedding module's weight (a Parameter; nn.Module's attribute typing can only say Tensor | Module).
+    embedding = cast(torch.Tensor, base.get_input_embeddings().weight)
     seen: set[int] = set()
     total = 0
     for parameter in base.parameters():
@@ -136,7 +151,7 @@ def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.devic
     in model order, applied to `rows` rows of one token, by the kernel the eager decode step uses on this device
     (rollout/decode.py's SkinnyLinear on a CPU). The best of `repeats` passes; the weights are streamed as the
     real step streams them."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     weights = [m.weight for m in base.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=w.dtype) for w in weights}
     best = float("inf")
@@ -154,7 +169,7 @@ def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.devic
     return best
 
 
-def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
+def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     engines = resolve_engines(list(cfg.job.engines))
     if cfg.sync.strategy not in ("on_policy", "multi_epoch"):
         raise UserFacingError(
@@ -186,7 +201,7 @@ def run(cfg: Any, output_dir: Path, console: Any) -> dict[str, Any]:
     return results
 
 
-def _with_engine(cfg: Any, engine: str, steps: int) -> Any:
+def _with_engine(cfg: GRPOConfig, engine: str, steps: int) -> GRPOConfig:
     run_cfg = copy.deepcopy(cfg)
     run_cfg.rollout = rollout_config_for(cfg.rollout, engine)
     run_cfg.train.steps = steps
@@ -194,7 +209,7 @@ def _with_engine(cfg: Any, engine: str, steps: int) -> Any:
     return run_cfg
 
 
-def _generation_phases(engine: Any) -> dict[str, float] | None:
+def _generation_phases(engine: RolloutEngine) -> dict[str, float] | None:
     """The HF engine's decoder timings of its last generate() call, None for engines without them."""
     decoder = getattr(engine, "decoder", None)
     if decoder is None:
@@ -203,7 +218,7 @@ def _generation_phases(engine: Any) -> dict[str, float] | None:
     return {key: getattr(timings, key) for _label, key in GENERATION_PHASES} | {"decode_steps": float(timings.steps)}
 
 
-def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> dict:
+def _measure_engine(cfg: GRPOConfig, output_dir: Path, console: Console, peak: float) -> dict[str, Any]:
     """The real in-process executor a run uses, its steps timed exactly as a run logs them."""
     started = time.perf_counter()
     examples = load_examples(cfg.task, "train")
@@ -251,9 +266,10 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
     # Both token counts already cover every epoch of the step.
     flops = training_flops(non_embedding, vocab, hidden, int(train_tokens), int(response_tokens))
     fwd_bwd_s = median("time/forward_backward_s")
-    generation = None
-    if all(p is not None for p in phases):
-        generation = {key: statistics.median(p[key] for p in phases) for p in phases[:1] for key in p}
+    generation: dict[str, float] | None = None
+    measured_phases = [p for p in phases if p is not None]
+    if len(measured_phases) == len(phases):  # an engine with phase timings (rollout=hf)
+        generation = {key: statistics.median(p[key] for p in measured_phases) for p in measured_phases[:1] for key in p}
         decode_calls = max(generation["decode_steps"] - 1, 1)  # the first token comes from the prefill
         generation["decode_step_ms"] = 1e3 * generation["forward_s"] / decode_calls
     return {
@@ -274,7 +290,7 @@ def _measure_engine(cfg: Any, output_dir: Path, console: Any, peak: float) -> di
     }
 
 
-def benchmark_table(results: dict[str, Any], cfg: Any) -> Table:
+def benchmark_table(results: dict[str, Any], cfg: GRPOConfig) -> Table:
     engines = results["engines"]
     measured = f"{cfg.job.steps} steps" + (f" after {cfg.job.warmup_steps} warm-up" if cfg.job.warmup_steps else "")
     table = Table(
@@ -314,7 +330,7 @@ def benchmark_table(results: dict[str, Any], cfg: Any) -> Table:
 # --- how the cost grows ---------------------------------------------------------------------------------------
 
 
-def scaling_points(cfg: Any) -> list[tuple[str, int, int]]:
+def scaling_points(cfg: GRPOConfig) -> list[tuple[str, int, int]]:
     """(axis, rollout batch, max_tokens) of every scaling run: the batch axis at rollout.max_tokens, the length
     axis at train.rollout_batch_size."""
     points = [("batch", batch, cfg.rollout.max_tokens) for batch in cfg.job.scaling_batches]
@@ -322,7 +338,7 @@ def scaling_points(cfg: Any) -> list[tuple[str, int, int]]:
     return points
 
 
-def _scaling_config(cfg: Any, engine: str, batch: int, max_tokens: int) -> Any:
+def _scaling_config(cfg: GRPOConfig, engine: str, batch: int, max_tokens: int) -> GRPOConfig:
     """The benchmark setting at another rollout batch and length: one optimizer step per batch in microbatches of
     at most the base setting's, every completion exactly max_tokens long."""
     run_cfg = _with_engine(cfg, engine, cfg.job.scaling_steps)
@@ -340,13 +356,13 @@ def _scaling_config(cfg: Any, engine: str, batch: int, max_tokens: int) -> Any:
 
 
 def _scaling_runs(
-    cfg: Any, engine: str, output_dir: Path, console: Any, point: Callable[..., dict[str, Any]] | None = None
+    cfg: GRPOConfig, engine: str, output_dir: Path, console: Console, point: Callable[..., dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """Every scaling point of `engine`, each in a fresh process: an executor does not hand all its memory back
     when it closes (an in-process vLLM engine's CPU KV cache above all), and 16 points run in one process
     ran out of 24 GB at the last one (docs/results/2026-11-22-cpu-performance.md). `point`: what runs one point
     (scaling_point)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     spawn = multiprocessing.get_context("spawn")  # a fork would copy this process's torch and vLLM state
     for axis, batch, max_tokens in scaling_points(cfg):
         run_cfg = _scaling_config(cfg, engine, batch, max_tokens)
@@ -371,7 +387,7 @@ def _scaling_runs(
     return rows
 
 
-def scaling_point(run_cfg: Any, axis: str, run_dir: Path) -> dict[str, Any]:
+def scaling_point(run_cfg: GRPOConfig, axis: str, run_dir: Path) -> dict[str, Any]:
     """Run one scaling point's steps (`_scaling_config`'s setting) and return its row of medians."""
     run_dir.mkdir(parents=True, exist_ok=True)
     examples = load_examples(run_cfg.task, "train")
@@ -397,7 +413,7 @@ def scaling_point(run_cfg: Any, axis: str, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def scaling_table(scaling: dict[str, list[dict[str, Any]]], cfg: Any) -> Table:
+def scaling_table(scaling: dict[str, list[dict[str, Any]]], cfg: GRPOConfig) -> Table:
     table = Table(
         title=(
             f"How a step's cost grows: {cfg.model.name}, every completion forced to max_tokens, median of "
@@ -423,7 +439,7 @@ def scaling_table(scaling: dict[str, list[dict[str, Any]]], cfg: Any) -> Table:
     return table
 
 
-def plot_scaling(scaling: dict[str, list[dict[str, Any]]], cfg: Any, path: Path) -> None:
+def plot_scaling(scaling: dict[str, list[dict[str, Any]]], cfg: GRPOConfig, path: Path) -> None:
     """One PNG: seconds per step (top) and generation / training tokens/s (bottom) against the rollout batch
     (left) and max_tokens (right), one colour per engine."""
     from matplotlib.figure import Figure

@@ -9,8 +9,9 @@ the model's tokenizer (the completion_ids its reward functions get), unless each
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -32,19 +33,25 @@ from grpo_cli.tasks.rewards import (
     uses_n_tokens,
 )
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
-def _show(value: Any) -> str:
+
+def _show(value: object) -> str:
     # Escaped: "[1,2)" in a ground truth or a response is math, not rich markup.
     return escape(value if isinstance(value, str) else json.dumps(value))
 
 
-def _columns(truth: Any) -> Any:
+def _columns(truth: object) -> object:
     """task=custom's ground truth without the prompt it carries (the table shows the row's own columns)."""
     return {k: v for k, v in truth.items() if k != "prompt"} if isinstance(truth, dict) else truth
 
 
 def score_case(
-    reward_fn: Any, case: SanityCase, completion_ids: list[int] | None = None, trainer_state: TrainerState | None = None
+    reward_fn: Callable[..., dict[str, float]],
+    case: SanityCase,
+    completion_ids: list[int] | None = None,
+    trainer_state: TrainerState | None = None,
 ) -> tuple[float | None, str, dict[str, float]]:
     """(reward, note, {component: value}): the reward of the case's response, or None and the error a crash raised.
     A reward with the overlong term scores the case as a short completion (0 tokens: no overlong penalty).
@@ -60,7 +67,7 @@ def score_case(
     return float(result["reward"]), "", parts
 
 
-def case_completion_ids(cfg: Any, cases: tuple[SanityCase, ...]) -> tuple[list[list[int] | None], str]:
+def case_completion_ids(cfg: GRPOConfig, cases: tuple[SanityCase, ...]) -> tuple[list[list[int] | None], str]:
     """Each case's completion_ids (what task=custom's reward functions get as completion_ids=) and a line saying
     where they came from: the case's own, else its response tokenized by the model's tokenizer with the EOS token
     appended (a finished completion's sampled ids end with it). A tokenizer that does not load leaves them None
@@ -106,7 +113,7 @@ def _expected_text(case: SanityCase) -> str:
     return f"{case.expected_reward:g}"
 
 
-def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     """Print the sanity-case table of `cfg.task`; raise UserFacingError when any case disagrees."""
     task = task_for(cfg.task)
     cases = task.cases_for(cfg.task.prompt)
@@ -182,7 +189,7 @@ def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
     return {"n": len(cases), "n_disagree": 0}
 
 
-def check_shaping_terms(cfg: Any, console: Console) -> list[int]:
+def check_shaping_terms(cfg: GRPOConfig, console: Console) -> list[int]:
     """The sanity cases of the shaping terms the run weights (task.reward_weights.overlong / repetition), in a
     second table, then what this run's settings make of them. Returns the rows that disagree."""
     weighted = [term for term in SHAPING_COMPONENTS if reward_weights(cfg.task).get(term)]

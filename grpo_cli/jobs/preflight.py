@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import check_model_source, check_quantization
@@ -13,8 +13,11 @@ from grpo_cli.models.runtime import pure_half_precision_warning, resolve_device
 from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
-def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> list[str]:
+
+def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> list[str]:
     """Raise UserFacingError for what cannot work; return warning lines for what works worse than it could (and
     for a damaged run_info.json that was rewritten)."""
     warnings: list[str | None] = []
@@ -39,7 +42,7 @@ def preflight(cfg: Any, splits: tuple[str, ...], output_dir: Path, overrides: li
     return [warning for warning in warnings if warning is not None]
 
 
-def check_devices_for_ranks(cfg: Any) -> None:
+def check_devices_for_ranks(cfg: GRPOConfig) -> None:
     """On CUDA each rank of a node takes one GPU: more ranks per node than GPUs is a one-line error; so is NCCL
     (GPU-to-GPU only) for ranks on the CPU."""
     d = cfg.distributed

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -11,8 +11,11 @@ from grpo_cli.config import BatchShape
 from grpo_cli.drivers.loop import TrainingLoop
 from grpo_cli.tracking.console import shape_table
 
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
-def run(cfg: Any, output_dir: Path, console: Console) -> dict[str, Any]:
+
+def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     shape = BatchShape.from_config(cfg)
     console.print(shape_table(shape.rows(), title=f"batch shapes ({cfg.sync.strategy}, {cfg.loss.type})"))
     summary = TrainingLoop(cfg, output_dir, console).run()

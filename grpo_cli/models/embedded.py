@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import torch
 import transformers
@@ -44,6 +44,8 @@ from grpo_cli.models.pretrained import (
 )
 
 logger = logging.getLogger(__name__)
+
+Loaded = TypeVar("Loaded")
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m-instruct"
 TINY_RANDOM = "random:tiny-llama"
@@ -248,7 +250,7 @@ def _discard_cache_entry(final: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def load_from_embedded_cache(load: Callable[[str], Any]) -> Any:
+def load_from_embedded_cache(load: Callable[[str], Loaded]) -> Loaded:
     """`load(cache directory)`; if the cached files fail to load (damaged, or foreign files under a matching
     stamp), the entry is rebuilt once, with one log line, and loaded again."""
     final = embedded_model_dir()

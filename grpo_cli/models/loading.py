@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import (
@@ -29,6 +29,9 @@ from grpo_cli.models.pretrained import (
 )
 from grpo_cli.models.runtime import resolve_dtype
 from grpo_cli.models.sources import Source, hub_unavailable_message, resolve_source
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ def _build_tiny_random(
     tokenizer: PreTrainedTokenizerBase, seed: int, attn_implementation: str | None
 ) -> LlamaForCausalLM:
     """A 2-layer, 64-wide Llama over the SmolLM2 vocabulary, initialised from `seed` alone."""
+    # attn_implementation goes through the config's **kwargs, which transformers 5's typed signature does not list.
+    attention: dict[str, Any] = {"attn_implementation": attn_implementation}
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -84,7 +89,7 @@ def _build_tiny_random(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=attn_implementation,
+        **attention,
     )
     # fork_rng: the weights depend on `seed` only, and the caller's global RNG stream is left untouched.
     with torch.random.fork_rng(devices=[]):
@@ -122,8 +127,9 @@ def _load_pretrained(
 def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     """Recompute activations in the backward pass; the KV cache is useless (and warned about) in training."""
     kwargs = {"use_reentrant": False}  # the reentrant variant needs inputs that require grad
-    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.x
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
@@ -151,6 +157,7 @@ def load_policy(
         ModelLoadError: with a one-line message naming `name_or_path` and the fix.
     """
     tokenizer = load_tokenizer(name_or_path)
+    model: PreTrainedModel
     if name_or_path == TINY_RANDOM:
         try:
             model = _build_tiny_random(tokenizer, seed, attn_implementation)
@@ -162,7 +169,8 @@ def load_policy(
         )
     align_special_tokens(model, tokenizer)
     if quantization == "none":  # bitsandbytes places 4-bit weights itself and refuses .to()
-        model.to(device=device, dtype=dtype)
+        # PreTrainedModel.to (what runs) is wrapped by a decorator that mypy cannot call through: typed as Module's.
+        cast(torch.nn.Module, model).to(device=device, dtype=dtype)
     if gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     model.eval()
@@ -221,7 +229,7 @@ def apply_lora(
         raise ModelLoadError(f"model.lora.target_modules={list(target_modules)}: {error}") from None
 
 
-def build_policy(model_cfg: Any, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+def build_policy(model_cfg: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The policy exactly as `model.*` describes it (dtype, quantization, LoRA adapters, gradient checkpointing)
     and its tokenizer: the one loading path of every job, so none of them can ignore a model option."""
     check_quantization(model_cfg.quantization, device)
@@ -234,8 +242,7 @@ def build_policy(model_cfg: Any, device: torch.device) -> tuple[torch.nn.Module,
         quantization=model_cfg.quantization,
     )
     lora = model_cfg.lora
-    if lora.enabled:
-        model = apply_lora(
-            model, lora.r, lora.alpha, lora.dropout, lora.target_modules, quantized=model_cfg.quantization != "none"
-        )
-    return model, tokenizer
+    if not lora.enabled:
+        return model, tokenizer
+    quantized = model_cfg.quantization != "none"
+    return apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, quantized=quantized), tokenizer

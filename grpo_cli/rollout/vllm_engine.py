@@ -197,8 +197,8 @@ class VLLMRolloutEngine:
         """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented);
         `last_version`: the policy version of the run's last step (train.steps), always probed."""
         require_vllm()
-        # In-process engine: weight pushes are cheap tensor copies (docs/design.md section 7). Set before vllm is
-        # imported.
+        # In-process engine: weight pushes are cheap tensor copies (docs/dependencies.md, "Known pitfalls"). Set
+        # before vllm is imported.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         # Hydra's root handler would print vLLM's INFO records too; a CLI run wants only its warnings.

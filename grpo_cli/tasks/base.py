@@ -139,7 +139,7 @@ class TaskSpec:
 
 
 def format_prompt(question: str, style: str) -> Prompt:
-    """Wrap a task's question in the configured prompt style (docs/design.md section 3)."""
+    """Wrap a task's question in the configured prompt style (docs/architecture.md, "Tasks and rewards")."""
     if style == "chat":
         return [{"role": "user", "content": question}]
     if style == "question_only":
@@ -150,8 +150,8 @@ def format_prompt(question: str, style: str) -> Prompt:
 
 
 def prompt_stop_strings(style: str) -> tuple[str, ...]:
-    """Stop strings a prompt style implies: r1_zero ends at its closing answer tag (docs/design.md section 3), so
-    nothing the model writes after the answer is generated or trained on."""
+    """Stop strings a prompt style implies: r1_zero ends at its closing answer tag (docs/architecture.md, "Tasks and
+    rewards"), so nothing the model writes after the answer is generated or trained on."""
     return ("</answer>",) if style == "r1_zero" else ()
 
 

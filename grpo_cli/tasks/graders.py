@@ -1,4 +1,4 @@
-"""Math answer graders: the strict r1_zero rule and the question_only rule (docs/design.md section 3). No torch.
+"""Math answer graders: the strict r1_zero rule and the question_only rule (docs/tasks.md). No torch.
 
 Grading an answer against the ground truth takes two steps:
 1. MATH-style string normalization of both sides (`normalize_answer`): equal non-empty strings are a match.
@@ -234,7 +234,7 @@ def _reward(format_ok: bool, correct: bool, unparseable: bool) -> dict[str, floa
 
 
 def r1_zero_reward_fn(response: str, ground_truth: GroundTruth) -> dict[str, float]:
-    """The strict r1_zero rule (docs/design.md section 3).
+    """The strict r1_zero rule (docs/tasks.md).
 
     format_reward 1 iff the response contains `</think> <answer>` followed later by `</answer>`; the answer is
     the text between them (or its last `\\boxed{}`), graded against `ground_truth`. reward = format AND correct,

@@ -53,7 +53,7 @@ class FanOutSink:
 
 def _close_all(sinks: list[MetricsSink]) -> None:
     # Recursion instead of a loop so that every close() runs inside the previous one's `finally`: a failing
-    # JSONL close must not leave a W&B run open in a multirun process (docs/design.md section 7).
+    # JSONL close must not leave a W&B run open in a multirun process (docs/dependencies.md, "Known pitfalls").
     if not sinks:
         return
     try:

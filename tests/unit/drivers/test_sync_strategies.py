@@ -116,3 +116,25 @@ def ray_installed():
     assert_no_ray_left(before)
 
     # the ray_installed fixture then checks that every Ray process (and the sentinel) is gone within 20 s
+
+
+def test_actors_that_fail_to_start_leave_no_ray_running_in_this_process(tmp_path, ray_installed):
+    # The caller never gets a half-built executor to close: a failed start stops the local Ray (both actors, one
+    # holding its policy and CPUs, and the sentinel) itself, or the next run in this process (a sweep's next job
+    # under hydra/launcher=basic) finds them still there.
+    import ray
+
+    from grpo_cli.drivers.prompts import PromptSampler
+    from grpo_cli.drivers.ray_executor import RayExecutor
+    from grpo_cli.errors import UserFacingError
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama", ')  # passes the preflight, fails to load
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    overrides = ["debug=smoke", "sync=one_behind", "model=hf", f"model.name_or_path={broken}"]
+    cfg = compose_config(overrides, output_dir=str(tmp_path / "run"))
+    assert not ray.is_initialized()
+    with pytest.raises(UserFacingError, match="could not load model.name_or_path"):
+        RayExecutor(cfg, tmp_path / "run", PromptSampler([], seed=0))
+    assert not ray.is_initialized()

@@ -1,4 +1,4 @@
-"""Dependencies point one way: no import cycle between modules of grpo_cli (docs/design.md, "Code layout").
+"""Dependencies point one way: no import cycle between modules of grpo_cli (docs/architecture.md).
 
 Every import statement counts: at module level, inside functions, and under `if TYPE_CHECKING:`; a package's
 `__init__` that imports a submodule which imports the package back is a cycle too.

@@ -139,6 +139,9 @@ NOT_KEYS = {
 PROPOSED_KEYS = {
     "task.tools": "docs/multi-turn.md, the draft of issue #35",
     "task.tool_call_format": "docs/multi-turn.md, the draft of issue #35",
+    "task.environment": "docs/multi-turn.md, the draft of issue #35",
+    "task.max_turns": "docs/multi-turn.md, the draft of issue #35",
+    "task.max_episode_tokens": "docs/multi-turn.md, the draft of issue #35",
 }
 
 

@@ -4,7 +4,7 @@
 
 Each row is one check; it prints a table (check, result, seconds, peak GPU memory, detail) and writes it to --out
 for docs/results. On a machine without CUDA it still runs: the rows that need CUDA say "skipped" with the reason,
-the others run on the CPU (CI runs it so, tests/test_gpu_check.py, so the script cannot rot).
+the others run on the CPU (CI runs it so, tests/unit/project/test_gpu_check.py, so the script cannot rot).
 
 Rows:
 - fp32 master weights + bf16 autocast: the policy's weights stay float32 (model.dtype=auto) while the forward runs
@@ -64,7 +64,7 @@ def check_master_weights_and_autocast() -> Row:
     from grpo_cli.models.runtime import autocast_factory, compute_dtype, resolve_dtype
 
     if not cuda():
-        reason = "checks the GPU; tests/test_mixed_precision.py covers bf16 autocast on the CPU"
+        reason = "checks the GPU; tests/unit/models/test_mixed_precision.py covers bf16 autocast on the CPU"
         return Row("fp32 master weights + bf16 autocast", "skipped", detail=reason)
     device = _device()
     phases = []
@@ -194,7 +194,7 @@ def run_checks(workdir: Path) -> list[Row]:
             rows.append(row)
     gpus = torch.cuda.device_count() if cuda() else 0
     smoke = ["debug=smoke"]
-    lora_on_cpu = "checks the GPU; on the CPU tests/test_lora.py runs LoRA steps"
+    lora_on_cpu = "checks the GPU; on the CPU tests/unit/learner/test_lora.py runs LoRA steps"
     rows.append(_grpo_run("LoRA step", [*smoke, "model.lora.enabled=true"], _needs_cuda(on_cpu=lora_on_cpu), workdir))
     rows.append(
         _grpo_run(

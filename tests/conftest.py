@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -13,6 +14,10 @@ from omegaconf import OmegaConf
 from grpo_cli import tasks
 from grpo_cli.config import GRPOConfig, register_configs
 from grpo_cli.tasks import Example, TaskSpec
+
+# The repository and the data files tests read, wherever a test module sits below tests/.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
 

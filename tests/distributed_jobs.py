@@ -1,4 +1,5 @@
-"""Jobs that tests/test_distributed.py launches on real ranks through grpo_cli.distributed.launch (each rank
+"""Jobs that tests/unit/distributed/test_distributed.py launches on real ranks through
+grpo_cli.distributed.launch (each rank
 imports this module by name, as it imports grpo_cli.jobs.train)."""
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A leaf module (no grpo_cli imports but errors' base class, no torch), so that every schema can declare its fields
 with it: the group schemas in grpo_cli/config/schemas.py and each task's schema next to its task in
 grpo_cli/tasks/. The generic check (grpo_cli.config.declared.check_fields, called by validate_config) enforces
-the declarations for every key, `grpo-run --help` lists them, and tests/test_bad_input.py feeds every field the
+the declarations for every key, `grpo-run --help` lists them, and tests/unit/config/test_bad_input.py feeds
+every field the
 values its declaration rules out.
 """
 

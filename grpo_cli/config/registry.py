@@ -71,7 +71,8 @@ def register_sweep_plugins() -> None:
     """hydra/launcher=processes (conf/config.yaml's launcher for -m) and an Optuna sweeper that maximizes.
 
     Hydra's plugin scan finds the launcher wherever grpo-cli is installed, editable installs included since
-    pyproject.toml's `package-dir` makes them a plain path entry (tests/test_packaging.py). It is still registered
+    pyproject.toml's `package-dir` makes them a plain path entry (tests/unit/project/test_packaging.py). It is
+    still registered
     by hand for editable installs made before that change (setuptools' import hook, which the scan cannot walk).
     The scan re-executes every plugin module (the Optuna sweeper's config
     would store its own `direction: minimize` again), so it runs first; it runs once per process.

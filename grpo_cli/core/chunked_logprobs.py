@@ -16,7 +16,8 @@ run on `chunk_tokens` rows at a time, so no tensor larger than (chunk_tokens x v
   `torch.utils.checkpoint` (non-reentrant), which keeps only the chunk's hidden states and recomputes its logits
   when the backward pass reaches it, restoring autocast and the RNG state, and autograd differentiates the head.
 
-Equal to the unchunked path up to float rounding (tests/test_chunked_logprobs.py: log-probs, entropies and every
+Equal to the unchunked path up to float rounding (tests/unit/core/test_chunked_logprobs.py: log-probs,
+entropies and every
 parameter's gradient); the memory and time it saves are in docs/memory.md.
 """
 

@@ -16,7 +16,7 @@ policy gradient for the difference (``rollout.importance_correction``):
 
 The weights are constants (no gradient) and 0 off the response mask, as verl's
 (``verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_weights``; equal on the same tensors,
-tests/test_core_importance.py). The rejection is returned apart from the weights ("masked"), like verl's and
+tests/unit/core/test_core_importance.py). The rejection is returned apart from the weights ("masked"), like verl's and
 slime's rejection masks, so a caller can take rejected tokens out of the loss's counts instead of adding 0 to
 them (core.train_step does, docs/design.md says where).
 """

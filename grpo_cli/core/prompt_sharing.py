@@ -31,9 +31,9 @@ import torch
 
 from grpo_cli.core.causal_lm import as_causal_lm
 
-# The layer kinds the shared layout is proven for (tests/test_sliding_window_logprobs.py,
-# tests/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention beside
-# "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
+# The layer kinds the shared layout is proven for (tests/unit/core/test_sliding_window_logprobs.py,
+# tests/unit/core/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention
+# beside "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
 SERVED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 
 

@@ -8,10 +8,16 @@ sampled rather than with a re-tokenization of the text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from grpo_cli.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from grpo_cli.tasks.base import Prompt
 
 
 class WeightSyncError(UserFacingError):
@@ -67,7 +73,7 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-def render_prompts(prompts: list, tokenizer) -> list[list[int]]:
+def render_prompts(prompts: Sequence[Prompt], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     """Token ids of each prompt: chat messages through the tokenizer's chat template, text as is."""
     rendered = []
     for prompt in prompts:

@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +39,9 @@ from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.hf_internals import SKINNY_ROWS, SkinnyLinear  # noqa: F401 - re-exported (job=benchmark)
 from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_
 from grpo_cli.rollout.stopping import stopped
+
+if TYPE_CHECKING:
+    from transformers import Cache, DynamicCache, PreTrainedTokenizerBase, StaticCache
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,13 @@ class Decoder:
     Only for models `hf_internals.fast_path_problem` accepts; `make_decoder` picks this or the generate() one.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, eos_ids: set[int], compile_setting: str = "auto"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_ids: set[int],
+        compile_setting: str = "auto",
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
@@ -126,12 +135,12 @@ class Decoder:
         )
         self.compile = self.static and resolve_compile(compile_setting, self.device)
         self._compiled: Callable | None = None
-        self._caches: OrderedDict[tuple, Any] = OrderedDict()
+        self._caches: OrderedDict[tuple[int, int, torch.dtype, int, int], StaticCache] = OrderedDict()
         self.timings = DecodeTimings()
 
     # --- one model call -----------------------------------------------------------------------------------
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Cache
     ) -> torch.Tensor:
         """Logits of the last position: (B, V)."""
         out = self.model(
@@ -144,7 +153,9 @@ class Decoder:
         )
         return out.logits[:, -1]
 
-    def _decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any):
+    def _decode_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Cache
+    ) -> torch.Tensor:
         if not self.compile:
             return self._forward(input_ids, positions, mask, cache)
         if self._compiled is None:
@@ -161,7 +172,7 @@ class Decoder:
             return self._forward(input_ids, positions, mask, cache)
 
     # --- caches -------------------------------------------------------------------------------------------
-    def _static_cache(self, rows: int, length: int, like: torch.Tensor) -> Any:
+    def _static_cache(self, rows: int, length: int, like: torch.Tensor) -> StaticCache:
         """A static cache of `rows` x `length` (reused: allocated once per shape, the CACHES_KEPT latest kept)."""
         key = (rows, length, like.dtype, like.shape[1], like.shape[-1])
         cache = self._caches.pop(key, None)
@@ -176,7 +187,7 @@ class Decoder:
         """Drop the static caches kept for reuse (their memory goes back)."""
         self._caches.clear()
 
-    def _decode_cache(self, prefix: Any, n: int, width: int, length: int) -> tuple[Any, bool]:
+    def _decode_cache(self, prefix: DynamicCache, n: int, width: int, length: int) -> tuple[Cache, bool]:
         """The cache the decode steps run on, holding the prefill's keys/values repeated to n rows per prompt.
 
         Returns (cache, static). Static when the model allows it and both caches have the plain layer types whose

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from grpo_cli.rollout.base import RolloutEngine
 from grpo_cli.rollout.hf import HFRolloutEngine
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
-def build_rollout_engine(cfg: Any, model: Any, tokenizer: Any) -> RolloutEngine:
+    from grpo_cli.config.schemas import GRPOConfig, HFRolloutConfig
+
+
+def build_rollout_engine(cfg: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
     """The engine `rollout.engine` names, sampling from `model` (colocated with the trainer)."""
     if cfg.rollout.engine == "vllm":
         from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine  # vLLM is an optional extra
 
         return VLLMRolloutEngine.from_config(cfg, model, tokenizer)
+    rollout = cast("HFRolloutConfig", cfg.rollout)  # rollout.engine=hf picked the hf schema (ROLLOUT_SCHEMAS)
     return HFRolloutEngine(
-        model, tokenizer, cfg.rollout.max_batch_prompts, compile=cfg.rollout.compile, decoder=cfg.rollout.decoder
+        model, tokenizer, rollout.max_batch_prompts, compile=rollout.compile, decoder=rollout.decoder
     )

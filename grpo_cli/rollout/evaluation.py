@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
@@ -13,6 +13,9 @@ from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, mul
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, RewardFn, TaskSpec
 from grpo_cli.tasks.custom import TrainerState
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Held-out completions per generate() call: a progress bar can move between calls on large eval sets
 # (MATH-500), while the default 64-example set is still one call.
@@ -44,7 +47,7 @@ def is_correct(reward: dict[str, float]) -> bool:
 
 def evaluate(
     engine: RolloutEngine,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     reward_fn: RewardFn,
     examples: list[Example],
     settings: SamplingSettings,

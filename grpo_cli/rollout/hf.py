@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,7 +16,10 @@ from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
 from grpo_cli.rollout.decode import Decoder
 from grpo_cli.rollout.hf_generate import GenerateDecoder
 from grpo_cli.rollout.loop_check import CHECK_TOKENS, loop_disagreement
-from grpo_cli.rollout.stopping import stop_length
+from grpo_cli.rollout.stopping import decoded, stop_length
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 _LOGGED: set[str] = set()  # each line once per process (training and evaluation engines share it)
@@ -35,7 +39,11 @@ def fall_back(problem: str) -> None:
 
 
 def make_decoder(
-    model, tokenizer, eos_ids: set[int], compile: str = "auto", decoder: str = "auto"
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_ids: set[int],
+    compile: str = "auto",
+    decoder: str = "auto",
 ) -> Decoder | GenerateDecoder:
     """The decode loop where it may run `model` here (not yet checked against generate(): the engine does that at
     its first call), else generate() with the loop's sampling (one log line). decoder="generate": generate()."""
@@ -51,7 +59,7 @@ def make_decoder(
 
 
 def cut_completion(
-    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer, min_tokens: int = 0
+    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], tokenizer: PreTrainedTokenizerBase, min_tokens: int = 0
 ) -> tuple[list[int], bool]:
     """Cut sampled ids after the first EOS token or the first completed stop string (both kept); a stop string
     counts only where it ends after the first `min_tokens` ids' text (vLLM's rule, `rollout.stopping`).
@@ -78,8 +86,8 @@ class HFRolloutEngine:
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         max_batch_prompts: int | None = None,
         compile: str = "auto",
         decoder: str = "auto",
@@ -87,12 +95,14 @@ class HFRolloutEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_prompts = max_batch_prompts
-        eos = model.generation_config.eos_token_id
+        eos = hf_internals.base_model(model).generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
         # Sampling reads SamplingSettings alone: nothing of the checkpoint's generation_config (repetition_penalty,
         # top_k, ...) reaches the loop, so completions come from the distribution the trainer scores.
-        self.decoder = make_decoder(model, tokenizer, self.eos_ids, compile=compile, decoder=decoder)
+        self.decoder: Decoder | GenerateDecoder = make_decoder(
+            model, tokenizer, self.eos_ids, compile=compile, decoder=decoder
+        )
         # Why the loop does not sample here, once its check has run (None: it does, or has not been checked yet).
         self.loop_problem: str | None = None
         self._loop_checked = False
@@ -101,8 +111,10 @@ class HFRolloutEngine:
         return {"time/sync_s": 0.0}  # the loop runs on the trained model itself
 
     def close(self) -> None:
-        self.model = None
-        self.decoder = None
+        # Drop the model and its decoder's caches so they can be freed; a closed engine samples no more.
+        for name in ("model", "decoder"):
+            if hasattr(self, name):
+                delattr(self, name)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
@@ -112,7 +124,7 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             if isinstance(self.decoder, Decoder) and not self._loop_checked:
-                self._check_loop(prompt_ids[:chunk])
+                self._check_loop(self.decoder, prompt_ids[:chunk])
             for start in range(0, len(prompt_ids), chunk):
                 # Each completion's stream depends on its prompt's index in the step, so chunks change nothing.
                 part_settings = replace(settings, first_prompt_index=settings.first_prompt_index + start)
@@ -123,10 +135,10 @@ class HFRolloutEngine:
             self.model.train(was_training)
         return out
 
-    def _check_loop(self, prompt_ids: list[list[int]]) -> None:
+    def _check_loop(self, decoder: Decoder, prompt_ids: list[list[int]]) -> None:
         """Keep the decode loop only if it agrees with generate() on this model, these prompts, in this context."""
         self._loop_checked = True
-        problem = loop_disagreement(self.decoder, self.model, prompt_ids)
+        problem = loop_disagreement(decoder, self.model, prompt_ids)
         if problem is None:
             version = hf_internals.transformers_version()
             _log_once(
@@ -141,12 +153,13 @@ class HFRolloutEngine:
 
     def _generate_chunk(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
         sampled = self.decoder.sample(prompt_ids, settings)
-        batch = RolloutBatch([], [], [], [], sampler_log_probs=[])
+        kept_log_probs: list[list[float]] = []
+        batch = RolloutBatch([], [], [], [], sampler_log_probs=kept_log_probs)
         for row, (ids, log_probs) in enumerate(zip(sampled.token_ids, sampled.log_probs, strict=True)):
             ids, finished = cut_completion(ids, self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens)
             batch.prompt_ids.append(prompt_ids[row // settings.n])
             batch.completion_ids.append(ids)
-            batch.sampler_log_probs.append(log_probs[: len(ids)])
-            batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            kept_log_probs.append(log_probs[: len(ids)])
+            batch.texts.append(decoded(self.tokenizer, ids, skip_special_tokens=True))
             batch.truncated.append(not finished)
         return batch

@@ -23,16 +23,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.decode import STOP_CHECK_EVERY, DecodeTimings, Sampled, left_pad
-from grpo_cli.rollout.hf_internals import base_model
+from grpo_cli.rollout.hf_internals import base_model, generate
 from grpo_cli.rollout.sampling import row_generators, sample_next_tokens, sampler_log_probs, suppress_tokens_
 from grpo_cli.rollout.stopping import stopped
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class RowSampler(LogitsProcessor):
@@ -55,14 +58,17 @@ class RowSampler(LogitsProcessor):
         self.tokens.append(tokens)
         self.log_probs.append(log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
         forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, tokens.unsqueeze(-1), 0.0)  # greedy decoding picks exactly `tokens`
+        # Greedy decoding picks exactly `tokens` (transformers types its tensors with the legacy FloatTensor).
+        return cast(torch.FloatTensor, forced.scatter_(-1, tokens.unsqueeze(-1), 0.0))
 
 
 class StopStrings(StoppingCriteria):
     """Ends rows whose generated text holds a stop string that counts (past min_tokens, `rollout.stopping`),
     checked every STOP_CHECK_EVERY tokens as in the loop."""
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_width: int, min_tokens: int = 0) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...], prompt_width: int, min_tokens: int = 0
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.prompt_width = prompt_width
@@ -70,7 +76,7 @@ class StopStrings(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids[:, self.prompt_width :]  # (B, steps)
-        hit = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+        hit = cast(torch.BoolTensor, torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device))
         if generated.shape[1] % STOP_CHECK_EVERY:
             return hit
         for row, ids in enumerate(generated.tolist()):
@@ -95,7 +101,7 @@ def plain_generation_config(model: torch.nn.Module, eos_ids: list[int], pad_id: 
 class GenerateDecoder:
     """The `rollout.decode.Decoder` interface (sample, timings) on top of `model.generate`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, eos_ids: set[int]) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, eos_ids: set[int]) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
@@ -122,7 +128,8 @@ class GenerateDecoder:
         with plain_generation_config(self.model, self.eos_ids, self.pad_id) as config:
             config.do_sample = False
             config.max_new_tokens = settings.max_tokens
-            self.model.generate(
+            generate(
+                self.model,
                 input_ids=input_ids,
                 attention_mask=mask,
                 generation_config=config,

@@ -17,7 +17,8 @@ swaps `config._attn_implementation` to an attention function of its own for the 
   global tables at import time: `decode_scope` adds the decode attention function for the duration of the decode
   steps only and removes it afterwards.
 
-Tested (tests/test_decode.py, greedy tokens equal to `generate`'s): Llama (tied and untied embeddings, Llama 3
+Tested (tests/unit/rollout/test_decode.py, greedy tokens equal to `generate`'s): Llama (tied and untied
+embeddings, Llama 3
 rope scaling), Qwen2 (qkv bias), Qwen3, Mistral without a sliding window, each also under LoRA; Gemma 2 and any
 sliding-window layer go to `generate`.
 """
@@ -26,21 +27,26 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import transformers
 from packaging.version import Version
 from torch.overrides import TorchFunctionMode
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, StaticCache
+    from transformers.generation.utils import GenerateOutput
+
 log = logging.getLogger(__name__)
 
 # The oldest transformers release the decode loop runs on (older ones lack internals it uses, and will not change).
 # Newer releases, published or not, are not listed: the loop is checked on the loaded model (rollout.loop_check).
 FAST_PATH_MIN_TRANSFORMERS = Version("5.16")
-# Architectures whose greedy tokens on the loop equal generate()'s (tests/test_decode.py, one test each), and
+# Architectures whose greedy tokens on the loop equal generate()'s (tests/unit/rollout/test_decode.py, one test
+# each), and
 # whose attention calls the attention interface with (query, key, value, mask, scaling, dropout) only, so
 # decode_attention computes exactly what sdpa would.
 FAST_PATH_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
@@ -55,9 +61,18 @@ def transformers_version() -> Version:
     return Version(transformers.__version__)
 
 
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
     """The transformers model inside a peft wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    # The policy is a transformers model, in a peft wrapper when LoRA is on (grpo_cli.models.loading).
+    return cast("PreTrainedModel", get_base_model() if get_base_model is not None else model)
+
+
+def generate(model: torch.nn.Module, **kwargs: Any) -> GenerateOutput | torch.LongTensor:
+    """`model.generate(**kwargs)`: transformers' own, or a peft wrapper's, which forwards to it (nn.Module's
+    attribute typing cannot see either)."""
+    generate_fn = cast("Callable[..., GenerateOutput | torch.LongTensor]", model.generate)
+    return generate_fn(**kwargs)
 
 
 def _missing_internal() -> str | None:
@@ -77,7 +92,7 @@ def _missing_internal() -> str | None:
     return None
 
 
-def _sliding_window(config: Any) -> bool:
+def _sliding_window(config: PretrainedConfig) -> bool:
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     return layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None
 
@@ -145,13 +160,13 @@ def can_compile_fullgraph(model: torch.nn.Module) -> bool:
     return bool(getattr(base_model(model), "_can_compile_fullgraph", False))
 
 
-def new_dynamic_cache(config: Any) -> Any:
+def new_dynamic_cache(config: PretrainedConfig) -> DynamicCache:
     from transformers import DynamicCache
 
     return DynamicCache(config=config)
 
 
-def new_static_cache(config: Any, rows: int, length: int, like: torch.Tensor) -> Any:
+def new_static_cache(config: PretrainedConfig, rows: int, length: int, like: torch.Tensor) -> StaticCache:
     """A static cache of `rows` x `length` positions, allocated now in `like`'s dtype/device and head shape."""
     from transformers import StaticCache
 
@@ -160,7 +175,7 @@ def new_static_cache(config: Any, rows: int, length: int, like: torch.Tensor) ->
     return cache
 
 
-def prefill_keys(prefix: Any) -> torch.Tensor | None:
+def prefill_keys(prefix: DynamicCache) -> torch.Tensor | None:
     """The first layer's keys (P, Hkv, W, D) of a prefilled dynamic cache, None if it has no plain layers."""
     from transformers.cache_utils import DynamicLayer
 
@@ -170,6 +185,8 @@ def prefill_keys(prefix: Any) -> torch.Tensor | None:
     return layers[0].keys
 
 
+# Any: a StaticCache and a DynamicCache, whose layers transformers types as a union of kinds; the type() checks
+# below admit only the plain kinds whose keys and values this copies.
 def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bool:
     """Copy a prefill's keys/values (P prompts) into rows p*n .. p*n+n-1 of a static cache's first `width`
     positions, and mark those positions filled. False (nothing copied) when the layers are not the plain kinds."""
@@ -185,7 +202,7 @@ def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bo
     return True
 
 
-def repeat_dynamic(prefix: Any, n: int) -> Any:
+def repeat_dynamic(prefix: DynamicCache, n: int) -> DynamicCache:
     """The prefill's dynamic cache with each prompt's row repeated n times (prompt-major), in place."""
     prefix.batch_repeat_interleave(n)
     return prefix
@@ -240,7 +257,7 @@ def configured_attention(model: torch.nn.Module) -> str | None:
 
 
 @contextmanager
-def decode_scope(config: Any, grouped_attention: bool, skinny: bool) -> Iterator[None]:
+def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: bool) -> Iterator[None]:
     """The decode steps' setting, undone on exit: with `grouped_attention`, `decode_attention` is added to the
     attention tables under DECODE_ATTENTION and the config switched to it; with `skinny`, SkinnyLinear is on.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+import grpo_cli.rollout.hf_internals as hf_internals
 from grpo_cli.rollout.base import SamplingSettings
 from grpo_cli.rollout.decode import Decoder, left_pad
 from grpo_cli.rollout.hf_generate import plain_generation_config
@@ -58,7 +59,9 @@ def reference_greedy(
         config.max_new_tokens = max_tokens
         config.output_logits = True
         config.return_dict_in_generate = True
-        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+        out = hf_internals.generate(model, input_ids=input_ids, attention_mask=mask, generation_config=config)
+    if isinstance(out, torch.Tensor) or out.logits is None:  # asked for a dict with the logits: never so
+        raise TypeError(f"generate() returned {type(out).__name__} without logits despite output_logits=True")
     tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T)
     log_softmax = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # (B, T, V)
     return tokens, log_softmax

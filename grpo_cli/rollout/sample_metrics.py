@@ -42,15 +42,17 @@ def answer_groups(answers: Sequence[str | None], same: Callable[[str, str], bool
     one group. None answers abstain."""
     agree = same or (lambda a, b: a == b)
     groups: list[list[int]] = []
+    firsts: list[str] = []  # each group's first answer
     for index, answer in enumerate(answers):
         if answer is None:
             continue
-        for group in groups:
-            if agree(answers[group[0]], answer):
+        for first, group in zip(firsts, groups, strict=True):
+            if agree(first, answer):
                 group.append(index)
                 break
         else:
             groups.append([index])
+            firsts.append(answer)
     return groups
 
 

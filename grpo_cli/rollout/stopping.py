@@ -14,21 +14,31 @@ detokenizer shows them (`visible_text`): a stop string is completed by the id af
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHARACTER = "\ufffd"
 
 
-def visible_text(tokenizer: Any, ids: list[int]) -> str:
+def decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool) -> str:
+    """The text of one sequence of token ids (transformers' decode is typed for a batch too)."""
+    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str)  # one sequence decodes to one string
+    return text
+
+
+def visible_text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     """The text of `ids` as an incremental detokenizer has shown it after the last of them: a byte-level tokenizer
     decodes a character whose bytes are not all there yet as U+FFFD, and vLLM's detokenizer (tokenizers'
     DecodeStream) holds back the ids of such a character, with whatever else they decode to (a space before it),
     until it is complete. So the text is that of the longest prefix whose decoding does not end in U+FFFD."""
     count = len(ids)
-    text = tokenizer.decode(ids, skip_special_tokens=False)
+    text = decoded(tokenizer, ids, skip_special_tokens=False)
     while count > 0 and text.endswith(REPLACEMENT_CHARACTER):
         count -= 1
-        text = tokenizer.decode(ids[:count], skip_special_tokens=False)
+        text = decoded(tokenizer, ids[:count], skip_special_tokens=False)
     return text
 
 
@@ -37,19 +47,21 @@ def holds_stop(text: str, stop: tuple[str, ...], boundary: int = 0) -> bool:
     return any(text.find(s, max(boundary + 1 - len(s), 0)) != -1 for s in stop)
 
 
-def stop_boundary(tokenizer: Any, ids: list[int], min_tokens: int) -> int:
+def stop_boundary(tokenizer: PreTrainedTokenizerBase, ids: list[int], min_tokens: int) -> int:
     """The length of the text shown after the first min_tokens ids: a stop string must end after it to count."""
     return len(visible_text(tokenizer, ids[:min_tokens])) if min_tokens > 0 else 0
 
 
-def stopped(tokenizer: Any, ids: list[int], stop: tuple[str, ...], min_tokens: int) -> bool:
+def stopped(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: tuple[str, ...], min_tokens: int) -> bool:
     """Whether the text shown after `ids` holds a completed stop string that counts (vLLM's rule above)."""
     if not stop or len(ids) <= min_tokens:
         return False
     return holds_stop(visible_text(tokenizer, ids), stop, stop_boundary(tokenizer, ids, min_tokens))
 
 
-def stop_length(tokenizer: Any, ids: list[int], stop: tuple[str, ...], min_tokens: int) -> int | None:
+def stop_length(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: tuple[str, ...], min_tokens: int
+) -> int | None:
     """The number of ids up to and including the one whose text completes the first stop string that counts;
     None when none does."""
     if not stopped(tokenizer, ids, stop, min_tokens):

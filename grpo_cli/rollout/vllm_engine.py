@@ -30,10 +30,10 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -43,7 +43,16 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.models.runtime import compute_dtype
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
 from grpo_cli.rollout.hf import cut_completion
+from grpo_cli.rollout.hf_internals import base_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm import SamplingParams
+
+    from grpo_cli.config.schemas import GRPOConfig, VLLMRolloutConfig
+    from grpo_cli.tasks import Prompt
 from grpo_cli.rollout.sampling import completion_seed
+from grpo_cli.rollout.stopping import decoded
 
 INSTALL_HINT = (
     'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '
@@ -66,7 +75,7 @@ class _DropHarmlessReloadWarning(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-def sync_tolerance(rollout: Any, dtype: torch.dtype) -> float:
+def sync_tolerance(rollout: VLLMRolloutConfig, dtype: torch.dtype) -> float:
     """`rollout.sync_tolerance`, or the default for the engine's dtype when it is null."""
     if rollout.sync_tolerance is not None:
         return float(rollout.sync_tolerance)
@@ -99,7 +108,9 @@ def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             delta = None
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
-                    part = module.get_delta_weight(adapter)
+                    # peft's LoraLayer base class does not declare get_delta_weight; each concrete layer
+                    # (lora.Linear, Embedding, Conv*) defines it, and a layer lacking it must fail loudly here.
+                    part = module.get_delta_weight(adapter)  # type: ignore[attr-defined]
                     delta = part if delta is None else delta + part
             if delta is not None:
                 deltas[f"{name}.weight"] = delta
@@ -124,17 +135,16 @@ def per_rank_engine_kwargs() -> dict[str, Any]:
     return {"distributed_executor_backend": "external_launcher"}
 
 
-def _write_model_skeleton(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+def _write_model_skeleton(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     """config.json, generation config and tokenizer: all vLLM needs to build the model before weights arrive."""
-    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
-    config.save_pretrained(directory)
+    base_model(model).config.save_pretrained(directory)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 
-def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
+def _run_with_time_limit(fn: Callable[[], None], limit_s: float, what: str) -> float:
     """Run fn() in a worker thread; seconds spent, or WeightSyncError when it outlives `limit_s`.
 
     A sync that hangs (a wedged worker, a deadlocked collective) must stop the run rather than block it.
@@ -163,7 +173,7 @@ def _run_with_time_limit(fn: Any, limit_s: float, what: str) -> float:
     return time.perf_counter() - started
 
 
-def sampled_log_probs(completion: Any, length: int) -> list[float]:
+def sampled_log_probs(completion: Any, length: int) -> list[float]:  # Any: vllm.CompletionOutput
     """The log-prob vLLM gave each of the first `length` sampled tokens (the ids kept after cutting at EOS or a
     stop string). In processed_logprobs mode they are log softmax(logits / T) (over the full vocabulary when top_p is
     1, the only case they are asked for)."""
@@ -177,8 +187,8 @@ class VLLMRolloutEngine:
     def __init__(
         self,
         model: torch.nn.Module,
-        tokenizer: Any,
-        rollout: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        rollout: VLLMRolloutConfig,
         seed: int = 0,
         dtype: torch.dtype | None = None,
         last_version: int | None = None,
@@ -204,7 +214,8 @@ class VLLMRolloutEngine:
         # weights: every push casts them (vLLM's weight loaders copy into its own parameters).
         dtype = dtype or next(model.parameters()).dtype
         self.tolerance = sync_tolerance(rollout, dtype)
-        eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+        generation_config = getattr(model, "generation_config", None)
+        eos = generation_config.eos_token_id if generation_config else None
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in eos if e is not None} | {tokenizer.eos_token_id}
         self.on_cpu = next(model.parameters()).device.type == "cpu"
@@ -257,13 +268,15 @@ class VLLMRolloutEngine:
         self.sync_weights()  # the policy's real weights replace the dummy ones
 
     @classmethod
-    def from_config(cls, cfg: Any, model: torch.nn.Module, tokenizer: Any) -> VLLMRolloutEngine:
+    def from_config(
+        cls, cfg: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
+    ) -> VLLMRolloutEngine:
         device = next(model.parameters()).device
         dtype = compute_dtype(device, cfg.model.mixed_precision)
         return cls(
             model,
             tokenizer,
-            cfg.rollout,
+            cast("VLLMRolloutConfig", cfg.rollout),  # rollout.engine=vllm picked the vllm schema (ROLLOUT_SCHEMAS)
             seed=cfg.seed,
             dtype=dtype,
             last_version=cfg.train.steps,
@@ -272,11 +285,13 @@ class VLLMRolloutEngine:
 
     # --- sampling ------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        from vllm.inputs import TokensPrompt
+
         self._wake()
         # One request per completion, each with its own seed (vLLM would seed the n samples of one request seed,
         # seed + 1, ...): a completion's stream is fixed by its prompt's index in the step, not by its batch.
         n, first = settings.n, settings.first_prompt_index
-        requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids for _ in range(n)]
+        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids for _ in range(n)]
         one = replace(settings, n=1)
         # logprobs=0: the sampled token's own log-prob (the engine runs in processed_logprobs mode: after
         # temperature), the sampler side of rollout.importance_correction and train/sampler_kl.
@@ -290,7 +305,8 @@ class VLLMRolloutEngine:
         # With top_p < 1 vLLM's processed log-probs are renormalized over the nucleus, not the full vocabulary the
         # RolloutBatch contract (and the learner's scoring) speaks of: then there are none.
         full_vocabulary = settings.top_p >= 1.0
-        batch = RolloutBatch([], [], [], [], sampler_log_probs=[] if full_vocabulary else None)
+        kept_log_probs: list[list[float]] = []
+        batch = RolloutBatch([], [], [], [], sampler_log_probs=kept_log_probs if full_vocabulary else None)
         for index, output in enumerate(outputs):
             completion = output.outputs[0]
             ids, finished = cut_completion(
@@ -299,12 +315,12 @@ class VLLMRolloutEngine:
             batch.prompt_ids.append(list(prompt_ids[index // n]))
             batch.completion_ids.append(ids)
             if full_vocabulary:
-                batch.sampler_log_probs.append(sampled_log_probs(completion, len(ids)))
-            batch.texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                kept_log_probs.append(sampled_log_probs(completion, len(ids)))
+            batch.texts.append(decoded(self.tokenizer, ids, skip_special_tokens=True))
             batch.truncated.append(not finished)
         return batch
 
-    def _sampling_params(self, settings: SamplingSettings, seed: int, **extra: Any) -> Any:
+    def _sampling_params(self, settings: SamplingSettings, seed: int, **extra: Any) -> SamplingParams:
         from vllm import SamplingParams
 
         greedy = settings.temperature == 0
@@ -374,12 +390,16 @@ class VLLMRolloutEngine:
     def probe_logprob_diff(self) -> float:
         """Largest |log p_vLLM - log p_trainer| over a few sampled tokens of the fixed probe prompt, both at the
         training temperature (top_p 1, so vLLM's processed log-probs are log softmax(logits / T))."""
+        from vllm.inputs import TokensPrompt
+
         temperature = self.rollout.temperature
         probe = SamplingSettings(n=1, temperature=temperature, top_p=1.0, max_tokens=PROBE_TOKENS, seed=0)
         params = self._sampling_params(probe, seed=0, logprobs=0)
-        output = self.llm.generate([{"prompt_token_ids": self.probe_ids}], params, use_tqdm=False)[0].outputs[0]
+        output = self.llm.generate([TokensPrompt(prompt_token_ids=self.probe_ids)], params, use_tqdm=False)[0].outputs[
+            0
+        ]
         ids = list(output.token_ids)
-        engine_log_probs = torch.tensor([step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)])
+        engine_log_probs = torch.tensor(sampled_log_probs(output, len(ids)))
         trainer_log_probs = self.trainer_log_probs(self.probe_ids, ids, temperature)
         return float((engine_log_probs - trainer_log_probs).abs().max())
 
@@ -407,7 +427,7 @@ class VLLMRolloutEngine:
         return out["log_probs"][mask.bool()].cpu()
 
     def _render_probe(self) -> list[int]:
-        prompt: Any = PROBE_MESSAGES if self.tokenizer.chat_template else PROBE_MESSAGES[0]["content"]
+        prompt: Prompt = PROBE_MESSAGES if self.tokenizer.chat_template else PROBE_MESSAGES[0]["content"]
         return render_prompts([prompt], self.tokenizer)[0]
 
     # --- memory between rollouts ---------------------------------------------------------------------------
@@ -429,8 +449,8 @@ class VLLMRolloutEngine:
     def close(self) -> None:
         """Tear the engine down (in-process: no worker processes survive it) and remove the skeleton directory."""
         llm = getattr(self, "llm", None)
-        self.llm = None
         if llm is not None:
+            del self.llm  # the only reference to the engine but `llm`, dropped below
             with contextlib.suppress(Exception):  # shutting down must not mask the run's own error
                 llm.llm_engine.engine_core.shutdown()
             del llm

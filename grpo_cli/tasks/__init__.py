@@ -6,7 +6,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
@@ -28,8 +28,9 @@ from grpo_cli.tasks.base import (
     prompt_stop_strings,
     stop_strings,
 )
-from grpo_cli.tasks.custom import CUSTOM_TASK, absolutize_paths
+from grpo_cli.tasks.custom import CUSTOM_TASK, CustomReward, CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
+from grpo_cli.tasks.hub import RowParser
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
 from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
@@ -63,7 +64,7 @@ def load_jsonl_examples(
     path: str,
     prompt_style: str,
     n: int | None = None,
-    parse_row: Any = parse_question_row,
+    parse_row: RowParser = parse_question_row,
     prompt_format: Callable[[str, str], Prompt] = format_prompt,
 ) -> list[Example]:
     """Read one JSON object per line with `parse_row` (by default {"question", "ground_truth"}) and wrap each
@@ -89,7 +90,7 @@ def load_jsonl_examples(
     return examples
 
 
-def load_examples(task_cfg: Any, split: str) -> list[Example]:
+def load_examples(task_cfg: TaskConfig, split: str) -> list[Example]:
     """The examples of one split ("train" or "eval") for a task config (local JSONL when a path is set)."""
     task = task_for(task_cfg)
     path = task_cfg.train_path if split == "train" else task_cfg.eval_path
@@ -110,35 +111,32 @@ RESERVED_EVAL_SET_NAMES = frozenset(
 _EVAL_SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def eval_set_config(task_cfg: Any, name: str, source: str) -> Any:
+def eval_set_config(task_cfg: TaskConfig, name: str, source: str) -> TaskConfig:
     """The task config that reads eval set `name` as its eval split: `source` is a local JSONL file
     (`*.jsonl`, read like task.eval_path), a split of the task's hub dataset (`test`), or another hub dataset's
     split (`<dataset>:<split>` or `<dataset>:<config>:<split>`)."""
     if source.endswith(".jsonl"):
         return dataclasses.replace(task_cfg, eval_path=source)
-    if not hasattr(task_cfg, "hub_eval_split"):
+    if not isinstance(task_cfg, HubTaskConfig):
         raise UserFacingError(
             f"task.eval_sets.{name}={source}: task={task_cfg.name} has no hub dataset, so an eval set is a local "
             "JSONL file (a path ending in .jsonl)"
         )
     parts = source.split(":")
     if len(parts) == 1:
-        hub = {"hub_eval_split": parts[0]}
-    elif len(parts) in (2, 3):
-        hub = {
-            "hub_dataset": parts[0],
-            "hub_config": parts[1] if len(parts) == 3 else None,
-            "hub_eval_split": parts[-1],
-        }
-    else:
-        raise UserFacingError(
-            f"task.eval_sets.{name}={source}: give a .jsonl file, a split of task.hub_dataset, "
-            "<dataset>:<split> or <dataset>:<config>:<split>"
+        return dataclasses.replace(task_cfg, eval_path=None, hub_eval_split=parts[0])
+    if len(parts) in (2, 3):
+        hub_config = parts[1] if len(parts) == 3 else None
+        return dataclasses.replace(
+            task_cfg, eval_path=None, hub_dataset=parts[0], hub_config=hub_config, hub_eval_split=parts[-1]
         )
-    return dataclasses.replace(task_cfg, eval_path=None, **hub)
+    raise UserFacingError(
+        f"task.eval_sets.{name}={source}: give a .jsonl file, a split of task.hub_dataset, "
+        "<dataset>:<split> or <dataset>:<config>:<split>"
+    )
 
 
-def load_eval_sets(task_cfg: Any) -> dict[str, list[Example]]:
+def load_eval_sets(task_cfg: TaskConfig) -> dict[str, list[Example]]:
     """task.eval_sets: {name: examples} of the extra held-out sets, each read by the task's own loaders
     (task.n_eval caps each); empty when none is configured."""
     sources = getattr(task_cfg, "eval_sets", None) or {}
@@ -152,7 +150,7 @@ def get_task(name: str) -> TaskSpec:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}") from None
 
 
-def task_for(task_cfg: Any) -> TaskSpec:
+def task_for(task_cfg: TaskConfig) -> TaskSpec:
     """The TaskSpec a task config runs: the registered one, or for a task made from its config (task=custom) the
     one built from it (the user's code imported and checked; built once per distinct config in a process)."""
     task = get_task(task_cfg.name)
@@ -167,27 +165,28 @@ def task_for(task_cfg: Any) -> TaskSpec:
 _CONFIGURED: dict[str, TaskSpec] = {}
 
 
-def absolutize_task_paths(task_cfg: Any, base_dir: Path) -> None:
+def absolutize_task_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
     """task=custom: its relative paths made absolute against `base_dir` (where grpo-run was started), in place,
     before the config is saved and sent to other processes. Other tasks: nothing."""
     if get_task(str(task_cfg.name)).from_config is not None:
-        absolutize_paths(task_cfg, base_dir)
+        absolutize_paths(cast(CustomTaskConfig, task_cfg), base_dir)  # the one task made from its config
 
 
-def _reward_options(task: TaskSpec, task_cfg: Any) -> dict[str, Any]:
+def _reward_options(task: TaskSpec, task_cfg: TaskConfig) -> dict[str, Any]:
     return {key: getattr(task_cfg, key) for key in task.reward_options}
 
 
-def reward_weights(task_cfg: Any) -> dict[str, float]:
+def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     """The components with a nonzero weight in task.reward_weights, as {name: weight} (default: correctness 1)."""
     weights = getattr(task_cfg, "reward_weights", None)
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
-    items = dataclasses.asdict(weights) if dataclasses.is_dataclass(weights) else dict(weights)
+    # RewardWeightsConfig, or task=custom's mapping of the user's reward names.
+    items = dataclasses.asdict(weights) if isinstance(weights, RewardWeightsConfig) else dict(weights)
     return {name: float(weight) for name, weight in items.items() if weight != 0}
 
 
-def validate_task_config(task_cfg: Any) -> None:
+def validate_task_config(task_cfg: TaskConfig) -> None:
     """The task keys their declared constraints cannot check (which reward components this task has, the form of
     task.eval_sets); UserFacingError, one line. config.validate_config checks the ranges first."""
     try:
@@ -225,13 +224,13 @@ def validate_task_config(task_cfg: Any) -> None:
         eval_set_config(task_cfg, str(name), str(source))  # the source's form, before anything loads
 
 
-def make_reward_fn(task_cfg: Any, max_tokens: int | None = None, device: str | None = None) -> RewardFn:
+def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: str | None = None) -> RewardFn:
     """The reward a run scores with: the task's reward for `task.prompt`, combined per `task.reward_weights`,
     limited to `task.reward_timeout_s` per call (a timeout raises RewardTimeout, counted by the scorer).
     `max_tokens` (rollout.max_tokens) is what the overlong shaping term measures against; `device` is where a
     reward model runs (the policy's; None: the CPU)."""
     task = task_for(task_cfg)
-    if task.from_config is not None:  # task=custom: weights, time limits and errors handled by its own reward
+    if isinstance(task.reward_fn, CustomReward):  # task=custom: weights, limits and errors handled by its reward
         return task.reward_fn.for_run(max_tokens, device)
     shaping = Shaping(
         max_tokens=max_tokens,

@@ -6,23 +6,29 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.schema import PROMPT_STYLES
+
+if TYPE_CHECKING:
+    from grpo_cli.tasks.schema import TaskConfig
 
 # A prompt is either plain text (r1_zero / question_only templates, fed to the model as is) or a list of
 # chat messages that the tokenizer's chat template renders (instruct models).
 Prompt = str | list[dict[str, str]]
-RewardFn = Callable[[str, Any], dict[str, float]]
+# Any, named once here: a data row's values and a ground truth are whatever the task's data holds (JSON, CSV,
+# Parquet or a `datasets` row; a number, a string, a dict of columns), read by the task that knows their shape.
+Row = dict[str, Any]
+GroundTruth = Any
+RewardFn = Callable[[str, GroundTruth], dict[str, float]]
 # A named part of a composite reward (task.reward_weights): one number per (response, ground truth).
-RewardComponent = Callable[[str, Any], float]
+RewardComponent = Callable[[str, GroundTruth], float]
 
 # Every reward function returns these; it may add "unparseable" (1.0: no answer could be extracted or read)
 # and, when composed from weighted components, "reward/<component>" for each weighted one and "correctness"
 # (the task's own reward, which decides whether an answer is right: eval/pass@k and maj@n read it).
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
-# task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
-PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 OPTIONAL_REWARD_KEYS = ("unparseable", "correctness")
 
 
@@ -37,7 +43,7 @@ class RowError(ValueError):
 @dataclass(frozen=True)
 class Example:
     prompt: Prompt
-    ground_truth: Any
+    ground_truth: GroundTruth
     # Free-form data kept in eval JSONL (e.g. the source question); never read by rewards.
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -46,7 +52,7 @@ class Example:
 class SanityCase:
     """A hand-made response with the reward it must get: shown by check_reward, asserted by tests."""
 
-    ground_truth: Any
+    ground_truth: GroundTruth
     response: str
     expected_reward: float | None  # None: the case expects values of the named rewards only (expected_each)
     why: str
@@ -56,7 +62,7 @@ class SanityCase:
     completion_ids: tuple[int, ...] | None = None
 
 
-def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, Row]]:
     """(line number, object) of each non-blank line of a JSONL file; a line that is not a JSON object is one
     TaskDataError naming the file and the line. OSError and UnicodeDecodeError reach the caller, which names the
     key the path came from."""
@@ -73,7 +79,7 @@ def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]
             yield line_no, row
 
 
-def parse_question_row(row: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+def parse_question_row(row: Row) -> tuple[str, GroundTruth, dict[str, Any]]:
     """The generic data row: {"question": str, "ground_truth": ...} -> (question, ground truth, meta)."""
     for key in ("question", "ground_truth"):
         if key not in row:
@@ -93,7 +99,7 @@ class TaskSpec:
     # Task-specific keys of the task config passed to build() as keyword arguments.
     options: tuple[str, ...] = ()
     # Reads one row of a local JSONL file (task.train_path / task.eval_path) or of the hub dataset.
-    parse_row: Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]] = parse_question_row
+    parse_row: Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]] = parse_question_row
     # Prompt styles whose answers are graded differently (math: r1_zero's strict tags), with their cases.
     reward_fns_by_prompt: dict[str, RewardFn] = field(default_factory=dict)
     sanity_cases_by_prompt: dict[str, tuple[SanityCase, ...]] = field(default_factory=dict)
@@ -113,11 +119,11 @@ class TaskSpec:
     same_answer: Callable[[str, str], bool] | None = None
     # The task's config schema (a dataclass extending grpo_cli.tasks.schema.TaskConfig, next to the task), whose
     # keys hold `options` and `reward_options`; registered as `<name>_schema` in group `task`. None: TaskConfig.
-    schema: type | None = None
+    schema: type[TaskConfig] | None = None
     # A task made from its config and the user's code (task=custom): task config -> this run's TaskSpec, whose
     # reward applies task.reward_weights itself and whose build() reads its own data sources. Callers get it
     # through grpo_cli.tasks.task_for(task_cfg).
-    from_config: Callable[[Any], TaskSpec] | None = None
+    from_config: Callable[[TaskConfig], TaskSpec] | None = None
 
     def reward_for(self, prompt_style: str) -> RewardFn:
         """The task's own reward under a prompt style (the "correctness" component)."""

@@ -51,7 +51,7 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from grpo_cli.config.fields import any_value, choice, non_negative, path, positive
 from grpo_cli.errors import UserFacingError
@@ -59,7 +59,9 @@ from grpo_cli.tasks.base import (
     PROMPT_STYLES,
     R1_ZERO_TEMPLATE,
     Example,
+    GroundTruth,
     Prompt,
+    Row,
     SanityCase,
     TaskDataError,
     TaskSpec,
@@ -72,6 +74,7 @@ from grpo_cli.tasks.timelimit import RewardTimeout
 from grpo_cli.tasks.user_code import (
     RewardSpec,
     UserCodeError,
+    absolute_reference,
     check_signature,
     file_sha256,
     is_file_reference,
@@ -197,7 +200,7 @@ def template_columns(template: str) -> list[str]:
     return list(dict.fromkeys(columns))
 
 
-def render_prompt(task_cfg: Any, row: dict[str, Any]) -> Prompt:
+def render_prompt(task_cfg: CustomTaskConfig, row: Row) -> Prompt:
     """The prompt of one text row as the model is given it: under task.prompt=chat a system message (when set)
     and the template over the row's columns as the user message; otherwise `prompt_text`."""
     if task_cfg.prompt == "chat":
@@ -207,7 +210,7 @@ def render_prompt(task_cfg: Any, row: dict[str, Any]) -> Prompt:
     return prompt_text(task_cfg, row)
 
 
-def prompt_text(task_cfg: Any, row: dict[str, Any]) -> str:
+def prompt_text(task_cfg: CustomTaskConfig, row: Row) -> str:
     """The prompt of one text row as text, what TRL passes as prompts= for a standard dataset: the system prompt
     (when set) as the first paragraph, then the template over the row's columns (wrapped in the R1 template under
     r1_zero). Under question_only and r1_zero it is exactly what the model is fed; under chat, the text of its
@@ -240,7 +243,7 @@ def _message_problem(messages: list[Any]) -> str | None:
     return None
 
 
-def is_conversational_data(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> bool:
+def is_conversational_data(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> bool:
     """Whether the rows are conversational (TRL's format: a `prompt` column of {role, content} messages), checked:
     every row of one kind, every message renderable, and neither task.template nor task.system_prompt nor a text
     prompt style set for a conversation (one line naming the row or the key)."""
@@ -285,12 +288,12 @@ def is_conversational_data(task_cfg: Any, rows: list[dict[str, Any]], where: str
     return True
 
 
-def renamed(task_cfg: Any, row: dict[str, Any]) -> dict[str, Any]:
+def renamed(task_cfg: CustomTaskConfig, row: Row) -> dict[str, Any]:
     mapping = dict(task_cfg.rename_columns or {})
     return {mapping.get(key, key): value for key, value in row.items()}
 
 
-def check_template(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> None:
+def check_template(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> None:
     """Every column the template reads is in every row (one line naming the first row that lacks one)."""
     needed = template_columns(task_cfg.template)
     for index, row in enumerate(rows):
@@ -303,12 +306,12 @@ def check_template(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> Non
             )
 
 
-def truth_of(row: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
+def truth_of(row: Row, prompt: Prompt) -> dict[str, Any]:
     """A custom task's ground truth: the row's columns and the prompt as TRL passes it (what a reward reads)."""
     return {**row, "prompt": prompt}
 
 
-def examples_of(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> list[Example]:
+def examples_of(task_cfg: CustomTaskConfig, rows: list[Row], where: str) -> list[Example]:
     """Renamed rows as examples: a conversation is the model's prompt and TRL's prompts= alike; a text row's
     template is checked, rendered in the prompt style for the model, and as text for prompts=."""
     if is_conversational_data(task_cfg, rows, where):
@@ -317,7 +320,7 @@ def examples_of(task_cfg: Any, rows: list[dict[str, Any]], where: str) -> list[E
     return [Example(render_prompt(task_cfg, row), truth_of(row, prompt_text(task_cfg, row))) for row in rows]
 
 
-def split_rows(task_cfg: Any, split: str) -> tuple[list[dict[str, Any]], str]:
+def split_rows(task_cfg: CustomTaskConfig, split: str) -> tuple[list[dict[str, Any]], str]:
     """(rows, where they came from) of one split, first of: a path, the generator, the dataset."""
     train = split == "train"
     key_path = "task.train_path" if train else "task.eval_path"
@@ -339,7 +342,7 @@ def split_rows(task_cfg: Any, split: str) -> tuple[list[dict[str, Any]], str]:
     )
 
 
-def build_examples(task_cfg: Any, rewards: list[NamedReward], split: str) -> list[Example]:
+def build_examples(task_cfg: CustomTaskConfig, rewards: list[NamedReward], split: str) -> list[Example]:
     """The examples of one split: rows renamed, checked against the template (text data) or as conversations, and
     against the reward signatures."""
     rows, where = split_rows(task_cfg, split)
@@ -354,7 +357,7 @@ def build_examples(task_cfg: Any, rewards: list[NamedReward], split: str) -> lis
 # ------------------------------------------------------------------------------------------------ rewards
 
 
-def _row_text(truth: Any, limit: int = 160) -> str:
+def _row_text(truth: GroundTruth, limit: int = 160) -> str:
     columns = {k: v for k, v in truth.items() if k != "prompt"} if isinstance(truth, dict) else truth
     text = json.dumps(columns, default=repr, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -482,11 +485,11 @@ class NamedReward:
             return kwargs
         return {k: v for k, v in kwargs.items() if k in self.parameters}
 
-    def check_columns(self, row: dict[str, Any], where: str) -> None:
+    def check_columns(self, row: Row, where: str) -> None:
         """A TRL function's required parameters are columns of the data (TRL passes each column by its name)."""
         if self.convention != "trl":
             return
-        columns = {k: [] for k in row if k not in NOT_COLUMNS and k not in TRL_ARGUMENTS}
+        columns: dict[str, list[Any]] = {k: [] for k in row if k not in NOT_COLUMNS and k not in TRL_ARGUMENTS}
         _bind_or_fail(self, self.accepted({**dict.fromkeys(TRL_ARGUMENTS), **columns}), where)
 
     def trl_kwargs(
@@ -495,7 +498,7 @@ class NamedReward:
         completions: list[Any],
         completion_ids: list[list[int]] | None,
         trainer_state: TrainerState,
-        truths: list[Any],
+        truths: list[GroundTruth],
     ) -> dict[str, Any]:
         """The keyword arguments of one call under TRL 1.16's convention (GRPOTrainer._calculate_rewards), except
         log_extra and log_metric, which `call_arguments` adds: picklable data only, so that a worker process can
@@ -513,7 +516,7 @@ class NamedReward:
         return self.accepted(kwargs)
 
     def per_sample_row(
-        self, truth: Any, completion_ids: list[int] | None, trainer_state: TrainerState
+        self, truth: GroundTruth, completion_ids: list[int] | None, trainer_state: TrainerState
     ) -> dict[str, Any]:
         """per_sample: the row a call gets (every column, "prompt", this sample's completion_ids, trainer_state),
         except log_extra and log_metric, which `call_arguments` adds. Picklable."""
@@ -528,7 +531,8 @@ class NamedReward:
         replays what they recorded into its own loggers. per_sample's log_extra takes one value (this sample's)."""
         log_extra, log_metric = loggers
         if self.convention == "per_sample":
-            response, row = payload  # type: ignore[misc]
+            assert isinstance(payload, tuple)  # per_sample_payload's (response, row)
+            response, row = payload
 
             def log_one(column: str, value: Any) -> None:
                 log_extra(column, [value])
@@ -631,7 +635,7 @@ class CustomReward:
     def __call__(
         self,
         response: str,
-        ground_truth: Any,
+        ground_truth: GroundTruth,
         n_tokens: int | None = None,
         completion_ids: list[int] | None = None,
         trainer_state: TrainerState | None = None,
@@ -648,7 +652,7 @@ class CustomReward:
     def score_batch(
         self,
         responses: Sequence[str],
-        truths: Sequence[Any],
+        truths: Sequence[GroundTruth],
         n_tokens: Sequence[int | None] | None = None,
         completion_ids: Sequence[list[int]] | None = None,
         trainer_state: TrainerState | None = None,
@@ -669,10 +673,11 @@ class CustomReward:
         for reward in self.rewards:
             values[reward.name] = self._values(reward, batch, counts, calls[reward.name])
         if self.weights.get("overlong"):
-            if self.shaping.max_tokens is None or any(length is None for length in lengths):
+            known = [length for length in lengths if length is not None]
+            if self.shaping.max_tokens is None or len(known) != len(lengths):
                 raise ValueError("the overlong reward term needs rollout.max_tokens and each completion's token count")
-            buffer = self.shaping.buffer()
-            values["overlong"] = [overlong_penalty(k, self.shaping.max_tokens, buffer) for k in lengths]
+            window = self.shaping.overlong_window()
+            values["overlong"] = [overlong_penalty(k, *window) for k in known]
         if self.weights.get("repetition"):
             values["repetition"] = [repetition_penalty(r, self.shaping.repetition_ngram) for r in responses]
         out = []
@@ -710,7 +715,7 @@ class CustomReward:
             return [self._one(reward, batch, i, counts, c) for i, c in enumerate(calls)]
         return self._trl_batch(reward, batch, list(range(len(batch.responses))), counts, calls)
 
-    def _fail(self, reward: NamedReward, what: str, truth: Any, where: str = "on row") -> None:
+    def _fail(self, reward: NamedReward, what: str, truth: GroundTruth, where: str = "on row") -> None:
         """Stop: one line naming the function, the row and what it did."""
         raise RewardFunctionError(
             f"reward {reward.key} {what} {where} {_row_text(truth)}: fix it, or set task.on_reward_error=skip to "
@@ -775,7 +780,7 @@ class CustomReward:
             return None
         return self._checked(reward, value, truth, counts)
 
-    def _checked(self, reward: NamedReward, value: Any, truth: Any, counts: dict[str, int]) -> float | None:
+    def _checked(self, reward: NamedReward, value: Any, truth: GroundTruth, counts: dict[str, int]) -> float | None:
         if hasattr(value, "item") and not isinstance(value, str):  # a 0-d tensor or numpy scalar
             # An array of several values keeps its type, and _value_problem names it.
             with contextlib.suppress(TypeError, ValueError):
@@ -832,7 +837,7 @@ class CustomReward:
             return [None] * n
         return [self._checked(reward, v, t, counts) for v, t in zip(out, truths, strict=True)]
 
-    def _model_values(self, reward: NamedReward, responses: list[str], truths: list[Any]) -> list[float | None]:
+    def _model_values(self, reward: NamedReward, responses: list[str], truths: list[GroundTruth]) -> list[float | None]:
         if self._model is None:
             self._model = reward.fn(self.device)  # the scorer, loaded on first use on this run's device
         return [float(v) for v in self._model(responses, truths)]
@@ -851,7 +856,7 @@ class _Batch:
     """One scored batch: what every reward reads, and what they log."""
 
     responses: list[str]
-    truths: list[Any]
+    truths: list[GroundTruth]
     completion_ids: list[list[int]] | None
     trainer_state: TrainerState
     log: RewardLog
@@ -860,12 +865,13 @@ class _Batch:
 # ------------------------------------------------------------------------------------------------ the task
 
 
-def base_dir_of(task_cfg: Any) -> Path:
+def base_dir_of(task_cfg: CustomTaskConfig) -> Path:
     """Where relative paths and modules are found: task.base_dir, else this process's working directory."""
-    return Path(task_cfg.base_dir) if getattr(task_cfg, "base_dir", None) else Path.cwd()
+    base_dir = task_cfg.base_dir
+    return Path(base_dir) if base_dir else Path.cwd()
 
 
-def weights_of(task_cfg: Any, names: list[str]) -> dict[str, float]:
+def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]:
     """{name: weight} for every reward (1 unless given) and each weighted shaping term; one line for a weight
     naming nothing."""
     given = {str(k): v for k, v in dict(task_cfg.reward_weights or {}).items()}
@@ -885,7 +891,7 @@ def weights_of(task_cfg: Any, names: list[str]) -> dict[str, float]:
     return weights
 
 
-def _reward_model(task_cfg: Any) -> NamedReward | None:
+def _reward_model(task_cfg: CustomTaskConfig) -> NamedReward | None:
     rm = task_cfg.reward_model
     if not rm.path:
         if rm.label:
@@ -907,7 +913,7 @@ def _reward_model(task_cfg: Any) -> NamedReward | None:
 CASE_KEYS = ("response", "expected", "why", "completion_ids")
 
 
-def read_cases(task_cfg: Any, names: Sequence[str] = ()) -> tuple[SanityCase, ...]:
+def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[SanityCase, ...]:
     """task.cases_path: {"response", "expected", <columns>} per line -> sanity cases (job=check_reward). "expected"
     is the weighted total (a number), or {reward name: value} for each reward it names (null: that reward gives
     this sample none); `names` are the rewards a case may name. "completion_ids" (optional) are the response's
@@ -967,7 +973,7 @@ def _expected_of(
     return float(expected), None
 
 
-def reward_specs(task_cfg: Any) -> dict[str, RewardSpec]:
+def reward_specs(task_cfg: CustomTaskConfig) -> dict[str, RewardSpec]:
     """task.rewards as plain data: {name: reference string or plain dict node} (one line for another value)."""
     from omegaconf import OmegaConf
 
@@ -987,9 +993,12 @@ def reward_specs(task_cfg: Any) -> dict[str, RewardSpec]:
     return specs
 
 
-def build_custom_task(task_cfg: Any) -> TaskSpec:
+def build_custom_task(config: TaskConfig) -> TaskSpec:
     """This run's TaskSpec: the user's rewards imported and checked, the data read on build (preflight), all before
     any model loads."""
+    # TaskSpec.from_config takes any task config; this task's is CustomTaskConfig (its TaskSpec.schema), which
+    # validate_task_config checks before anything builds.
+    task_cfg = cast(CustomTaskConfig, config)
     base_dir = base_dir_of(task_cfg)
     specs = reward_specs(task_cfg)
     names = list(specs)
@@ -1036,12 +1045,12 @@ def build_custom_task(task_cfg: Any) -> TaskSpec:
     return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=cases)
 
 
-def absolutize_paths(task_cfg: Any, base_dir: Path) -> None:
+def absolutize_paths(task_cfg: CustomTaskConfig, base_dir: Path) -> None:
     """Make task=custom's relative paths absolute against `base_dir` (the directory grpo-run was started from) and
     record it as task.base_dir, in place, before the config is saved and sent to ranks, actors and sweep jobs."""
     if not getattr(task_cfg, "base_dir", None):
         task_cfg.base_dir = str(base_dir)
-    base = Path(task_cfg.base_dir)
+    base = base_dir_of(task_cfg)
     for key in ("train_path", "eval_path", "cases_path"):
         value = getattr(task_cfg, key)
         if value and not Path(str(value)).expanduser().is_absolute():
@@ -1053,7 +1062,7 @@ def absolutize_paths(task_cfg: Any, base_dir: Path) -> None:
     ):
         task_cfg.dataset = str((base / str(task_cfg.dataset)).resolve())
     if task_cfg.generator:
-        task_cfg.generator = with_absolute_reference(str(task_cfg.generator), base)
+        task_cfg.generator = absolute_reference(str(task_cfg.generator), base)
     for name, spec in reward_specs(task_cfg).items():
         task_cfg.rewards[name] = with_absolute_reference(spec, base)
     rm_path = task_cfg.reward_model.path
@@ -1061,7 +1070,7 @@ def absolutize_paths(task_cfg: Any, base_dir: Path) -> None:
         task_cfg.reward_model.path = str(resolve_file(str(rm_path), base))
 
 
-def code_hashes(task_cfg: Any) -> dict[str, dict[str, str]]:
+def code_hashes(task_cfg: CustomTaskConfig) -> dict[str, dict[str, str]]:
     """run_info.json's record of the user's code: {config key: {"file", "sha256"}} of every reward function's and
     the generator's file, so a rerun can tell they changed."""
     base_dir = base_dir_of(task_cfg)

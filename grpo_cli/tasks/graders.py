@@ -20,8 +20,8 @@ Each response is exactly one of: correct, wrong, unparseable.
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from grpo_cli.tasks.base import GroundTruth
 from grpo_cli.tasks.symbolic import symbolic_match
 from grpo_cli.tasks.timelimit import RewardTimeout
 
@@ -177,7 +177,7 @@ def normalize_answer(answer: str) -> str:
 # Grading
 
 
-def grade_answer(answer: str | None, ground_truth: Any) -> tuple[bool, bool]:
+def grade_answer(answer: str | None, ground_truth: GroundTruth) -> tuple[bool, bool]:
     """(correct, unparseable) for an extracted answer against a ground truth (string or number)."""
     if answer is None:
         return False, True
@@ -233,7 +233,7 @@ def _reward(format_ok: bool, correct: bool, unparseable: bool) -> dict[str, floa
     }
 
 
-def r1_zero_reward_fn(response: str, ground_truth: Any) -> dict[str, float]:
+def r1_zero_reward_fn(response: str, ground_truth: GroundTruth) -> dict[str, float]:
     """The strict r1_zero rule (docs/design.md section 3).
 
     format_reward 1 iff the response contains `</think> <answer>` followed later by `</answer>`; the answer is
@@ -250,7 +250,7 @@ def r1_zero_reward_fn(response: str, ground_truth: Any) -> dict[str, float]:
         return _reward(False, False, True)
 
 
-def question_only_reward_fn(response: str, ground_truth: Any) -> dict[str, float]:
+def question_only_reward_fn(response: str, ground_truth: GroundTruth) -> dict[str, float]:
     """question_only: no format required. The answer is the last `\\boxed{}`, else the text after the last
     "answer is" / "answer:" / "####", else the last number. format_reward 1 iff an answer was found;
     reward = answer_reward = correct."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpo_cli.tasks.base import Example, RowError, TaskDataError, format_prompt
+from grpo_cli.tasks.base import Example, GroundTruth, Row, RowError, TaskDataError, format_prompt
 
-RowParser = Callable[[dict[str, Any]], tuple[str, Any, dict[str, Any]]]
+RowParser = Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]]
 
 
 def _one_line(error: BaseException, limit: int = 200) -> str:
@@ -48,7 +48,7 @@ def load_hub_examples(
             f"cannot load {where} from the Hugging Face hub ({type(e).__name__}: {_one_line(e)}): "
             f"pass a local JSONL file with {path_key}=..."
         ) from None
-    examples = []
+    examples: list[Example] = []
     for index, row in enumerate(rows):
         if n is not None and len(examples) >= n:
             break

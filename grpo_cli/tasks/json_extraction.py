@@ -51,11 +51,11 @@ INSTRUCTION = (
 )
 
 
-def _same_text(got: Any, want: str) -> bool:
+def _same_text(got: object, want: str) -> bool:
     return isinstance(got, str) and " ".join(got.split()).casefold() == " ".join(want.split()).casefold()
 
 
-def value_matches(got: Any, want: Any) -> bool:
+def value_matches(got: object, want: object) -> bool:
     """Strings: equal ignoring case and repeated spaces. Numbers: a JSON number of equal value (not a bool)."""
     if isinstance(want, str):
         return _same_text(got, want)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.config.fields import non_negative
-from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
+from grpo_cli.tasks.base import GroundTruth, RewardComponent, Row, RowError, SanityCase, TaskSpec
 from grpo_cli.tasks.hub import load_hub_examples
 from grpo_cli.tasks.reasoning import HUB_OPTIONS
 from grpo_cli.tasks.schema import HubTaskConfig
@@ -51,7 +51,7 @@ META_FIELDS = ("Row Number", "Calculator ID", "Calculator Name", "Category", "Ou
 REQUIRED_FIELDS = ("Patient Note", "Question", "Ground Truth Answer")
 
 
-def _column(row: dict[str, Any], key: str) -> str:
+def _column(row: Row, key: str) -> str:
     if key not in row:
         raise RowError(f"missing field {key!r} (MedCalc-Bench lines need {', '.join(map(repr, REQUIRED_FIELDS))})")
     value = row[key]
@@ -66,7 +66,7 @@ def medcalc_prompt_text(note: str, question: str) -> str:
     return PROMPT.format(system=SYSTEM_PROMPT, note=note, question=question)
 
 
-def parse_medcalc_row(row: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+def parse_medcalc_row(row: Row) -> tuple[str, str, dict[str, Any]]:
     """A MedCalc-Bench row -> (the handout's prompt text, ground truth answer text, meta)."""
     note, question, answer = (_column(row, key) for key in REQUIRED_FIELDS)
     meta = {"question": question, **{key: row[key] for key in META_FIELDS if key in row}}
@@ -87,7 +87,9 @@ def first_answer(response: str) -> str | None:
 def within_atol(response: str, ground_truth: str, atol: float) -> bool:
     """The handout's numeric_tolerance_reward: |number after <answer> - first number of the truth| <= atol."""
     pred, truth = _ANSWER_NUMBER.search(response), _NUMBER.search(str(ground_truth))
-    return bool(pred and truth) and abs(float(pred.group(1)) - float(truth.group(1))) <= atol
+    if pred is None or truth is None:
+        return False
+    return abs(float(pred.group(1)) - float(truth.group(1))) <= atol
 
 
 def medcalc_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
@@ -109,7 +111,7 @@ def numeric_close_components(prompt_style: str, answer_atol: float = 0.5) -> dic
     if not answer_atol >= 0:  # also rejects nan, which no difference would ever be within
         raise ValueError(f"task.answer_atol={answer_atol} must be >= 0")
 
-    def numeric_close(response: str, ground_truth: Any) -> float:
+    def numeric_close(response: str, ground_truth: GroundTruth) -> float:
         return float(within_atol(response, ground_truth, answer_atol))
 
     return {"numeric_close": numeric_close}

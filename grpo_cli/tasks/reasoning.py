@@ -19,7 +19,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.tasks.base import RewardComponent, RowError, SanityCase, TaskSpec
+from grpo_cli.tasks.base import GroundTruth, RewardComponent, Row, RowError, SanityCase, TaskSpec
 from grpo_cli.tasks.graders import (
     answers_equivalent,
     extract_final_answer,
@@ -38,14 +38,14 @@ HUB_OPTIONS = ("hub_dataset", "hub_config", "hub_train_split", "hub_eval_split")
 META_FIELDS = ("level", "subject", "type", "unique_id")
 
 
-def _text_field(row: dict[str, Any], key: str) -> str:
+def _text_field(row: Row, key: str) -> str:
     value = row.get(key)
     if not isinstance(value, str | int | float) or isinstance(value, bool) or not str(value).strip():
         raise RowError(f"field {key!r} must be a non-empty string, got {value!r}")
     return str(value).strip()
 
 
-def parse_math_row(row: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+def parse_math_row(row: Row) -> tuple[str, str, dict[str, Any]]:
     """A MATH row -> (problem, final answer, meta). "answer" (MATH-500) wins; else the solution's last \\boxed{}."""
     if "problem" not in row:
         if "question" in row and "ground_truth" in row:
@@ -80,7 +80,7 @@ def gsm8k_final_answer(answer: str) -> str:
     return final
 
 
-def parse_gsm8k_row(row: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+def parse_gsm8k_row(row: Row) -> tuple[str, str, dict[str, Any]]:
     """A GSM8K row -> (question, final answer, meta)."""
     if "question" not in row:
         raise RowError('missing field \'question\' (GSM8K lines need "question" and "answer" with "#### <number>")')
@@ -97,7 +97,7 @@ def numeric_close_components(prompt_style: str, numeric_tolerance: float = 0.01)
     truth (a denser signal than exact match, for task.reward_weights)."""
     extract = extract_r1_zero_answer if prompt_style == "r1_zero" else extract_final_answer
 
-    def numeric_close(response: str, ground_truth: Any) -> float:
+    def numeric_close(response: str, ground_truth: GroundTruth) -> float:
         answer = extract(response)
         if answer is not None and prompt_style == "r1_zero":
             answer = last_boxed(answer) or answer

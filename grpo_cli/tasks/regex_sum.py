@@ -12,10 +12,9 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from grpo_cli.config.fields import positive
-from grpo_cli.tasks.base import Example, RewardComponent, SanityCase, TaskSpec, format_prompt
+from grpo_cli.tasks.base import Example, GroundTruth, RewardComponent, SanityCase, TaskSpec, format_prompt
 from grpo_cli.tasks.schema import NumericCloseOptions, TaskConfig
 
 NAMES = "Ava Ben Cleo Dan Eva Finn Gia Hal Ivy Jon Kai Lena Max Nia Omar Pia Raj Sia Tom Uma".split()
@@ -70,7 +69,7 @@ def numeric_close_components(prompt_style: str, numeric_tolerance: float = 0.01)
     """`numeric_close`: 1 when the <ans> number is within a relative `numeric_tolerance` of the sum."""
     del prompt_style  # the <ans> tags are the task's own format under every prompt style
 
-    def numeric_close(response: str, ground_truth: Any) -> float:
+    def numeric_close(response: str, ground_truth: GroundTruth) -> float:
         value, truth = extract_sum_answer(response), float(ground_truth)
         return float(value is not None and abs(value - truth) <= numeric_tolerance * max(1.0, abs(truth)))
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.base import GroundTruth
 
 _CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
-def _labels(config: Any) -> list[str]:
+def _labels(config: Any) -> list[str]:  # Any: a transformers PretrainedConfig, whose id2label may be absent
     return [str(config.id2label[i]) for i in sorted(config.id2label)] if getattr(config, "id2label", None) else []
 
 
@@ -80,7 +81,7 @@ class RewardModelScorer:
         known = [int(x) for x in limits if isinstance(x, int) and x < 1_000_000]
         self.max_length = min(known) if known else 512
 
-    def _texts(self, responses: list[str], truths: list[Any]) -> list[str]:
+    def _texts(self, responses: list[str], truths: list[GroundTruth]) -> list[str]:
         if self.text == "response":
             return list(responses)
         out = []
@@ -91,7 +92,7 @@ class RewardModelScorer:
             out.append(f"{prompt}{response}")
         return out
 
-    def __call__(self, responses: list[str], truths: list[Any]) -> list[float]:
+    def __call__(self, responses: list[str], truths: list[GroundTruth]) -> list[float]:
         torch = self.torch
         texts = self._texts(responses, truths)
         scores: list[float] = []

@@ -404,7 +404,7 @@ class RewardWorkers:
                 if worker.call is not None and worker.process.poll() is not None:
                     self._read(worker)  # died: a reply it sent first still counts
                 if worker.call is not None:
-                    self._enforce_deadline(worker)
+                    self._enforce_deadline(worker, worker.call)
 
     def _deadline(self, worker: _Worker) -> float | None:
         if worker.loading:
@@ -444,7 +444,7 @@ class RewardWorkers:
         if closed or worker.process.poll() is not None:
             self._replace(worker, RewardCallFailed(_how_it_ended(_kill(worker))))
 
-    def _enforce_deadline(self, worker: _Worker) -> None:
+    def _enforce_deadline(self, worker: _Worker, call: PendingCall) -> None:
         deadline = self._deadline(worker)
         if deadline is None or time.monotonic() < deadline:
             return
@@ -456,7 +456,7 @@ class RewardWorkers:
             error = RewardTimeout(f"took longer than {self.time_limit_s:g}s: its worker process was killed")
         else:
             error = RewardsAbandoned(
-                f"{worker.call.label} was still running {STOP_GRACE_S:g}s after the stop was requested (with no "
+                f"{call.label} was still running {STOP_GRACE_S:g}s after the stop was requested (with no "
                 "task.reward_timeout_s)"
             )
         _kill(worker)

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.tasks.base import RewardComponent, RewardFn, TaskSpec
+from grpo_cli.tasks.base import GroundTruth, RewardComponent, RewardFn, TaskSpec
 from grpo_cli.tasks.timelimit import call_with_time_limit
 
 # Component name -> key of the task's own reward dict.
@@ -76,9 +76,15 @@ class Shaping:
     repetition_ngram: int = 3  # task.repetition_ngram
 
     def buffer(self) -> int:
+        return self.overlong_window()[1]
+
+    def overlong_window(self) -> tuple[int, int]:
+        """(max_tokens, buffer): what overlong_penalty reads besides the completion's length."""
         if self.max_tokens is None:
             raise ValueError("the overlong reward term needs rollout.max_tokens")
-        return self.overlong_buffer if self.overlong_buffer is not None else max(1, self.max_tokens // 4)
+        return self.max_tokens, self.overlong_buffer if self.overlong_buffer is not None else max(
+            1, self.max_tokens // 4
+        )
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ class WeightedReward:
         """Whether a call needs n_tokens (the scorer passes it only then)."""
         return "overlong" in self.weights
 
-    def __call__(self, response: str, ground_truth: Any, n_tokens: int | None = None) -> dict[str, float]:
+    def __call__(self, response: str, ground_truth: GroundTruth, n_tokens: int | None = None) -> dict[str, float]:
         result = {key: float(value) for key, value in self.base(response, ground_truth).items()}
         values = {name: result[key] for name, key in BUILTIN_COMPONENTS.items()}
         for name, component in self.extras.items():
@@ -135,7 +141,7 @@ class WeightedReward:
         if "overlong" in self.weights:
             if n_tokens is None:
                 raise ValueError("the overlong reward term needs the completion's token count: pass n_tokens=")
-            values["overlong"] = overlong_penalty(n_tokens, self.shaping.max_tokens, self.shaping.buffer())
+            values["overlong"] = overlong_penalty(n_tokens, *self.shaping.overlong_window())
         if "repetition" in self.weights:
             values["repetition"] = repetition_penalty(response, self.shaping.repetition_ngram)
         result["reward"] = sum(weight * values[name] for name, weight in self.weights.items())
@@ -155,7 +161,7 @@ class TimeLimitedReward:
     def uses_n_tokens(self) -> bool:
         return uses_n_tokens(self.fn)
 
-    def __call__(self, response: str, ground_truth: Any, **kwargs: Any) -> dict[str, float]:
+    def __call__(self, response: str, ground_truth: GroundTruth, **kwargs: Any) -> dict[str, float]:
         return call_with_time_limit(self.seconds, self.fn, response, ground_truth, **kwargs)
 
 

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
-from grpo_cli.tasks.base import PROMPT_STYLES
+
+# task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
+# Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
+PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 
 
 @dataclass

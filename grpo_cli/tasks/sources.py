@@ -10,16 +10,15 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
 
-from grpo_cli.tasks.base import TaskDataError, iter_jsonl_objects
+from grpo_cli.tasks.base import Row, TaskDataError, iter_jsonl_objects
 from grpo_cli.tasks.hub import _one_line
 from grpo_cli.tasks.user_code import check_signature, load_callable
 
 FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
 
-def _jsonl_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
+def _jsonl_rows(path: Path, n: int | None) -> list[Row]:
     rows = []
     for _, row in iter_jsonl_objects(path):
         rows.append(row)
@@ -28,7 +27,7 @@ def _jsonl_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _csv_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
+def _csv_rows(path: Path, n: int | None) -> list[Row]:
     with path.open(encoding="utf-8", newline="") as f:
         rows = []
         for row in csv.DictReader(f):
@@ -38,7 +37,7 @@ def _csv_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _parquet_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
+def _parquet_rows(path: Path, n: int | None) -> list[Row]:
     import pyarrow.parquet as pq  # a dependency of `datasets`
 
     try:
@@ -50,7 +49,7 @@ def _parquet_rows(path: Path, n: int | None) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def file_rows(key: str, path: str, n: int | None) -> list[dict[str, Any]]:
+def file_rows(key: str, path: str, n: int | None) -> list[Row]:
     """The first `n` rows (all when None) of a local .jsonl, .csv or .parquet file, or of a directory a
     `datasets` save (save_to_disk) or data files are in."""
     target = Path(path)
@@ -75,7 +74,7 @@ def file_rows(key: str, path: str, n: int | None) -> list[dict[str, Any]]:
     return rows
 
 
-def dataset_rows(key: str, name: str, config: str | None, split: str, n: int | None) -> list[dict[str, Any]]:
+def dataset_rows(key: str, name: str, config: str | None, split: str, n: int | None) -> list[Row]:
     """Rows of a `datasets` dataset: a directory written by save_to_disk, a directory of data files, or a hub id."""
     where = f"{key}={name}" + (f" ({config})" if config else "") + f" split {split!r}"
     try:
@@ -100,7 +99,7 @@ def dataset_rows(key: str, name: str, config: str | None, split: str, n: int | N
     return out
 
 
-def generated_rows(key: str, reference: str, base_dir: Path, n: int | None, seed: int) -> list[dict[str, Any]]:
+def generated_rows(key: str, reference: str, base_dir: Path, n: int | None, seed: int) -> list[Row]:
     """Rows the user's generator makes: `fn(n, seed)` -> a list (or any iterable) of dicts."""
     fn = load_callable(key, reference, base_dir)
     check_signature(key, reference, fn, n, seed)
@@ -118,7 +117,7 @@ def generated_rows(key: str, reference: str, base_dir: Path, n: int | None, seed
     return rows[:n] if n is not None else rows
 
 
-def check_json_values(where: str, rows: list[dict[str, Any]]) -> None:
+def check_json_values(where: str, rows: list[Row]) -> None:
     """Rows travel to Ray actors and into eval JSONL: a column value JSON cannot hold (nan, a set) fails here."""
     for index, row in enumerate(rows[:1000]):
         for column, value in row.items():

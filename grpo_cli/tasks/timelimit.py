@@ -25,9 +25,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _REPEAT_S = 0.05  # re-raise period for calls that swallowed the first interrupt
 
@@ -116,7 +117,7 @@ def _disarm_uninterrupted(guard: _Guard) -> None:
             continue
 
 
-def call_with_time_limit(seconds: float | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def call_with_time_limit(seconds: float | None, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`fn(*args, **kwargs)`, interrupted with RewardTimeout after `seconds` (None or <= 0: no limit).
 
     Works from any thread and nests (an inner limit raises RewardTimeout inside the outer call).

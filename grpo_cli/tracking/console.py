@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from rich.console import Console
@@ -25,7 +26,7 @@ STEP_LINE_KEYS = (
 )
 
 
-def shape_table(rows: list[tuple[str, Any]], title: str) -> Table:
+def shape_table(rows: list[tuple[str, object]], title: str) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("quantity")
     table.add_column("value", justify="right")
@@ -122,8 +123,10 @@ class StepProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.progress.__exit__(exc_type, exc, traceback)
 
     def print(self, line: str) -> None:
         if self.enabled:

@@ -12,7 +12,7 @@ from typing import Any
 from grpo_cli.errors import UserFacingError
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if hasattr(value, "item"):  # 0-d tensors and numpy scalars
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

@@ -14,9 +14,10 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeGuard
 
 import yaml
 from rich.console import Console
@@ -139,16 +140,20 @@ class RunSummary:
     final_eval: dict[str, float] = field(default_factory=dict)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _natural_key(path: Path) -> list[Any]:
+def _natural_key(path: Path) -> list[int | str]:
     # Multirun job directories start with the job number: 2_... sorts before 10_...
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
-def resolve_run_dirs(runs: Any) -> list[Path]:
+# report.runs: one directory, or a list of them (a YAML list of strings).
+RunPaths = str | Path | Iterable[str | Path] | None
+
+
+def resolve_run_dirs(runs: RunPaths) -> list[Path]:
     """Run directories from report.runs: each entry is a run directory or a directory holding runs below it
     (a multirun directory). Raises UserFacingError naming the first path that is missing or holds no run."""
     entries = [runs] if isinstance(runs, str | Path) else list(runs or [])
@@ -298,7 +303,7 @@ def hparams_label(run: RunData, keys: list[str], fallback: str) -> str:
     return ", ".join(f"{k}={format_value(run.config.get(k))}" for k in keys) or fallback
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if value is None:
@@ -345,17 +350,15 @@ def seeds_table(groups: list[tuple[str, list[RunData]]], summaries: dict[str, Ru
     the final reward (a gain within the seed spread is not evidence of learning)."""
     rows = []
     for label, runs in groups:
-        finals = [summaries[r.name].final_eval_reward for r in runs]
-        bests = [summaries[r.name].best_eval_reward for r in runs]
-        initials = [summaries[r.name].initial_eval_reward for r in runs]
-        finals = [v for v in finals if v is not None]
-        bests = [v for v in bests if v is not None]
+        finals = [v for r in runs if (v := summaries[r.name].final_eval_reward) is not None]
+        bests = [v for r in runs if (v := summaries[r.name].best_eval_reward) is not None]
+        initials = [v for r in runs if (v := summaries[r.name].initial_eval_reward) is not None]
         if len(runs) < 2 or not finals:
             continue
         spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
         gain, learned = "-", "-"
-        if all(v is not None for v in initials):
-            difference = statistics.mean(finals) - statistics.mean(initials)  # type: ignore[arg-type]
+        if len(initials) == len(runs):  # every run has its step-0 evaluation
+            difference = statistics.mean(finals) - statistics.mean(initials)
             gain, learned = f"{difference:+.3f}", "yes" if difference > spread else "no"
         rows.append(
             [
@@ -451,17 +454,36 @@ def seed_band(
 SEARCH_RESULTS_FILE = "optimization_results.yaml"  # written by hydra/sweeper=optuna in the sweep directory
 
 
-def searches(data: list[RunData]) -> list[dict[str, Any]]:
+class Trial(TypedDict):
+    """One Optuna trial of a search: its job number, run, searched parameters and objective."""
+
+    trial: int | None
+    run: str
+    params: dict[str, Any]  # the searched keys' values, whatever YAML type each has
+    objective: float | None
+    objective_name: str
+
+
+class Search(TypedDict):
+    """One Optuna search (a sweep directory): its trials, best first, and the best the sweeper saved."""
+
+    sweep_dir: str
+    best_params: dict[str, Any] | None  # as optimization_results.yaml holds them
+    best_value: float | None
+    trials: list[Trial]
+
+
+def searches(data: list[RunData]) -> list[Search]:
     """The Optuna searches among the runs (a sweep directory holding optimization_results.yaml): each trial's
     searched parameters and objective, best first, and the study's best as the sweeper saved it."""
-    found = []
+    found: list[Search] = []
     for sweep_dir in dict.fromkeys(run.path.parent for run in data):
         results_path = sweep_dir / SEARCH_RESULTS_FILE
         if not results_path.is_file():
             continue
         results = yaml.safe_load(results_path.read_text()) or {}
         params = list((results.get("best_params") or {}).keys())
-        trials = []
+        trials: list[Trial] = []
         for run in (run for run in data if run.path.parent == sweep_dir):
             number = re.match(r"(\d+)_", run.path.name)
             which = run.config.get("job.objective") or OBJECTIVES[0]
@@ -487,7 +509,7 @@ def searches(data: list[RunData]) -> list[dict[str, Any]]:
     return found
 
 
-def search_section(search: dict[str, Any]) -> str:
+def search_section(search: Search) -> str:
     trials = search["trials"]
     names = sorted({t["objective_name"] for t in trials}) or [OBJECTIVES[0]]
     best = ", ".join(f"{k}={format_value(v)}" for k, v in (search["best_params"] or {}).items())
@@ -512,7 +534,7 @@ def shared_line(configs: list[dict[str, Any]], keys: list[str]) -> str:
     return ", ".join(f"`{k}={format_value(configs[0][k])}`" for k in shared)
 
 
-def write_report(runs: Any, out: Path, console: Console) -> dict[str, Any]:
+def write_report(runs: RunPaths, out: Path, console: Console) -> dict[str, Any]:
     """Read the runs, write report.md, report.json and the plots into `out`; returns the report data."""
     paths = resolve_run_dirs(runs)
     data = [load_run(path, name) for path, name in zip(paths, run_names(paths), strict=True)]

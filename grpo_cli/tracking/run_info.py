@@ -17,9 +17,13 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from grpo_cli.tasks.custom import code_hashes
+from grpo_cli.tasks.custom import CustomTaskConfig, code_hashes
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.tasks.base import Example
 
 PACKAGES = (
     "grpo-cli",
@@ -52,7 +56,7 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
     return versions
 
 
-def examples_sha256(examples: list[Any]) -> str:
+def examples_sha256(examples: list[Example]) -> str:
     """A hash of prompts and ground truths, stable across processes (JSON with sorted keys, not hash())."""
     digest = hashlib.sha256()
     for example in examples:
@@ -85,7 +89,12 @@ def git_state(source_dir: Path) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": bool(changed), "changed_files": changed[:50]}
 
 
-def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str]) -> dict[str, Any]:
+def _is_custom(cfg: GRPOConfig) -> bool:
+    """Whether the task is task=custom (the only task config with task.rewards)."""
+    return getattr(cfg.task, "rewards", None) is not None
+
+
+def build_run_info(cfg: GRPOConfig, examples: dict[str, list[Example]], overrides: list[str]) -> dict[str, Any]:
     """Everything but the config itself (config.yaml holds that) needed to rerun this run."""
     import grpo_cli
 
@@ -104,7 +113,7 @@ def build_run_info(cfg: Any, examples: dict[str, list[Any]], overrides: list[str
         "data": {split: {"n_examples": len(rows), "sha256": examples_sha256(rows)} for split, rows in examples.items()},
         # task=custom: the file and content hash of each reward function and the generator, so a rerun can tell
         # the user's code changed.
-        **({"user_code": code_hashes(cfg.task)} if getattr(cfg.task, "rewards", None) is not None else {}),
+        **({"user_code": code_hashes(cast(CustomTaskConfig, cfg.task))} if _is_custom(cfg) else {}),
     }
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 
 from grpo_cli.tracking.jsonl import JsonlMetricsSink
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
 
 class MetricsSink(Protocol):
@@ -59,7 +62,7 @@ def _close_all(sinks: list[MetricsSink]) -> None:
         _close_all(sinks[1:])
 
 
-def _backend_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink | None:
+def _backend_sink(cfg: GRPOConfig, output_dir: Path, console: Console) -> MetricsSink | None:
     """The sink of `logger.backend` beside metrics.jsonl (none: no other)."""
     # Imported here so that a run never pays for importing a backend it does not use (wandb, torch's TensorBoard).
     if cfg.logger.backend == "wandb":
@@ -73,7 +76,7 @@ def _backend_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink |
     return None
 
 
-def build_metrics_sink(cfg: Any, output_dir: Path, console: Console) -> MetricsSink:
+def build_metrics_sink(cfg: GRPOConfig, output_dir: Path, console: Console) -> MetricsSink:
     """metrics.jsonl (+ eval/step_*.jsonl) in the run directory, plus W&B or TensorBoard per `logger.backend`."""
     sinks: list[MetricsSink] = [JsonlMetricsSink(output_dir / "metrics.jsonl")]
     try:

@@ -14,12 +14,17 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tracking.jsonl import read_metrics
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from grpo_cli.config.schemas import GRPOConfig
 
 LOG_SUBDIR = "tensorboard"
 SAMPLES_TAG = "eval/samples"
@@ -60,7 +65,7 @@ def _fenced(text: str) -> str:
     return f"{fence}\n{text}\n{fence}"
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     return f"{value:g}" if isinstance(value, int | float) and math.isfinite(value) else str(value)
 
 
@@ -85,14 +90,14 @@ class TensorBoardSink:
     """Scalars against the GRPO step and eval completions as text, flushed at every call so a live TensorBoard
     shows each step as it lands and a killed run keeps what it logged (as metrics.jsonl does)."""
 
-    def __init__(self, writer: Any, samples_every: int, samples_rows: int) -> None:
+    def __init__(self, writer: SummaryWriter, samples_every: int, samples_rows: int) -> None:
         self.writer = writer
         self.samples_every = samples_every
         self.samples_rows = samples_rows
         self._closed = False
 
     @classmethod
-    def start(cls, cfg: Any, output_dir: Path, console: Console) -> TensorBoardSink:
+    def start(cls, cfg: GRPOConfig, output_dir: Path, console: Console) -> TensorBoardSink:
         """Open <output_dir>/tensorboard; a resumed run first hides the steps it is about to log again."""
         require_tensorboard()
         try:

@@ -12,11 +12,14 @@ import netrc
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 import wandb
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
 
 RUN_ID_FILE = "wandb_run_id.txt"
 STEP_METRIC = "step"  # the GRPO step, the x axis of every chart (train and eval lines share it)
@@ -39,11 +42,18 @@ def has_wandb_credentials(base_url: str, environ: dict[str, str] | None = None) 
         return False
 
 
-def choose_mode(requested: str, has_credentials: bool) -> tuple[str, str | None]:
+WandbMode = Literal["online", "offline", "disabled"]
+WANDB_MODES: tuple[WandbMode, ...] = ("online", "offline", "disabled")  # logger.mode's choices
+
+
+def choose_mode(requested: str, has_credentials: bool) -> tuple[WandbMode, str | None]:
     """The mode to start W&B in, and a notice when it differs from the requested one."""
     if requested == "online" and not has_credentials:
         return "offline", "no API key (set WANDB_API_KEY or run `wandb login`)"
-    return requested, None
+    for mode in WANDB_MODES:  # logger.mode as wandb.init's literal type; the schema allows no other value
+        if requested == mode:
+            return mode, None
+    raise ValueError(f"logger.mode={requested}: use one of {', '.join(WANDB_MODES)}")
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -75,10 +85,10 @@ def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 def sample_table_rows(
     rows: list[dict[str, Any]], step: int, max_rows: int, extra: list[str] | None = None
-) -> list[list[Any]]:
+) -> list[list[str | int | float | None]]:
     """Rows of the W&B samples table (SAMPLE_COLUMNS, then the `extra` columns); values that are not scalars (a
     ground truth's list of keywords, a logged list) become text."""
-    table = []
+    table: list[list[str | int | float | None]] = []
     for row in rows[:max_rows]:
         values = [row.get("prompt"), row.get("response"), row.get("ground_truth")]
         values += [row.get(k) for k in (*SAMPLE_COLUMNS[4:], *(extra or ()))]
@@ -86,21 +96,21 @@ def sample_table_rows(
     return table
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: object) -> object:
     return value.item() if hasattr(value, "item") else value
 
 
 class WandbSink:
     """Scalars against the GRPO step, a samples table at evaluations, the resolved config, the run id on disk."""
 
-    def __init__(self, run: Any, samples_every: int, samples_rows: int) -> None:
+    def __init__(self, run: wandb.Run, samples_every: int, samples_rows: int) -> None:
         self.run = run
         self.samples_every = samples_every
         self.samples_rows = samples_rows
         self._closed = False
 
     @classmethod
-    def start(cls, cfg: Any, output_dir: Path, console: Console) -> WandbSink:
+    def start(cls, cfg: GRPOConfig, output_dir: Path, console: Console) -> WandbSink:
         """Start (or, when the run directory holds a run id, resume) the W&B run of this GRPO run."""
         lg = cfg.logger
         base_url = wandb.Settings().base_url
@@ -108,7 +118,7 @@ class WandbSink:
         run_id, damaged = read_run_id(output_dir)
         if damaged is not None:
             console.print(damaged, highlight=False, markup=False)
-        init_kwargs = dict(
+        init_kwargs: dict[str, Any] = dict(  # Any: wandb.init's keywords each have their own type
             project=lg.project,
             entity=lg.entity,
             group=lg.group,
@@ -157,7 +167,7 @@ class WandbSink:
             self.run.finish()
 
 
-def _start_line(run: Any, mode: str, notice: str | None) -> str:
+def _start_line(run: wandb.Run, mode: WandbMode, notice: str | None) -> str:
     prefix = f"{notice}: " if notice else ""
     if mode == "online":
         return f"W&B: run {run.name} at {run.url}"

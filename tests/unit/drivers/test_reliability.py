@@ -1,0 +1,69 @@
+"""Reliability: exact resume after SIGKILL, clean SIGTERM, damaged checkpoints, non-finite updates, bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from grpo_cli.config import validate_config
+from grpo_cli.drivers.loop import TrainingLoop
+from grpo_cli.errors import RunStopped
+from grpo_cli.learner import learner as learner_module
+from grpo_cli.learner.checkpoint import list_checkpoints, verify_checkpoint
+from grpo_cli.tracking import read_metrics
+from tests.conftest import compose_config
+
+
+def make_trainer(tmp_path: Path, overrides: list[str]):
+    cfg = compose_config(["debug=smoke", *overrides], output_dir=str(tmp_path))
+    validate_config(cfg)
+    return TrainingLoop(cfg, tmp_path, Console(quiet=True))
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    make_trainer(tmp_path, ["train.steps=4", "train.checkpoint_every=2"]).run()
+    newest = list_checkpoints(tmp_path)[-1]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a disk that filled up mid-write
+    assert "truncated" in verify_checkpoint(newest)
+    messages = []
+    cfg = compose_config(
+        ["debug=smoke", "train.steps=4", "train.checkpoint_every=2", "resume=true"], output_dir=str(tmp_path)
+    )
+    console = Console(record=True, width=300)
+    loop = TrainingLoop(cfg, tmp_path, console)
+    loop.close()
+    messages = console.export_text()
+    assert loop.start_step == 2
+    assert f"skipping checkpoint {newest}" in messages and "truncated" in messages
+
+
+def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+    real = learner_module.response_log_probs
+
+    def poisoned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return {**out, "log_probs": out["log_probs"] * float("nan")}
+
+    loop = make_trainer(tmp_path, ["train.steps=10", "train.max_nonfinite_steps=2", "train.eval_every=0"])
+    model = loop.executor.learner.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(learner_module, "response_log_probs", poisoned)
+    with pytest.raises(RunStopped) as info:
+        loop.run()
+    assert info.value.exit_code == 3 and "not finite in 2 consecutive steps" in str(info.value)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert [r["train/nonfinite_skipped"] for r in rows] == [1, 1]
+    # the skipped updates left the weights untouched, and they were checkpointed
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert list_checkpoints(tmp_path)[-1].name == "step_000002"
+
+
+def test_checkpoint_holds_what_resume_needs(tmp_path):
+    make_trainer(tmp_path, ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=1"]).run()
+    (checkpoint,) = list_checkpoints(tmp_path)
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert state["step"] == 2 and state["sampler"]["position"] == 4  # 2 steps x 2 prompts
+    assert {"python", "torch"} <= torch.load(checkpoint / "rng.pt", weights_only=False).keys()

@@ -1,0 +1,100 @@
+"""job=benchmark: FLOP accounting, engine selection, and one real (tiny) run through grpo-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from grpo_cli.errors import UserFacingError
+from grpo_cli.jobs.benchmark import (
+    _scaling_config,
+    _scaling_runs,
+    decode_matmul_floor_s,
+    matmul_peak_gflops,
+    parameter_counts,
+    plot_scaling,
+    resolve_engines,
+    scaling_points,
+    training_flops,
+)
+from grpo_cli.models import TINY_RANDOM, load_policy
+from tests.conftest import compose_config
+
+
+def test_parameter_counts_leave_out_the_tied_embedding_once():
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    non_embedding, vocab, hidden = parameter_counts(model)
+    total = sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once
+    assert (vocab, hidden) == (len(tokenizer), 64)
+    assert non_embedding == total - vocab * hidden
+
+
+def test_training_flops_are_six_per_weight_per_token_plus_the_head_on_responses():
+    assert (
+        training_flops(non_embedding=10, vocab=100, hidden=4, tokens=7, response_tokens=3) == 6 * 10 * 7 + 6 * 400 * 3
+    )
+
+
+def test_engine_selection():
+    assert resolve_engines(["hf"]) == ["hf"]
+    assert resolve_engines(["hf", "hf"]) == ["hf"]
+    assert resolve_engines(["auto"])[0] == "hf"
+    with pytest.raises(UserFacingError, match="job.engines contains 'sglang'"):
+        resolve_engines(["sglang"])
+
+
+def test_matmul_peak_is_a_measurement():
+    assert matmul_peak_gflops(torch.device("cpu"), torch.float32, size=256, seconds=0.05) > 0.1
+
+
+def test_decode_floor_times_every_linear_layer():
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    assert 0 < decode_matmul_floor_s(model, rows=4, device=torch.device("cpu"), repeats=1) < 5
+
+
+def test_scaling_points_and_their_configs():
+    cfg = compose_config(["job=benchmark", "job.scaling=true"])
+    points = scaling_points(cfg)
+    assert points[:4] == [("batch", b, 48) for b in (8, 16, 32, 64)]
+    assert points[4:] == [("max_tokens", 16, t) for t in (32, 64, 128, 256)]
+    run_cfg = _scaling_config(cfg, "hf", batch=64, max_tokens=256)
+    # one optimizer step per batch, microbatches no larger than the base setting's (16), lengths forced
+    assert (run_cfg.train.rollout_batch_size, run_cfg.train.train_batch_size) == (64, 64)
+    assert run_cfg.train.gradient_accumulation_steps == 4
+    assert run_cfg.rollout.max_tokens == run_cfg.rollout.min_tokens == 256 and run_cfg.rollout.stop == []
+    assert _scaling_config(cfg, "hf", batch=8, max_tokens=32).train.gradient_accumulation_steps == 1
+    assert cfg.train.rollout_batch_size == 16  # the base config is left alone
+
+
+def _killed_point(run_cfg, axis, run_dir):
+    """A scaling point whose process the system kills (as the OOM killer did at 24 GB)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_scaling_point_killed_by_the_system_is_one_line_and_spares_the_job(tmp_path):
+    # Before: every point ran in the job's own process, so memory piled up point after point and the OOM killer
+    # took the whole job; each point now has its own process.
+    cfg = compose_config(["job=benchmark", "model=tiny_random", "job.scaling_batches=[4]", "job.scaling_max_tokens=[]"])
+    with pytest.raises(UserFacingError, match=r"hf batch 4 x 48 tokens died .*out of memory.*done: none"):
+        _scaling_runs(cfg, "hf", tmp_path, console=None, point=_killed_point)
+
+
+def test_scaling_plot_is_one_png(tmp_path):
+    cfg = compose_config(["job=benchmark"])
+    rows = [
+        {
+            "axis": axis,
+            "batch": b,
+            "max_tokens": t,
+            "step_s": 1.0 + b / 8,
+            "generation_s": 0.5,
+            "generation_tokens_per_s": 100.0 * b,
+            "training_tokens_per_s": 50.0,
+        }
+        for axis, b, t in [("batch", 8, 48), ("batch", 16, 48), ("max_tokens", 16, 32), ("max_tokens", 16, 64)]
+    ]
+    plot_scaling({"hf": rows, "vllm": rows}, cfg, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

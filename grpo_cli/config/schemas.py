@@ -108,6 +108,12 @@ class KLConfig:
     estimator: str = choice("k3", from_core("kl", "KL_ESTIMATORS"))
     # Measure KL every step even when beta == 0 (costs one reference forward per step).
     monitor: bool = False
+    # How the KL coefficient moves over the run: constant: kl.beta at every step | linear / cosine: from kl.beta at
+    # the first step to kl.beta_final at the last (train.steps), along a straight line / a half cosine. The
+    # coefficient of each step is logged as train/kl_beta.
+    beta_schedule: str = choice("constant", from_core("kl", "KL_BETA_SCHEDULES"))
+    # The coefficient at the last step of a linear / cosine kl.beta_schedule.
+    beta_final: float | None = non_negative(None, hint="null: no schedule (kl.beta_schedule=constant)")
 
 
 @dataclass

@@ -193,7 +193,7 @@ class Learner:
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
         # The loss's settings, read once: every microbatch's train step gets this object.
         self.loss = loss_settings(cfg)
-        self.needs_reference = self.loss.kl_beta > 0 or cfg.kl.monitor
+        self.needs_reference = self.loss.kl_penalty or cfg.kl.monitor
         # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
         lora = cfg.model.lora.enabled
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
@@ -371,6 +371,7 @@ class Learner:
         skipped = 0  # updates skipped for non-finite loss or gradients
         computed_tokens = 0
         rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
+        step_loss = self.loss.at_step(step)  # this step's KL coefficient (kl.beta_schedule)
         with timed(timings, "time/update_s"):
             for _epoch in range(shape.epochs_per_rollout_batch):
                 order = list(range(n))
@@ -385,7 +386,7 @@ class Learner:
                         )
                         for i in range(0, len(batch_indices), shape.microbatch_size)
                     )
-                    finite = self._optimizer_step(data, batch_indices, totals, timings, rejected)
+                    finite = self._optimizer_step(data, batch_indices, step_loss, totals, timings, rejected)
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
         if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
@@ -395,6 +396,8 @@ class Learner:
         metrics = {
             key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
         }
+        if self.loss.kl_penalty:
+            metrics["train/kl_beta"] = step_loss.kl_beta
         metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
         metrics["train/nonfinite_skipped"] = skipped
         metrics["time/optimizer_s"] = timings["time/optimizer_s"]
@@ -411,11 +414,13 @@ class Learner:
         self,
         data: RolloutData,
         batch_indices: list[int],
+        step_loss: LossSettings,
         totals: dict[str, list[float]],
         timings: dict[str, float],
         rejected: list[int] | None = None,
     ) -> bool:
-        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step.
+        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step, with
+        `step_loss`, the loss's settings at this step (LossSettings.at_step: its scheduled KL coefficient).
         Returns False when the loss or the gradients were not finite (the step is skipped and counted).
         `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
         which leave the step's token total."""
@@ -447,7 +452,7 @@ class Learner:
                 if old is not None:
                     # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
                     record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
-                if old is None and self.loss.loss_type in RATIO_LOSS_TYPES:
+                if old is None and step_loss.loss_type in RATIO_LOSS_TYPES:
                     old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
                 # train.mask_truncated: a left-out completion's row of the response mask is zeroed, so it adds 0 to
                 # the loss (the batch mean still divides by every completion); entropy and old-policy KL still
@@ -457,7 +462,7 @@ class Learner:
                     policy_log_probs,
                     loss_mask,
                     shape.gradient_accumulation_per_rank,
-                    self.loss,
+                    step_loss,
                     raw_rewards=mb["raw_rewards"],
                     advantages=mb["advantages"],
                     old_log_probs=old,

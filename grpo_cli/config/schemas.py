@@ -163,6 +163,18 @@ class KLConfig:
     monitor: bool = flag(
         False, help="Measure KL every step even when beta == 0 (costs one reference forward per step)."
     )
+    beta_schedule: str = choice(
+        "constant",
+        from_core("kl", "KL_BETA_SCHEDULES"),
+        help="How the KL coefficient moves over the run: constant: kl.beta at every step | linear / cosine: from "
+        "kl.beta at the first step to kl.beta_final at the last (train.steps), along a straight line / a half "
+        "cosine. Each step's coefficient is logged as train/kl_beta.",
+    )
+    beta_final: float | None = non_negative(
+        None,
+        hint="null: no schedule (kl.beta_schedule=constant)",
+        help="The coefficient at the last step of a linear / cosine kl.beta_schedule.",
+    )
 
 
 @dataclass

@@ -100,7 +100,13 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "cliprange_high": None,
         "dual_clip": None,
     }
-    assert printed["kl"] == {"beta": 0.0, "estimator": "k3", "monitor": False}
+    assert printed["kl"] == {
+        "beta": 0.0,
+        "estimator": "k3",
+        "monitor": False,
+        "beta_schedule": "constant",
+        "beta_final": None,
+    }
     assert printed["normalization"] == {
         "advantage": "std",
         "advantage_eps": 1e-6,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -53,6 +53,12 @@ class RolloutData:
     sampler_log_probs: list[torch.Tensor] | None = None
     # (n,) 1.0: the completion counts in the loss, 0.0: left out (train.mask_truncated); None: all count.
     loss_mask: torch.Tensor | None = None
+    # Multi-turn episodes: per completion (len_i,), 1.0 at the model's sampled tokens, 0.0 at the tool/environment
+    # tokens between its turns (the holes: scored as context, never in the loss or its token totals); None: every
+    # completion token is the model's (single-turn). The log-prob fields above cover every completion token.
+    token_masks: list[torch.Tensor] | None = None
+    # Multi-turn episodes: one transcript per episode (rollout.episode_rollout.transcript), for the run's logs.
+    transcripts: list[dict[str, Any]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
     policy_version: int = 0  # the version of the weights that sampled it (the oldest, for a replay sample)
 
@@ -61,8 +67,11 @@ def make_microbatch(
     data: RolloutData, indices: list[int], pad_token_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """The rows `indices` of `data` as right-padded tensors on `device`: input_ids, labels, response_mask (B, T),
-    old/reference/sampler log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1), and loss_mask
-    (B, 1) when some completions are left out of the loss."""
+    old/reference/sampler log-probs (B, T) when the batch has them, raw_rewards and advantages (B, 1), loss_mask
+    (B, 1) when some completions are left out of the loss, and token_mask (B, T) for multi-turn episodes (1.0 at
+    model tokens, 0.0 at tool/environment tokens and off the response). response_mask stays every completion
+    token (what is scored: the shared-prompt forward reads each row's prompt and completion from it); the loss
+    and its totals take `model_token_mask`."""
     batch = tokenize_prompt_and_output_ids(
         [data.prompt_ids[i] for i in indices], [data.completion_ids[i] for i in indices], pad_token_id
     )
@@ -75,11 +84,29 @@ def make_microbatch(
             full = torch.zeros(mask.shape, dtype=torch.float32, device=device)
             full[mask] = torch.cat([per_sample[i] for i in indices]).to(device)
             batch[name] = full
+    if data.token_masks is not None:
+        holes = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+        holes[mask] = torch.cat([data.token_masks[i] for i in indices]).to(device=device, dtype=torch.float32)
+        batch["token_mask"] = holes
     batch["raw_rewards"] = data.raw_rewards[indices].unsqueeze(1).to(device)  # (B, 1)
     batch["advantages"] = data.advantages[indices].unsqueeze(1).to(device)  # (B, 1)
     if data.loss_mask is not None:
         batch["loss_mask"] = data.loss_mask[indices].unsqueeze(1).to(device)  # (B, 1)
     return batch
+
+
+def model_token_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """make_microbatch's (B, T) mask of the tokens the model sampled: response_mask, with the holes of multi-turn
+    episodes (tool/environment tokens) zeroed. The loss, its normalizers, entropy and the old-policy KL read it."""
+    mask = batch["response_mask"]
+    return mask * batch["token_mask"].to(mask.dtype) if "token_mask" in batch else mask
+
+
+def model_tokens(data: RolloutData, index: int) -> int:
+    """The tokens of completion `index` the model sampled (all of them, but an episode's tool/environment ones)."""
+    if data.token_masks is None:
+        return len(data.completion_ids[index])
+    return int(data.token_masks[index].sum())
 
 
 def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
@@ -191,6 +218,8 @@ def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
         ref_log_probs=rows_if_any(data.ref_log_probs),
         sampler_log_probs=rows_if_any(data.sampler_log_probs),
         loss_mask=None if data.loss_mask is None else data.loss_mask[index],
+        token_masks=rows_if_any(data.token_masks),
+        transcripts=rows_if_any(data.transcripts),
         metrics=dict(data.metrics),
         policy_version=data.policy_version,
     )
@@ -205,6 +234,11 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
         return None if any(v is None for v in values) else [row for v in values for row in v]
 
     masks = [p.loss_mask if p.loss_mask is not None else torch.ones(len(p.completion_ids)) for p in parts]
+    # A part without token masks is single-turn: every completion token is the model's.
+    token_masks = [
+        p.token_masks if p.token_masks is not None else [torch.ones(len(ids)) for ids in p.completion_ids]
+        for p in parts
+    ]
     return RolloutData(
         prompt_ids=[row for part in parts for row in part.prompt_ids],
         completion_ids=[row for part in parts for row in part.completion_ids],
@@ -214,6 +248,8 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
         ref_log_probs=joined("ref_log_probs"),
         sampler_log_probs=joined("sampler_log_probs"),
         loss_mask=None if all(p.loss_mask is None for p in parts) else torch.cat(masks),
+        token_masks=None if all(p.token_masks is None for p in parts) else [m for part in token_masks for m in part],
+        transcripts=joined("transcripts"),
         metrics=dict(parts[0].metrics),
         policy_version=min(part.policy_version for part in parts),
     )

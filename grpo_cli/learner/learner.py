@@ -39,6 +39,8 @@ from grpo_cli.learner.batch import (
     RolloutData,
     ScoringSettings,
     make_microbatch,
+    model_token_mask,
+    model_tokens,
     per_completion_log_probs,
     per_completion_rows,
     score_microbatch,
@@ -115,13 +117,15 @@ def rejected_token_counts(data: RolloutData, loss: LossSettings) -> list[int] | 
     if loss.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
         return None
     counts = []
-    for old, sampler in zip(data.old_log_probs, data.sampler_log_probs, strict=True):
+    for i, (old, sampler) in enumerate(zip(data.old_log_probs, data.sampler_log_probs, strict=True)):
         # float32, as make_microbatch hands them to the train step, which decides on the same numbers
         old_row, sampler_row = old.float().unsqueeze(0), sampler.float().unsqueeze(0)
+        # An episode's tool/environment tokens are not the sampler's: never rejected, never counted.
+        sampled = data.token_masks[i].bool().unsqueeze(0) if data.token_masks is not None else None
         _, importance = compute_importance_weights(
             old_row,
             sampler_row,
-            torch.ones_like(old_row, dtype=torch.bool),
+            sampled if sampled is not None else torch.ones_like(old_row, dtype=torch.bool),
             "masked",
             loss.importance_level,
             loss.importance_threshold,
@@ -139,11 +143,11 @@ def optimizer_step_totals(
     the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
     whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
     loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
-    correction "masked", rejected_token_counts); the completion itself does (as in sequence_mean's batch mean)."""
+    correction "masked", rejected_token_counts), nor an episode's tool/environment tokens (model tokens only);
+    the completion itself does (as in sequence_mean's batch mean)."""
     keep = data.loss_mask.tolist() if data.loss_mask is not None else None
     tokens = sum(
-        (len(data.completion_ids[i]) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0)
-        for i in batch_indices
+        (model_tokens(data, i) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0) for i in batch_indices
     )
     sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
     ranks = parallel.world().size
@@ -436,7 +440,8 @@ class Learner:
         for mb_start in starts:
             indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
             mb = make_microbatch(data, indices, self.pad_token_id, self.device)
-            mask = mb["response_mask"]
+            scored_mask = mb["response_mask"]  # every completion token goes through the forward (as context)
+            mask = model_token_mask(mb)  # the model's own tokens: an episode's tool/environment tokens are holes
             # DDP averages gradients across ranks once, after the last microbatch (the sums in between are local).
             last = mb_start == starts[-1]
             no_sync = (
@@ -446,7 +451,7 @@ class Learner:
             )
             with no_sync():  # forward and backward (grpo_microbatch_train_step runs it)
                 with self.autocast():
-                    scored = self.scorer(mb["input_ids"], mb["labels"], mask)
+                    scored = self.scorer(mb["input_ids"], mb["labels"], scored_mask)
                 policy_log_probs = scored["log_probs"]
                 old = mb.get("old_log_probs")
                 if old is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
+from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.base import RolloutEngine
@@ -73,7 +73,10 @@ def learner_log_probs(model: torch.nn.Module, episodes: Sequence[Episode], tempe
     batch = episode_batch(episodes)
     n = len(episodes)
     data = RolloutData(batch.prompt_ids, batch.completion_ids, torch.zeros(n), torch.zeros(n))
-    return per_completion_log_probs(model, data, 4, 0, torch.device("cpu"), temperature=temperature)
+    scoring = ScoringSettings(
+        temperature, share_prompts=False, logits_chunk_tokens=0, microbatch_size=4, pad_token_id=0
+    )
+    return per_completion_log_probs(model, data, torch.device("cpu"), scoring)
 
 
 def assert_sampler_equals_learner(model: torch.nn.Module, episodes: Sequence[Episode], atol: float) -> None:

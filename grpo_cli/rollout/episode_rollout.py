@@ -177,7 +177,7 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
 class EpisodeRunner(Protocol):
     """What runs a task's episodes (the task side's `EpisodeSetup`): the template they render with, their limits,
     the hook answering each model turn, `open` (one episode per example, at its opening messages) and `finish`
-    (environment sessions closed, task.on_reward_error applied)."""
+    (environment sessions closed, task.on_reward_error applied), `close` (its worker processes stopped)."""
 
     template: ChatTemplate
     limits: EpisodeLimits
@@ -188,6 +188,8 @@ class EpisodeRunner(Protocol):
     def open(self, examples: Sequence[Example]) -> list[Episode]: ...
 
     def finish(self, episodes: Sequence[Episode]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 # Scores finished episodes with the task's reward (their `env` component included), for trainer_state.

@@ -84,7 +84,7 @@ def evaluate(
     truths = [e.ground_truth for e in examples for _ in range(n)]
     lengths = [len(ids) for ids in rollout.completion_ids]
     scores = score_responses(reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, trainer_state)
-    prompts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompt_ids]
+    prompts = [str(tokenizer.decode(p, skip_special_tokens=False)) for p in prompt_ids]
     return summarize(prompts, rollout.texts, truths, scores, lengths, rollout.truncated, n, voting, pass_ks)
 
 
@@ -109,7 +109,8 @@ def evaluate_episodes(
         on_generated(len(examples))
     truths = [e.ground_truth for e in examples for _ in range(n)]
     texts = [last_model_turn(e) for e in run]
-    prompts = [episodes.setup.template.decode(e.prompt_ids) for e in run]
+    # One prompt per example (its first episode's opening; each record's messages hold its own conversation).
+    prompts = [episodes.setup.template.decode(run[i * n].prompt_ids) for i in range(len(examples))]
     lengths = [e.model_tokens for e in run]
     truncated = [e.truncated for e in run]
     metrics, records = summarize(prompts, texts, truths, scores, lengths, truncated, n, voting, pass_ks, run)

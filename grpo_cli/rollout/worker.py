@@ -24,8 +24,10 @@ from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_
 from grpo_cli.learner.settings import scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.engines import build_rollout_engine
+from grpo_cli.rollout.episode_rollout import EpisodeBatch, EpisodeRun, episode_batch, episode_train_metrics, transcript
+from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
@@ -64,7 +66,9 @@ class RolloutWorker:
         model: torch.nn.Module | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         threads: int = 0,
+        episodes: EpisodeRun | None = None,
     ) -> None:
+        """`episodes`: how a multi-turn task's episodes run and are scored (None: single-turn completions)."""
         limit_threads(threads)
         self.cfg = cfg
         self.shape = BatchShape.from_config(cfg)
@@ -81,6 +85,7 @@ class RolloutWorker:
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
         self.load_s = 0.0  # weight loads since the last batch: reported with the next batch
+        self.episodes = episodes
 
     @cached_property
     def scoring(self) -> ScoringSettings:
@@ -112,20 +117,31 @@ class RolloutWorker:
         cfg, shape = self.cfg, self.shape
         timings: dict[str, float] = {}
         busy_start = time.perf_counter()
-        prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer)
+        run = self.episodes  # None: single-turn completions
+        prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer) if run is None else []
+        episodes: list[Episode] | None = None
+        rollout: RolloutBatch | EpisodeBatch
         with timed(timings, "time/generation_s"), self.autocast():
             sampling = replace(
                 sampling_settings(cfg, shape.group_size, seed=rollout_seed(cfg.seed, batch_number)),
                 first_prompt_index=first_prompt_index,
             )
-            rollout = self.engine.generate(prompt_ids, sampling)
+            if run is None:
+                rollout = self.engine.generate(prompt_ids, sampling)
+            else:  # a multi-turn task: G episodes per prompt, turn by turn (rollout/episode_rollout.py)
+                episodes = run.generate(self.engine, sampling, examples, first_prompt_index)
+                rollout = episode_batch(episodes)
 
         with timed(timings, "time/scoring_s"):
-            truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
-            lengths = [len(ids) for ids in rollout.completion_ids]
-            scores = score_responses(
-                self.reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, self.trainer_state(epoch)
-            )
+            if isinstance(rollout, RolloutBatch):
+                truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
+                lengths = [len(ids) for ids in rollout.completion_ids]
+                scores = score_responses(
+                    self.reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, self.trainer_state(epoch)
+                )
+            else:
+                assert run is not None and episodes is not None  # an EpisodeBatch comes from episodes only
+                scores = run.score(episodes, self.trainer_state(epoch))
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
             advantages = compute_advantages(
                 raw_rewards, shape.group_size, cfg.normalization.advantage, cfg.normalization.advantage_eps
@@ -136,8 +152,11 @@ class RolloutWorker:
             data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in rollout.sampler_log_probs]
         if cfg.train.mask_truncated:
             # DAPO's overlong filtering: a cut-off completion's reward says little about its tokens, so it stays
-            # in its group's advantage statistics but leaves the loss.
+            # in its group's advantage statistics but leaves the loss (an episode: ended by a limit).
             data.loss_mask = torch.tensor([0.0 if cut else 1.0 for cut in rollout.truncated])
+        if isinstance(rollout, EpisodeBatch):
+            # The episode's tool/environment tokens are scored as context but are holes in the loss.
+            data.token_masks = [torch.tensor(m, dtype=torch.float32) for m in rollout.token_masks]
 
         # The behaviour policy's log-probs, by the exact weights that sampled (the learner may have moved on).
         with timed(timings, "time/old_log_probs_s"):
@@ -145,7 +164,10 @@ class RolloutWorker:
                 with self.autocast():
                     data.old_log_probs = per_completion_log_probs(self.model, data, self.device, self.scoring)
 
-        lengths = [len(ids) for ids in rollout.completion_ids]
+        # Response lengths and generated tokens count the model's tokens (an episode's tool/environment ones aside).
+        lengths = (
+            rollout.model_tokens if isinstance(rollout, EpisodeBatch) else [len(ids) for ids in rollout.completion_ids]
+        )
         data.metrics = {
             **reward_metrics(scores, "train"),
             "train/reward_std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
@@ -165,6 +187,10 @@ class RolloutWorker:
         # A reward function's log_metric values become train/<name>; its log_extra columns are shown with the
         # evaluation samples only (a training batch has no samples table).
         data.metrics = with_logged_metrics(data.metrics, scores, "train")
+        if episodes is not None:
+            # train/turns, tool_calls, tool_errors, env_tokens, truncated_episodes; the transcripts for the run's logs.
+            data.metrics.update(episode_train_metrics(episodes))
+            data.transcripts = [transcript(e, r) for e, r in zip(episodes, scores.rewards, strict=True)]
         self.load_s = 0.0
         return data
 
@@ -207,11 +233,14 @@ class RolloutWorker:
                 voting=voting_for(task_for(self.cfg.task), self.cfg.task.prompt),
                 pass_ks=self.cfg.eval.pass_k,
                 trainer_state=self.trainer_state(epoch),
+                episodes=self.episodes,
             )
         return metrics, records, self.version
 
     def close(self) -> None:
         self.engine.close()
+        if self.episodes is not None:  # the tools' and the environment's worker processes
+            self.episodes.setup.close()
         close_reward = getattr(self.reward_fn, "close", None)  # task=custom: its reward worker processes
         if close_reward is not None:
             close_reward()

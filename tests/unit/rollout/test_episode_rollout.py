@@ -186,6 +186,9 @@ class GuessSetup:
     def finish(self, episodes: Sequence[Episode]) -> None:
         self.finished.extend(episodes)
 
+    def close(self) -> None:
+        self.closed = True
+
     @property
     def on_turn(self):
         def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
@@ -232,3 +235,43 @@ def test_evaluation_over_episodes_has_pass_at_k_and_transcripts(tiny) -> None:
     assert {"eval/pass@1", "eval/pass@3", "eval/turns", "eval/env_tokens", "eval/truncated_episodes"} <= set(metrics)
     assert metrics["eval/turns"] == sum(e.n_turns for e in setup.finished) / 6
     assert metrics["eval/reward/env"] == sum(e.step_reward or 0.0 for e in setup.finished) / 6
+
+
+# ------------------------------------------------------------------------------ the rollout worker's episode path
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    from grpo_cli.rollout.worker import RolloutWorker
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        ["debug=smoke", "model.mixed_precision=no", "rollout.max_tokens=4", "rollout.temperature=0.7"],
+        output_dir=str(tmp_path_factory.mktemp("run")),
+    )
+    worker = RolloutWorker(cfg)
+    template = ChatTemplate(worker.tokenizer, chat_template=(TEMPLATES / "qwen2_5_tools.jinja").read_text())
+    worker.episodes = EpisodeRun(GuessSetup(template), env_scores)
+    yield worker
+    worker.close()
+    assert worker.episodes.setup.closed
+
+
+def test_the_worker_produces_episodes_with_holes_and_the_learners_old_log_probs_are_the_samplers(worker) -> None:
+    examples = [Example("guess", 3), Example("guess", 5)]
+    data = worker.produce(examples, batch_number=1, with_old_log_probs=True)
+    assert len(data.completion_ids) == 4 and data.token_masks is not None and data.transcripts is not None
+    assert data.prompt_ids[0] == data.prompt_ids[1]  # G episodes of a prompt share it (prompt sharing)
+    assert all(len(m) == len(ids) for m, ids in zip(data.token_masks, data.completion_ids, strict=True))
+    assert any(0 in m.tolist() for m in data.token_masks)  # tool/environment tokens are holes
+    for old, sampler, mask in zip(data.old_log_probs, data.sampler_log_probs, data.token_masks, strict=True):
+        torch.testing.assert_close(old[mask.bool()], sampler[mask.bool()], rtol=0, atol=1e-5)
+    model_tokens = [int(m.sum()) for m in data.token_masks]
+    assert data.metrics["n_tokens"] == sum(model_tokens)
+    assert data.metrics["train/response_length_mean"] == sum(model_tokens) / 4
+    assert {"train/turns", "train/tool_calls", "train/tool_errors", "train/env_tokens"} <= set(data.metrics)
+    assert data.metrics["train/truncated_episodes"] == sum(t["truncated"] for t in data.transcripts) / 4
+    assert [t["turns"] for t in data.transcripts] == [len(t["messages"]) // 2 for t in data.transcripts]
+    # A data-parallel rank's share (examples[1:] at prompt index 1) samples the same episodes.
+    share = worker.produce(examples[1:], batch_number=1, first_prompt_index=1)
+    assert share.completion_ids == data.completion_ids[2:]

@@ -57,8 +57,11 @@ if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
 
 # One completion of a rollout batch, as the replay buffer holds it: prompt ids, completion ids, reward, advantage,
-# old log-probs, loss-mask weight (1.0: counts in the loss), the sampler's log-probs.
-Trajectory = tuple[list[int], list[int], float, float, torch.Tensor | None, float, torch.Tensor | None]
+# old log-probs, loss-mask weight (1.0: counts in the loss), the sampler's log-probs, the token mask (an episode's holes;
+# None: single-turn).
+Trajectory = tuple[
+    list[int], list[int], float, float, torch.Tensor | None, float, torch.Tensor | None, torch.Tensor | None
+]
 
 
 def import_ray(strategy: str) -> ModuleType:
@@ -85,6 +88,7 @@ def split_trajectories(data: RolloutData) -> list[Trajectory]:
     old: Sequence[torch.Tensor | None] = data.old_log_probs or [None] * n
     sampler: Sequence[torch.Tensor | None] = data.sampler_log_probs or [None] * n
     keep = data.loss_mask.tolist() if data.loss_mask is not None else [1.0] * n
+    token_masks: Sequence[torch.Tensor | None] = data.token_masks or [None] * n  # an episode's holes
     columns = (
         data.prompt_ids,
         data.completion_ids,
@@ -93,6 +97,7 @@ def split_trajectories(data: RolloutData) -> list[Trajectory]:
         old,
         keep,
         sampler,
+        token_masks,
     )
     return list(zip(*columns, strict=True))
 
@@ -100,7 +105,7 @@ def split_trajectories(data: RolloutData) -> list[Trajectory]:
 def join_trajectories(items: list[Trajectory], versions: list[int]) -> RolloutData:
     """A train batch assembled from replay-buffer trajectories (advantages as computed in their own group)."""
     columns = (list(column) for column in zip(*items, strict=True))
-    prompt_ids, completion_ids, rewards, advantages, old, keep, sampler = columns
+    prompt_ids, completion_ids, rewards, advantages, old, keep, sampler, token_masks = columns
     return RolloutData(
         prompt_ids=prompt_ids,
         completion_ids=completion_ids,
@@ -109,6 +114,10 @@ def join_trajectories(items: list[Trajectory], versions: list[int]) -> RolloutDa
         old_log_probs=None if any(o is None for o in old) else old,
         sampler_log_probs=None if any(s is None for s in sampler) else sampler,
         loss_mask=None if all(k == 1.0 for k in keep) else torch.tensor(keep, dtype=torch.float32),
+        # Episodes' holes; a single-turn trajectory beside them has every token the model's.
+        token_masks=None
+        if all(m is None for m in token_masks)
+        else [torch.ones(len(c)) if m is None else m for m, c in zip(token_masks, completion_ids, strict=True)],
         policy_version=min(versions),
     )
 

@@ -100,6 +100,22 @@ def test_replay_trajectories_round_trip_with_their_behaviour_log_probs():
     torch.testing.assert_close(joined.old_log_probs[0], torch.tensor([-0.2, -0.3]))
 
 
+def test_replay_trajectories_keep_an_episodes_tool_and_environment_tokens_out_of_the_loss():
+    from grpo_cli.drivers.ray_executor import join_trajectories, split_trajectories
+
+    data = RolloutData(
+        prompt_ids=[[1, 2], [1, 2]],
+        completion_ids=[[3, 4, 5], [6, 7]],
+        raw_rewards=torch.tensor([1.0, 0.0]),
+        advantages=torch.tensor([0.7, -0.7]),
+        token_masks=[torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0, 1.0])],
+    )
+    single_turn = split_trajectories(RolloutData([[9]], [[8, 8]], torch.zeros(1), torch.zeros(1)))
+    joined = join_trajectories([*split_trajectories(data)[::-1], *single_turn], versions=[4, 3, 4])
+    assert [m.tolist() for m in joined.token_masks] == [[1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0]]
+    assert join_trajectories(single_turn, versions=[1]).token_masks is None
+
+
 def test_rollout_metrics_of_several_batches_add_times_and_average_statistics():
     from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 

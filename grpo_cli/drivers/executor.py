@@ -22,6 +22,9 @@ from grpo_cli.tasks import Example
 class Executor(Protocol):
     device_text: str  # where the policy lives, for the run's first line
     load_s: float  # seconds spent loading the policy (and starting Ray)
+    # The last step's episode transcripts (multi-turn tasks; this rank's share under data parallelism; under
+    # replay_buffer the batches that arrived during the step), for the run's logs; [] otherwise.
+    last_transcripts: list[dict[str, Any]]
 
     @property
     def learner_version(self) -> int:

@@ -35,6 +35,7 @@ class InProcessExecutor:
         self.load_s = self.learner.load_s
         self.device_text = self.learner.describe()
         self.closed = False
+        self.last_transcripts: list[dict[str, Any]] = []
 
     @property
     def learner_version(self) -> int:
@@ -64,6 +65,7 @@ class InProcessExecutor:
             data = self.fill_with_signal(data, step)
         # The learner sat idle for all of it: waiting == the producer's time, overlap 0.
         waiting_s = time.perf_counter() - step_start
+        self.last_transcripts = data.transcripts or []
         learned, nonfinite_streak = self.learner.learn(data, step)
         sync = self.worker.sync_weights(version=step)
         timing = {

@@ -152,6 +152,8 @@ class TrainingLoop:
                 for step in range(self.start_step + 1, cfg.train.steps + 1):
                     metrics = self._step(step)
                     self.metrics_sink.log(metrics, step)
+                    if self.executor.last_transcripts:  # a multi-turn task: episodes/step_<step>.jsonl, W&B table
+                        self.metrics_sink.log_episodes(self.executor.last_transcripts, step)
                     progress.print(format_step_line(step, metrics))
                     if cfg.train.eval_every and step % cfg.train.eval_every == 0 or step == cfg.train.steps:
                         summary.update(self.run_eval(step, progress))

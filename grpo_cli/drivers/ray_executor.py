@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
 
 # One completion of a rollout batch, as the replay buffer holds it: prompt ids, completion ids, reward, advantage,
-# old log-probs, loss-mask weight (1.0: counts in the loss), the sampler's log-probs, the token mask (an episode's holes;
-# None: single-turn).
+# old log-probs, loss-mask weight (1.0: counts in the loss), the sampler's log-probs, the token mask (an episode's
+# holes; None: single-turn).
 Trajectory = tuple[
     list[int], list[int], float, float, torch.Tensor | None, float, torch.Tensor | None, torch.Tensor | None
 ]
@@ -156,6 +156,7 @@ class RayExecutor:
         self.started_ray = False
         self.sentinel: subprocess.Popen[bytes] | None = None
         self.requests: list[Request] = []
+        self.last_transcripts: list[dict[str, Any]] = []
         self.loads: list[Any] = []  # load_weights calls not checked yet (ray.ObjectRefs)
         # Ray ActorHandles of Hosted (ray is imported at run time only: import_ray); None once closed.
         self.learner_actor: Any = None
@@ -329,6 +330,7 @@ class RayExecutor:
             data, waited = self.fill_with_signal(data)
             waiting_s += waited
         lag = check_lag(self.version, data.policy_version, ONE_BEHIND_MAX_LAG)
+        self.last_transcripts = data.transcripts or []
         if step < self.cfg.train.steps:
             self.request()  # batch k+1 is sampled while the learner trains on batch k
         learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", data, step))
@@ -402,6 +404,7 @@ class RayExecutor:
         }
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
         rollout = combine_rollout_metrics([d.metrics for d in arrived])
+        self.last_transcripts = [t for d in arrived for t in d.transcripts or []]
         if self.cfg.train.dynamic_sampling:
             rollout = trained_reward_metrics(rollout, batch.raw_rewards)
             rollout["train/groups_dropped"] = float(self.groups_dropped)

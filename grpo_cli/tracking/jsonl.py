@@ -35,8 +35,17 @@ class JsonlMetricsSink:
         """Every sample of an evaluation, one line each, in eval/step_00010.jsonl next to metrics.jsonl."""
         write_jsonl(self.path.parent / "eval" / f"step_{step:05d}.jsonl", rows)
 
+    def log_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Every episode of a training step, one line each, in episodes/step_00001.jsonl next to metrics.jsonl."""
+        write_jsonl(self.path.parent / "episodes" / f"step_{step:05d}.jsonl", rows)
+
     def close(self) -> None:
         self._file.close()
+
+
+def transcript_text(messages: list[dict[str, Any]]) -> str:
+    """An episode's conversation as plain text, one `[role] content` block per message (the samples tables)."""
+    return "\n\n".join(f"[{m.get('role', '?')}] {m.get('content', '')}" for m in messages)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

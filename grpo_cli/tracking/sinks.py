@@ -28,6 +28,10 @@ class MetricsSink(Protocol):
         """Record sample completions (prompt, response, ground_truth, rewards, ...) produced at a step."""
         ...
 
+    def log_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Record a training step's episode transcripts (multi-turn tasks; rollout.episode_rollout.transcript)."""
+        ...
+
     def close(self) -> None:
         """Flush and release the backend; safe to call once at the end of a run, also after an error."""
         ...
@@ -46,6 +50,10 @@ class FanOutSink:
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         for sink in self.sinks:
             sink.log_samples(rows, step)
+
+    def log_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        for sink in self.sinks:
+            sink.log_episodes(rows, step)
 
     def close(self) -> None:
         _close_all(self.sinks)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tracking.jsonl import read_metrics
+from grpo_cli.tracking.jsonl import read_metrics, transcript_text
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -122,6 +122,18 @@ class TensorBoardSink:
         if not self.samples_every or step % self.samples_every or not rows:
             return
         self.writer.add_text(SAMPLES_TAG, samples_markdown(rows, self.samples_rows), global_step=step)
+        self.writer.flush()
+
+    def log_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        """One text entry of a training step's first logger.samples_rows episodes (none with samples_every=0)."""
+        if not self.samples_every or not rows:
+            return
+        text = "\n\n---\n\n".join(
+            f"### Episode {i} (reward {_number(r['rewards'].get('reward', 0.0))}, {r['turns']} turns)\n\n"
+            f"{_fenced(transcript_text(r['messages']))}"
+            for i, r in enumerate(rows[: self.samples_rows], start=1)
+        )
+        self.writer.add_text("train/episodes", text, global_step=step)
         self.writer.flush()
 
     def close(self) -> None:

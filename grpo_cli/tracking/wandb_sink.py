@@ -18,11 +18,15 @@ from urllib.parse import urlparse
 import wandb
 from rich.console import Console
 
+from grpo_cli.tracking.jsonl import transcript_text
+
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
 
 RUN_ID_FILE = "wandb_run_id.txt"
 STEP_METRIC = "step"  # the GRPO step, the x axis of every chart (train and eval lines share it)
+# The columns of the training episodes table (multi-turn tasks).
+EPISODE_COLUMNS = ("step", "transcript", "reward", "turns", "truncated")
 SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward")
 # Keys of an eval record that are not shown (besides "reward/<name>"): every other key beyond SAMPLE_COLUMNS is a
 # column a task=custom reward function logged with log_extra, shown after them (TRL's completions table does).
@@ -160,6 +164,17 @@ class WandbSink:
             columns=[*SAMPLE_COLUMNS, *extra], data=sample_table_rows(rows, step, self.samples_rows, extra)
         )
         self.run.log({"eval/samples": table, STEP_METRIC: step})
+
+    def log_episodes(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A table of a training step's first logger.samples_rows episodes (none with logger.samples_every=0)."""
+        if not self.samples_every or not rows:
+            return
+        data = [
+            [step, transcript_text(r["messages"]), r["rewards"].get("reward"), r["turns"], r["truncated"]]
+            for r in rows[: self.samples_rows]
+        ]
+        table = wandb.Table(columns=list(EPISODE_COLUMNS), data=data)
+        self.run.log({"train/episodes": table, STEP_METRIC: step})
 
     def close(self) -> None:
         if not self._closed:

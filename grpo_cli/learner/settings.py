@@ -16,6 +16,15 @@ from grpo_cli.core import LossSettings
 from grpo_cli.learner.batch import ScoringSettings, shares_prompts
 
 
+def episode_length_constant(max_tokens_per_turn: int, max_turns: int, max_episode_tokens: int | None) -> int:
+    """Dr. GRPO's default divisor (normalization.length=constant without normalization.length_constant) for a
+    multi-turn task: the most model tokens an episode can hold, as rollout.max_tokens is for one completion:
+    max_turns x rollout.max_tokens, capped by task.max_episode_tokens (which counts the tool/environment tokens
+    too, so it bounds the model's). A truncated episode is divided by the same constant as any other."""
+    most = max_turns * max_tokens_per_turn
+    return most if max_episode_tokens is None else min(most, max_episode_tokens)
+
+
 def loss_settings(cfg: GRPOConfig) -> LossSettings:
     """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them."""
     loss, rollout = cfg.loss, cfg.rollout

@@ -10,6 +10,7 @@ import torch
 
 from grpo_cli.learner.batch import RolloutData, concat_rollouts, make_microbatch, model_token_mask, select_completions
 from grpo_cli.learner.learner import optimizer_step_totals
+from grpo_cli.learner.settings import episode_length_constant
 from tests.conftest import compose_config
 
 # Two prompts, two episodes each (the shared-prompt forward shares them); 1 = model token, 0 = tool/env token.
@@ -121,3 +122,9 @@ def test_step_totals_count_model_tokens_and_the_holes_survive_selection_and_conc
     single_turn = RolloutData([[1]], [[2, 3]], torch.zeros(1), torch.zeros(1))
     joined = concat_rollouts([picked, single_turn])
     assert [m.tolist() for m in joined.token_masks] == [MASKS[2], MASKS[0], [1.0, 1.0]]
+
+
+def test_dr_grpos_constant_for_episodes_is_the_most_model_tokens_an_episode_can_hold() -> None:
+    assert episode_length_constant(max_tokens_per_turn=64, max_turns=4, max_episode_tokens=None) == 256
+    assert episode_length_constant(max_tokens_per_turn=64, max_turns=4, max_episode_tokens=200) == 200
+    assert episode_length_constant(max_tokens_per_turn=64, max_turns=1, max_episode_tokens=None) == 64

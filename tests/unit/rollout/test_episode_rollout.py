@@ -136,6 +136,9 @@ def test_an_episodes_turns_do_not_depend_on_the_other_episodes_of_the_round(tiny
         first_episode_index=2,
     )
     assert [e.ids for e in share] == [e.ids for e in together[2:]]
+    # The engine's own chunking (rollout.max_batch_prompts) keeps each episode's streams too.
+    chunked = play(HFRolloutEngine(model, tokenizer, max_batch_prompts=3), tokenizer, 4)
+    assert [e.ids for e in chunked] == [e.ids for e in together]
     # Different turns draw from different streams, and another step's seed samples other turns.
     assert len({tuple(t) for t in together[1].model_turns}) > 1
     assert [e.ids for e in play(engine, tokenizer, 4, seed=6)] != [e.ids for e in together]

@@ -35,6 +35,13 @@ from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
 from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
 from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
+from grpo_cli.tasks.multiturn_config import (
+    ENV_COMPONENT,
+    absolutize_multiturn_paths,
+    env_weight,
+    is_multiturn,
+    validate_multiturn,
+)
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
@@ -166,10 +173,12 @@ _CONFIGURED: dict[str, TaskSpec] = {}
 
 
 def absolutize_task_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
-    """task=custom: its relative paths made absolute against `base_dir` (where grpo-run was started), in place,
-    before the config is saved and sent to other processes. Other tasks: nothing."""
+    """The file references of task.tools and task.environment (every task), and task=custom's relative paths, made
+    absolute against `base_dir` (where grpo-run was started), in place, before the config is saved and sent to
+    other processes."""
     if get_task(str(task_cfg.name)).from_config is not None:
         absolutize_paths(cast(CustomTaskConfig, task_cfg), base_dir)  # the one task made from its config
+    absolutize_multiturn_paths(task_cfg, base_dir)
 
 
 def _reward_options(task: TaskSpec, task_cfg: TaskConfig) -> dict[str, Any]:
@@ -181,9 +190,10 @@ def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     weights = getattr(task_cfg, "reward_weights", None)
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
-    # RewardWeightsConfig, or task=custom's mapping of the user's reward names.
+    # RewardWeightsConfig, or task=custom's mapping of the user's reward names. `env` (the environment's step
+    # rewards, multi-turn episodes only) is not one of the task's reward components: env_weight reads it.
     items = dataclasses.asdict(weights) if isinstance(weights, RewardWeightsConfig) else dict(weights)
-    return {name: float(weight) for name, weight in items.items() if weight != 0}
+    return {name: float(weight) for name, weight in items.items() if weight != 0 and name != ENV_COMPONENT}
 
 
 def validate_task_config(task_cfg: TaskConfig) -> None:
@@ -215,6 +225,7 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
             check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
         raise UserFacingError(str(e)) from None
+    validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
     for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
         if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
             raise UserFacingError(
@@ -269,6 +280,8 @@ __all__ = [
     "TaskDataError",
     "call_with_time_limit",
     "absolutize_task_paths",
+    "env_weight",
+    "is_multiturn",
     "get_task",
     "task_for",
     "load_eval_sets",

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from grpo_cli.config.fields import any_value, choice, non_negative, path, positive
+from grpo_cli.config.fields import any_value, choice, path, positive
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.base import (
     PROMPT_STYLES,
@@ -68,6 +68,7 @@ from grpo_cli.tasks.base import (
 )
 from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
+from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, environment_spec
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.sources import check_json_values, dataset_rows, file_rows, generated_rows
 from grpo_cli.tasks.timelimit import RewardTimeout
@@ -86,7 +87,6 @@ from grpo_cli.tasks.user_code import (
 )
 
 REWARD_CONVENTIONS = ("trl", "per_sample")
-ON_REWARD_ERROR = ("stop", "skip")
 # What completions= holds: auto is TRL's rule (messages exactly when the data is conversational).
 COMPLETION_FORMATS = ("auto", "text", "messages")
 # Roles a conversational prompt's messages may have.
@@ -124,7 +124,7 @@ class CustomTaskConfig(TaskConfig):
     """task=custom: data, prompt and rewards from the config and the user's own code (docs/custom-tasks.md)."""
 
     # Dicts of the user's own names, open to new keys on the command line without + (config/registry.py).
-    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("rewards", "reward_weights")
+    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("rewards", "reward_weights", "tools")
 
     # Local data, one file or folder per split: .jsonl, .csv, .parquet, or a `datasets` directory. Relative paths
     # start where grpo-run was run (made absolute before the run starts). First of: path, generator, dataset.
@@ -160,13 +160,6 @@ class CustomTaskConfig(TaskConfig):
     # and repetition); a reward without a weight counts 1, a shaping term 0.
     reward_weights: dict[str, float] = any_value(factory=dict)  # type: ignore[assignment]
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    # What a reward that raises, hangs, returns NaN, a string or the wrong count does to the run: stop (one line
-    # naming it; checkpoints kept) or skip (no reward from it for that sample, counted in train/reward_errors).
-    on_reward_error: str = choice("stop", ON_REWARD_ERROR)
-    # Worker processes that run the reward functions (task.rewards), each call killed at task.reward_timeout_s;
-    # calls of several functions, or of per_sample rows, run in parallel across them. 0: in this process, where
-    # a call blocked in C outlives the limit and sys.exit ends the run (the reward model always runs here).
-    reward_workers: int = non_negative(1, hint="0: call the functions in this process, unprotected")
     # The reward logged as answer_reward, whose value >= 1 marks an answer correct (eval/pass@k, maj@n); null:
     # the weighted total.
     answer_from: str | None = any_value(None)
@@ -876,6 +869,9 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
     naming nothing."""
     given = {str(k): v for k, v in dict(task_cfg.reward_weights or {}).items()}
     allowed = [*names, *SHAPING_COMPONENTS]
+    with_environment = environment_spec(task_cfg) is not None
+    if with_environment:  # the environment's step rewards: multiturn_config.env_weight reads its weight
+        allowed.append(ENV_COMPONENT)
     for name, weight in given.items():
         if name not in allowed:
             raise UserFacingError(
@@ -886,6 +882,8 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
             raise UserFacingError(f"task.reward_weights.{name}={weight} must be a finite number")
     weights = {name: float(given.get(name, 1.0)) for name in names}
     weights.update({term: float(given[term]) for term in SHAPING_COMPONENTS if given.get(term)})
+    if with_environment and float(given.get(ENV_COMPONENT, 1.0)):
+        return weights  # the environment's reward may be the only one
     if not any(weights.values()):
         raise UserFacingError(f"every task.reward_weights is 0: give one of {', '.join(names)} a weight")
     return weights
@@ -1014,7 +1012,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         if model.name in names:
             raise UserFacingError(f"task.reward_model.name={model.name} is also in task.rewards: give it another name")
         rewards.append(model)
-    if not rewards:
+    if not rewards and environment_spec(task_cfg) is None:
         raise UserFacingError(
             "task=custom has no reward: give task.rewards.<name>=path/to/file.py:function (or a node {_target_: "
             "package.module.factory, <its arguments>}) or task.reward_model.path=<classifier>"

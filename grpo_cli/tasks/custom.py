@@ -66,9 +66,9 @@ from grpo_cli.tasks.base import (
     TaskDataError,
     TaskSpec,
 )
+from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, environment_spec
 from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
-from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, environment_spec
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.sources import check_json_values, dataset_rows, file_rows, generated_rows
 from grpo_cli.tasks.timelimit import RewardTimeout
@@ -489,7 +489,7 @@ class NamedReward:
         self,
         prompts: list[Any],
         completions: list[Any],
-        completion_ids: list[list[int]] | None,
+        completion_ids: list[list[Any]] | None,
         trainer_state: TrainerState,
         truths: list[GroundTruth],
     ) -> dict[str, Any]:
@@ -509,7 +509,7 @@ class NamedReward:
         return self.accepted(kwargs)
 
     def per_sample_row(
-        self, truth: GroundTruth, completion_ids: list[int] | None, trainer_state: TrainerState
+        self, truth: GroundTruth, completion_ids: list[Any] | None, trainer_state: TrainerState
     ) -> dict[str, Any]:
         """per_sample: the row a call gets (every column, "prompt", this sample's completion_ids, trainer_state),
         except log_extra and log_metric, which `call_arguments` adds. Picklable."""
@@ -647,18 +647,24 @@ class CustomReward:
         responses: Sequence[str],
         truths: Sequence[GroundTruth],
         n_tokens: Sequence[int | None] | None = None,
-        completion_ids: Sequence[list[int]] | None = None,
+        completion_ids: Sequence[list[Any]] | None = None,
         trainer_state: TrainerState | None = None,
+        completions: Sequence[Any] | None = None,
     ) -> BatchScores:
         """Every reward on the batch. `completion_ids` are the sampled token ids of each completion (what TRL's
-        completion_ids= holds; their lengths stand in for `n_tokens` when it is not given)."""
+        completion_ids= holds; their lengths stand in for `n_tokens` when it is not given). `completions`, when
+        given, is what the functions get as the completions instead of the responses (a multi-turn episode's
+        messages after the prompt, rollout/multiturn.py: trl's completions= and per_sample's response; its
+        completion_ids are then the model's sampled ids per turn, and `responses` its last turn's text, which the
+        repetition term reads)."""
         n = len(responses)
         ids = [list(c) for c in completion_ids] if completion_ids is not None else None
         if n_tokens is not None:
             lengths = list(n_tokens)
         else:
             lengths = [len(c) for c in ids] if ids is not None else [None] * n
-        batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n))
+        given = list(completions) if completions is not None else None
+        batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n), given)
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
         # Every function's calls first, then their results: with workers, the calls run in parallel.
@@ -740,16 +746,21 @@ class CustomReward:
         batch.log.merge(started.log)
         return out
 
-    def _per_sample_payload(self, reward: NamedReward, batch: _Batch, i: int) -> tuple[str, dict[str, Any]]:
+    def _per_sample_payload(self, reward: NamedReward, batch: _Batch, i: int) -> tuple[Any, dict[str, Any]]:
         ids = batch.completion_ids[i] if batch.completion_ids is not None else None
-        return batch.responses[i], reward.per_sample_row(batch.truths[i], ids, batch.trainer_state)
+        response = batch.completions[i] if batch.completions is not None else batch.responses[i]
+        return response, reward.per_sample_row(batch.truths[i], ids, batch.trainer_state)
 
     def _trl_payload(self, reward: NamedReward, batch: _Batch, rows: list[int]) -> dict[str, Any]:
         responses = [batch.responses[i] for i in rows]
         truths = [batch.truths[i] for i in rows]
         prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
         ids = [batch.completion_ids[i] for i in rows] if batch.completion_ids is not None else None
-        return reward.trl_kwargs(prompts, self.completions_of(responses, prompts), ids, batch.trainer_state, truths)
+        if batch.completions is not None:  # an episode's messages: always messages
+            completions = [batch.completions[i] for i in rows]
+        else:
+            completions = self.completions_of(responses, prompts)
+        return reward.trl_kwargs(prompts, completions, ids, batch.trainer_state, truths)
 
     def _one(
         self, reward: NamedReward, batch: _Batch, i: int, counts: dict[str, int], started: _StartedCall | None = None
@@ -850,9 +861,10 @@ class _Batch:
 
     responses: list[str]
     truths: list[GroundTruth]
-    completion_ids: list[list[int]] | None
+    completion_ids: list[list[Any]] | None
     trainer_state: TrainerState
     log: RewardLog
+    completions: list[Any] | None = None  # given instead of the responses (episodes' messages)
 
 
 # ------------------------------------------------------------------------------------------------ the task

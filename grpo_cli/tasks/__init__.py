@@ -30,6 +30,7 @@ from grpo_cli.tasks.base import (
 )
 from grpo_cli.tasks.custom import CUSTOM_TASK, CustomReward, CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
+from grpo_cli.tasks.guess_number import GUESS_NUMBER_TASK
 from grpo_cli.tasks.hub import RowParser
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
@@ -47,6 +48,7 @@ from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
 from grpo_cli.tasks.schema import HubTaskConfig, NumericCloseOptions, RewardWeightsConfig, TaskConfig
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+from grpo_cli.tasks.tool_tasks import GSM8K_TOOLS_TASK, PYTHON_MATH_TASK
 
 TASKS: dict[str, TaskSpec] = {
     task.name: task
@@ -60,6 +62,9 @@ TASKS: dict[str, TaskSpec] = {
         ADDITION_TASK,
         MEDCALC_TASK,
         CUSTOM_TASK,
+        GSM8K_TOOLS_TASK,
+        PYTHON_MATH_TASK,
+        GUESS_NUMBER_TASK,
     )
 }
 # task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
@@ -196,6 +201,16 @@ def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     return {name: float(weight) for name, weight in items.items() if weight != 0 and name != ENV_COMPONENT}
 
 
+def component_weights(task_cfg: TaskConfig) -> dict[str, float]:
+    """The weights make_reward_fn builds the task's reward with: reward_weights(task_cfg), or for a task whose
+    environment's reward is the only one weighted (guess_number: task.reward_weights.correctness=0) the task's own
+    reward at weight 0, so that "correctness" is still reported (eval/pass@k) and the total is the env component."""
+    weights = reward_weights(task_cfg)
+    if not weights and is_multiturn(task_cfg) and env_weight(task_cfg) != 0:
+        return {"correctness": 0.0}
+    return weights
+
+
 def validate_task_config(task_cfg: TaskConfig) -> None:
     """The task keys their declared constraints cannot check (which reward components this task has, the form of
     task.eval_sets); UserFacingError, one line. config.validate_config checks the ranges first."""
@@ -222,7 +237,7 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
         )
     try:
         if task.from_config is None:  # a task made from its config checked its own weights
-            check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
+            check_weights(task, task_cfg.prompt, component_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
         raise UserFacingError(str(e)) from None
     validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
@@ -251,7 +266,7 @@ def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: 
     return build_reward_fn(
         task,
         task_cfg.prompt,
-        reward_weights(task_cfg),
+        component_weights(task_cfg),
         _reward_options(task, task_cfg),
         task_cfg.reward_timeout_s,
         shaping,

@@ -920,7 +920,7 @@ def _reward_model(task_cfg: CustomTaskConfig) -> NamedReward | None:
 
 
 # Keys of a case line that are not columns of the row.
-CASE_KEYS = ("response", "expected", "why", "completion_ids")
+CASE_KEYS = ("response", "turns", "expected", "why", "completion_ids")
 
 
 def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[SanityCase, ...]:
@@ -934,9 +934,17 @@ def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[S
     cases = []
     for line, row in enumerate(rows, start=1):
         where = f"{task_cfg.cases_path}:{line}"
-        if "response" not in row or "expected" not in row:
+        turns = row.get("turns")
+        if turns is not None and (
+            not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns)
+        ):
             raise TaskDataError(
-                f'{where}: each case needs "response" and "expected" (and the columns the prompt reads)'
+                f'{where}: "turns" must be a non-empty list of the model\'s turns (strings), got {turns!r:.60}'
+            )
+        if ("response" not in row and turns is None) or "expected" not in row:
+            raise TaskDataError(
+                f'{where}: each case needs "response" (or "turns", a multi-turn episode\'s model turns) and '
+                '"expected" (and the columns the prompt reads)'
             )
         columns = renamed(task_cfg, {k: v for k, v in row.items() if k not in CASE_KEYS})
         example = examples_of(task_cfg, [columns], where)[0]
@@ -948,11 +956,13 @@ def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[S
         cases.append(
             SanityCase(
                 example.ground_truth,
-                str(row["response"]),
+                str(turns[-1] if turns is not None else row["response"]),
                 total,
                 why,
                 expected_each=each,
                 completion_ids=tuple(ids) if ids is not None else None,
+                turns=tuple(turns) if turns is not None else None,
+                prompt=example.prompt if turns is not None else None,
             )
         )
     return tuple(cases)
@@ -1051,7 +1061,10 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         del n, seed, prompt_style  # read from task_cfg itself, like every other source of this task
         return build_examples(task_cfg, rewards, split)
 
-    cases = read_cases(task_cfg, [*all_names, *(term for term in SHAPING_COMPONENTS if reward.weights.get(term))])
+    extra_names = [term for term in SHAPING_COMPONENTS if reward.weights.get(term)]
+    if environment_spec(task_cfg) is not None:
+        extra_names.append(ENV_COMPONENT)
+    cases = read_cases(task_cfg, [*all_names, *extra_names])
     return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=cases)
 
 

@@ -32,6 +32,7 @@ from grpo_cli.config import (
     unknown_key_hint,
     validate_config,
 )
+from grpo_cli.config.registry import HELP_TOPICS
 from grpo_cli.config.resume import resumed_config
 from grpo_cli.errors import (
     EXIT_INTERNAL_ERROR,
@@ -294,9 +295,37 @@ def check_sweep_preset(args: list[str]) -> None:
             _fail(f"sweep={value} is a preset of values to sweep over: run it with -m (grpo-run -m sweep={value})")
 
 
+# Hydra's options that take a value (`--config-name loss` names a config, not a group to show).
+_HYDRA_VALUE_OPTIONS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name"}
+_HYDRA_VALUE_OPTIONS |= {"-cd", "--config-dir", "-i", "--info", "--experimental-rerun"}
+
+
+def take_help_topics(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the groups `grpo-run --help <group> ...` asks for, the command line without them). Hydra reads a bare word
+    as a broken override, so they come off before it does; a word that is no group (nor `all`) stops with one
+    line naming the groups."""
+    if not {"-h", "--help"} & set(args):
+        return [], args
+    from grpo_cli.config.reference import groups
+
+    topics, rest = [], []
+    for i, arg in enumerate(args):
+        bare = not arg.startswith(("-", "+", "~")) and "=" not in arg
+        if bare and (i == 0 or args[i - 1] not in _HYDRA_VALUE_OPTIONS):
+            if arg not in (*groups(), "all"):
+                _fail(f"grpo-run --help {arg}: no such group: give one of {', '.join(groups())}, or all")
+            topics.append(arg)
+        else:
+            rest.append(arg)
+    return topics, rest
+
+
 def main() -> None:
     global _full_error_asked
-    args = sys.argv[1:]
+    topics, args = take_help_topics(sys.argv[1:])
+    if topics:
+        HELP_TOPICS[:] = topics
+        sys.argv[1:] = args
     check_plugin_extras(args)
     check_group_choices(args)
     check_sweep_preset(args)

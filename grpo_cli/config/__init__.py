@@ -2,9 +2,10 @@
 
 Where each part lives:
 
-    config/fields.py       what each key accepts, declared once with its field: `choice(default, allowed)`,
-                           `positive`, `non_negative`, `unit_interval`, `in_range`, `finite`, `path(default, kind)`,
-                           `any_value` (a leaf module, so that task schemas can use it too)
+    config/fields.py       what each key accepts and what it is for, declared once with its field:
+                           `choice(default, allowed, help=...)`, `positive`, `non_negative`, `unit_interval`,
+                           `in_range`, `finite`, `path(default, kind)`, `any_value`, `flag` (a bool); `help_of`
+                           (a leaf module, so that task schemas can use it too)
     tasks/schema.py        TaskConfig, the keys every task has; each task's own schema next to the task
     config/schemas.py      the group schemas and GRPOConfig
     config/batch_shape.py  BatchShape: the batch arithmetic and the off-policy decision
@@ -13,6 +14,8 @@ Where each part lives:
     config/saved.py        a run's config.yaml read back under its schemas (resume, reports)
     config/resume.py       which run resume= names, and its saved config with the overrides a resume may change
     config/registry.py     registration in Hydra's ConfigStore, the help text, our sweep plugins
+    config/reference.py    every key's type, default, constraint and help: `grpo-run --help <group>` and
+                           docs/config-reference.md (python -m grpo_cli.config.reference)
     config/group_choices.py  every group choice a command names exists (its one line naming the choices)
 
 Everything public is importable from here (`from grpo_cli.config import validate_config`). The names load on
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     )
     from grpo_cli.config.fields import (
         CONSTRAINT,
+        HELP,
         PATH_KINDS,
         Choices,
         Constraint,
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
         choice,
         constraint_of,
         finite,
+        flag,
+        help_of,
         in_range,
         non_negative,
         path,
@@ -125,6 +131,7 @@ _HOME = {
     "validate_distributed": "grpo_cli.config.validation",
     "validate_sync": "grpo_cli.config.validation",
     "CONSTRAINT": "grpo_cli.config.fields",
+    "HELP": "grpo_cli.config.fields",
     "PATH_KINDS": "grpo_cli.config.fields",
     "Choices": "grpo_cli.config.fields",
     "Constraint": "grpo_cli.config.fields",
@@ -132,6 +139,8 @@ _HOME = {
     "choice": "grpo_cli.config.fields",
     "constraint_of": "grpo_cli.config.fields",
     "finite": "grpo_cli.config.fields",
+    "flag": "grpo_cli.config.fields",
+    "help_of": "grpo_cli.config.fields",
     "in_range": "grpo_cli.config.fields",
     "non_negative": "grpo_cli.config.fields",
     "path": "grpo_cli.config.fields",
@@ -150,6 +159,7 @@ __all__ = [
     "DISAGGREGATED",
     "DISTRIBUTED_STRATEGIES",
     "GROUP_SCHEMAS",
+    "HELP",
     "PATH_KINDS",
     "PROMPT_STYLES",
     "ROLLOUT_SCHEMAS",
@@ -186,6 +196,8 @@ __all__ = [
     "constraint_of",
     "field_names",
     "finite",
+    "flag",
+    "help_of",
     "in_range",
     "keys_hint",
     "load_saved_config",

@@ -1,11 +1,11 @@
 """Field constraints: what each config key accepts, declared once with its field (`steps: int = positive(30)`).
 
-A leaf module (no grpo_cli imports but errors' base class, no torch), so that every schema can declare its fields
-with it: the group schemas in grpo_cli/config/schemas.py and each task's schema next to its task in
-grpo_cli/tasks/. The generic check (grpo_cli.config.declared.check_fields, called by validate_config) enforces
-the declarations for every key, `grpo-run --help` lists them, and tests/unit/config/test_bad_input.py feeds
-every field the
-values its declaration rules out.
+Each declaration also holds the key's help text (`positive(30, help="...")`), so that the program can print what a
+key is for. A leaf module (no grpo_cli imports, no torch), so that every schema can declare its fields with it: the
+group schemas in grpo_cli/config/schemas.py and each task's schema next to its task in grpo_cli/tasks/. The generic
+check (grpo_cli.config.declared.check_fields, called by validate_config) enforces the declarations for every key,
+`grpo-run --help <group>` and docs/config-reference.md (grpo_cli/config/reference.py) list them with their help,
+and tests/unit/config/test_bad_input.py feeds every field the values its declaration rules out.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from omegaconf import MISSING
 
 Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
-# A bool field and a nested schema need no declaration (the type says it all); every other field declares one,
-# or says `any_value(...)`.
+# A bool field (`flag(...)`, for its help) and a nested schema need no constraint (the type says it all); every
+# other field declares one, or says `any_value(...)`. Every field but a nested schema says what it is for (help=).
 
 CONSTRAINT = "constraint"
+# What the key is for, in a sentence or a few: `grpo-run --help <group>` prints it and docs/config-reference.md
+# (python -m grpo_cli.config.reference) tabulates it. Every key has one (tests/unit/config/test_reference.py).
+HELP = "help"
 # path(kind=...): file: an existing file | dir: an existing directory | output: a directory that is or can be
 # made (not a file) | model: a local model directory or .gguf file when the value is a path (a hub id or a
 # built-in name is checked by models.check_model_source) | run: a run directory to resume (or true).
@@ -105,23 +108,25 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def _declare(default: Any, constraint: Constraint, factory: Callable[[], Any] | None) -> Any:
-    metadata: dict[str, Any] = {CONSTRAINT: constraint}
-    if constraint.kind == "choice":
-        metadata["choices"] = constraint.choices
+def _declare(default: Any, constraint: Constraint | None, factory: Callable[[], Any] | None, help: str) -> Any:
+    metadata: dict[str, Any] = {HELP: help}
+    if constraint is not None:
+        metadata[CONSTRAINT] = constraint
+        if constraint.kind == "choice":
+            metadata["choices"] = constraint.choices
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
-def choice(default: Any, allowed: Choices, *, factory: Callable[[], Any] | None = None) -> Any:
+def choice(default: Any, allowed: Choices, *, help: str = "", factory: Callable[[], Any] | None = None) -> Any:
     """A plain `str` field (or a list of them, given `factory`) whose value must be one of `allowed`: what users
     type and `--cfg job` prints.
 
     `allowed` is a tuple, or a function returning one where the list lives elsewhere (the torch core, a registry
     defined below), so that the list is written once and importing this module stays free of torch.
     """
-    return _declare(default, Constraint("choice", choices=allowed), factory)
+    return _declare(default, Constraint("choice", choices=allowed), factory, help)
 
 
 def in_range(
@@ -132,41 +137,49 @@ def in_range(
     low_open: bool = False,
     high_open: bool = False,
     hint: str = "",
+    help: str = "",
     factory: Callable[[], Any] | None = None,
 ) -> Any:
     """A number (or a list of numbers) in [low, high], an end open where asked; None means no bound."""
-    return _declare(default, Constraint("range", low, high, low_open, high_open, hint=hint), factory)
+    return _declare(default, Constraint("range", low, high, low_open, high_open, hint=hint), factory, help)
 
 
-def positive(default: Any = MISSING, *, hint: str = "", factory: Callable[[], Any] | None = None) -> Any:
+def positive(
+    default: Any = MISSING, *, hint: str = "", help: str = "", factory: Callable[[], Any] | None = None
+) -> Any:
     """> 0 (for an integer field: >= 1)."""
-    return in_range(default, 0, low_open=True, hint=hint, factory=factory)
+    return in_range(default, 0, low_open=True, hint=hint, help=help, factory=factory)
 
 
-def non_negative(default: Any = MISSING, *, hint: str = "") -> Any:
+def non_negative(default: Any = MISSING, *, hint: str = "", help: str = "") -> Any:
     """>= 0."""
-    return in_range(default, 0, hint=hint)
+    return in_range(default, 0, hint=hint, help=help)
 
 
-def unit_interval(default: Any = MISSING, *, hint: str = "") -> Any:
+def unit_interval(default: Any = MISSING, *, hint: str = "", help: str = "") -> Any:
     """In (0, 1]: a fraction that may not be 0."""
-    return in_range(default, 0, 1, low_open=True, hint=hint)
+    return in_range(default, 0, 1, low_open=True, hint=hint, help=help)
 
 
-def finite(default: Any = MISSING) -> Any:
+def finite(default: Any = MISSING, *, help: str = "") -> Any:
     """Any finite number (no nan, no inf)."""
-    return in_range(default)
+    return in_range(default, help=help)
 
 
-def path(default: Any, kind: str, *, factory: Callable[[], Any] | None = None) -> Any:
+def path(default: Any, kind: str, *, help: str = "", factory: Callable[[], Any] | None = None) -> Any:
     """A path of `kind` (PATH_KINDS), or a list of them given `factory`; checked before anything loads."""
     assert kind in PATH_KINDS, kind
-    return _declare(default, Constraint("path", path_kind=kind), factory)
+    return _declare(default, Constraint("path", path_kind=kind), factory, help)
 
 
-def any_value(default: Any = MISSING, *, factory: Callable[[], Any] | None = None) -> Any:
+def any_value(default: Any = MISSING, *, help: str = "", factory: Callable[[], Any] | None = None) -> Any:
     """Explicitly no constraint beyond the field's type (a name, a free text, a dict passed through)."""
-    return _declare(default, Constraint("any"), factory)
+    return _declare(default, Constraint("any"), factory, help)
+
+
+def flag(default: bool | None, *, help: str = "") -> Any:
+    """A bool key (None where the type allows it: decided from other keys); the type is its constraint."""
+    return _declare(default, None, None, help)
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
@@ -215,6 +228,16 @@ def from_core(module: str, name: str) -> Callable[[], tuple[str, ...]]:
 def resolve_choices(allowed: Choices) -> tuple[str, ...]:
     """The allowed values of a `choice` declaration (calling it where the list lives elsewhere)."""
     return tuple(allowed()) if callable(allowed) else tuple(allowed)
+
+
+def help_of(cls: type, name: str) -> str:
+    """The help text of field `name` of schema `cls`, "" if it has none: that of the most derived declaration
+    made with a constructor of this module (a subclass that only changes the default keeps its base's)."""
+    for klass in cls.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and HELP in declared.metadata:
+            return str(declared.metadata[HELP])
+    return ""
 
 
 def constraint_of(cls: type, name: str) -> Constraint | None:

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.config.declared import choice_fields
+from grpo_cli.config.reference import group_sections, groups, groups_text, terminal_text
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
+
+# The groups `grpo-run --help <group> ...` asks for ("all": every group), set by cli.py, which takes them off the
+# command line before Hydra reads it; empty: the overview.
+HELP_TOPICS: list[str] = []
 
 
 def _help_allowed_values() -> str:
@@ -38,6 +43,34 @@ def _help_config_groups() -> str:
     return "\n".join(lines)
 
 
+def _help_body(_root_: DictConfig) -> str:
+    """`grpo-run --help`'s body (${grpo_help:} in conf/config.yaml), with the values of the composed config:
+    the overview (groups and their choices, every choice key's values, the top-level keys, what each group is),
+    or the keys of the groups in HELP_TOPICS."""
+    values: Any = OmegaConf.to_container(_root_, resolve=False)
+    if HELP_TOPICS:
+        topics = ["", *groups()] if "all" in HELP_TOPICS else HELP_TOPICS  # "": the top-level keys
+        choices = {"task": values["task"].get("name"), "rollout": values["rollout"].get("engine")}
+        sections = [s for topic in topics for s in group_sections(topic, choices.get(topic))]
+        body = terminal_text(sections, values)
+    else:
+        body = "\n".join(
+            [
+                "== Config groups (group=choice) ==",
+                _help_config_groups(),
+                "",
+                "== Allowed values (key: values) ==",
+                _help_allowed_values(),
+                "",
+                terminal_text(group_sections(""), values),
+                "",
+                "== Keys of a group: grpo-run --help <group> (grpo-run --help all: every group) ==",
+                groups_text(),
+            ]
+        )
+    return body.replace("$", "$$")  # Hydra passes the help text through string.Template
+
+
 def register_configs() -> None:
     """Register the schemas (conf/config.yaml extends `grpo_config_schema`, conf/task/<name>.yaml extends
     `<name>_schema`, conf/rollout/<engine>.yaml `<engine>_schema`) and the resolvers of the help text."""
@@ -50,6 +83,7 @@ def register_configs() -> None:
             cs.store(group=group, name=f"{choice_name}_schema", node=schema_node(schema))
     OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
     OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
+    OmegaConf.register_new_resolver("grpo_help", _help_body, replace=True)
     register_sweep_plugins()
 
 

@@ -4,8 +4,9 @@ Because the primary config extends `grpo_config_schema`, a typo'd key (`optim.lr
 (`train.steps=ten`) fails when Hydra composes the config, before anything is loaded. Two groups have one schema
 per choice: `task` (each task's schema lives next to the task, grpo_cli.tasks.TASK_SCHEMAS) and `rollout` (the
 sampling keys every engine shares, plus the vLLM keys for rollout=vllm, ROLLOUT_SCHEMAS), so
-`task=keyword task.min_words=3` fails as a typo would. Every option is documented where it is defined (as in
-TRL's GRPOConfig); what it accepts is declared with it (grpo_cli/config/fields.py).
+`task=keyword task.min_words=3` fails as a typo would. Every option says what it is for where it is defined, as
+data (`help=`, as TRL's GRPOConfig does): `grpo-run --help <group>` and docs/config-reference.md print it; what it
+accepts is declared with it (grpo_cli/config/fields.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import MISSING
 from grpo_cli.config.fields import (
     any_value,
     choice,
+    flag,
     from_core,
     in_range,
     non_negative,
@@ -35,111 +37,195 @@ SYNC_STRATEGIES: tuple[str, ...] = ("on_policy", "multi_epoch", *DISAGGREGATED)
 
 @dataclass
 class LoraSettings:
-    # Train low-rank adapters (peft) instead of every weight; the reference policy for KL is then the base
-    # model with the adapters switched off, so no second copy is kept.
-    enabled: bool = False
-    r: int = positive(16)
-    alpha: int = positive(32)
-    dropout: float = in_range(0.0, 0, 1, high_open=True)
+    """model.lora.*: low-rank adapters (peft) instead of full fine-tuning (docs/memory.md)."""
+
+    enabled: bool = flag(
+        False,
+        help="Train low-rank adapters (peft) instead of every weight; the reference policy for KL is then the base "
+        "model with the adapters switched off, so no second copy is kept.",
+    )
+    r: int = positive(16, help="Rank of each adapter's two low-rank matrices.")
+    alpha: int = positive(32, help="LoRA's scale: an adapter's output is multiplied by alpha / r.")
+    dropout: float = in_range(0.0, 0, 1, high_open=True, help="Dropout on each adapter's input, in [0, 1).")
     target_modules: list[str] = any_value(
-        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        help="Names of the linear layers that get adapters (peft's target_modules).",
     )
 
 
 @dataclass
 class ModelConfig:
-    # Short name of the model choice, used in run names and reports.
-    name: str = any_value(MISSING)
-    # "embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id,
-    # a local HF directory, or a .gguf file.
-    name_or_path: str = path(MISSING, "model")
-    # The dtype the weights are stored in. auto: float32 on every device (the optimizer's master copy); bf16 speed
-    # comes from autocast (mixed_precision). bfloat16/float16: pure half-precision weights, only when asked for.
-    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
-    # auto: CUDA when available.
-    device: str = choice("auto", ("auto", "cpu", "cuda"))
-    # Recompute activations in the backward pass: less memory, ~30% more compute.
-    gradient_checkpointing: bool = False
-    # Seed for the weights of randomly initialised models (model=tiny_random).
-    init_seed: int = non_negative(0)
-    # bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype.
-    # auto: bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs
-    # emulate bf16 matmuls hundreds of times slower than fp32).
-    mixed_precision: str = choice("auto", ("auto", "no", "bf16"))
-    # 4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).
-    quantization: str = choice("none", ("none", "4bit"))
+    """model.*: the policy model, how it is stored and where it runs (model=<choice> picks one)."""
+
+    name: str = any_value(MISSING, help="Short name of the model choice, used in run names and reports.")
+    name_or_path: str = path(
+        MISSING,
+        "model",
+        help='"embedded:smollm2-135m-instruct" (the packaged default), "random:tiny-llama" (tests), a hub id, a '
+        "local HF directory, or a .gguf file.",
+    )
+    dtype: str = choice(
+        "auto",
+        ("auto", "float32", "bfloat16", "float16"),
+        help="The dtype the weights (and AdamW's state) are stored in. auto: float32 on every device (the "
+        "optimizer's master copy); bf16 speed comes from autocast (model.mixed_precision). bfloat16 / float16: "
+        "pure half-precision weights, only when asked for (one warning line: small updates round away).",
+    )
+    device: str = choice("auto", ("auto", "cpu", "cuda"), help="auto: CUDA when available.")
+    gradient_checkpointing: bool = flag(
+        False, help="Recompute activations in the backward pass: less memory, ~30% more compute."
+    )
+    init_seed: int = non_negative(0, help="Seed for the weights of randomly initialised models (model=tiny_random).")
+    mixed_precision: str = choice(
+        "auto",
+        ("auto", "no", "bf16"),
+        help="bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype. auto: "
+        "bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs emulate "
+        "bf16 matmuls hundreds of times slower than fp32).",
+    )
+    quantization: str = choice(
+        "none",
+        ("none", "4bit"),
+        help="4bit: load the base weights in 4-bit NF4 (QLoRA, bitsandbytes, CUDA only; needs LoRA).",
+    )
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 @dataclass
 class LossConfig:
-    # no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio |
-    # gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped,
-    # stop-gradient ratio (CISPO). Formulas and papers: docs/algorithm.md.
-    type: str = choice("reinforce_with_baseline", from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"))
-    # Clip range epsilon (eps_low with cliprange_high): grpo_clip / gspo clip ratios to [1 - eps_low, 1 + eps_high].
-    cliprange: float = in_range(0.2, 0, 1, low_open=True, high_open=True)
-    # eps_high, DAPO's clip-higher (0.28 in the paper); null: symmetric, = cliprange. For cispo: the cap of its
-    # importance weight, 1 + cliprange_high (null: 1 + cliprange).
-    cliprange_high: float | None = positive(None, hint="null: symmetric (= loss.cliprange)")
-    # Dual-clip constant c > 1 (Ye et al. 2020; 3 in the paper) for grpo_clip: a negative advantage's loss is
-    # bounded by -c * A however large the ratio; null: off.
-    dual_clip: float | None = in_range(None, 1, None, low_open=True)
+    """loss.*: the policy-gradient loss (loss=<choice> picks a preset)."""
+
+    type: str = choice(
+        "reinforce_with_baseline",
+        from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"),
+        help="no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio | "
+        "gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped, "
+        "stop-gradient ratio (CISPO). Formulas and papers: docs/algorithm.md.",
+    )
+    cliprange: float = in_range(
+        0.2,
+        0,
+        1,
+        low_open=True,
+        high_open=True,
+        help="Clip range epsilon (eps_low with cliprange_high): grpo_clip / gspo clip ratios to [1 - eps_low, 1 + "
+        "eps_high].",
+    )
+    cliprange_high: float | None = positive(
+        None,
+        hint="null: symmetric (= loss.cliprange)",
+        help="eps_high, DAPO's clip-higher (0.28 in the paper); null: symmetric, = cliprange. For cispo: the cap of "
+        "its importance weight, 1 + cliprange_high (null: 1 + cliprange).",
+    )
+    dual_clip: float | None = in_range(
+        None,
+        1,
+        None,
+        low_open=True,
+        help="Dual-clip constant c > 1 (Ye et al. 2020; 3 in the paper) for grpo_clip: a negative advantage's loss "
+        "is bounded by -c * A however large the ratio; null: off.",
+    )
 
 
 @dataclass
 class NormalizationConfig:
-    # std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO) | rloo: r - mean of the other responses
-    # (RLOO) | batch_std: (r - group mean) / (std of the whole batch + eps) (TRL's scale_rewards="batch")
-    advantage: str = choice("std", from_core("advantages", "ADVANTAGE_NORMALIZATIONS"))
-    advantage_eps: float = non_negative(1e-6)
-    # sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO) | token_mean:
-    # every response token of the optimizer step counts once (DAPO), over all microbatches and ranks
-    length: str = choice("sequence_mean", from_core("aggregation", "LENGTH_NORMALIZATIONS"))
-    # The constant of length=constant; null means rollout.max_tokens.
-    length_constant: float | None = positive(None)
+    """normalization.*: how rewards become advantages and how a response's token losses are aggregated."""
+
+    advantage: str = choice(
+        "std",
+        from_core("advantages", "ADVANTAGE_NORMALIZATIONS"),
+        help="std: (r - mean) / (std + eps) (GRPO) | mean: r - mean (Dr. GRPO) | rloo: r - mean of the other "
+        "responses (RLOO) | batch_std: (r - group mean) / (std of the whole batch + eps) (TRL's "
+        'scale_rewards="batch")',
+    )
+    advantage_eps: float = non_negative(1e-6, help="Added to the standard deviation that divides (std, batch_std).")
+    length: str = choice(
+        "sequence_mean",
+        from_core("aggregation", "LENGTH_NORMALIZATIONS"),
+        help="sequence_mean: per-response masked mean | constant: masked sum / length_constant (Dr. GRPO) | "
+        "token_mean: every response token of the optimizer step counts once (DAPO), over all microbatches and ranks",
+    )
+    length_constant: float | None = positive(
+        None, help="The constant of length=constant; null means rollout.max_tokens."
+    )
 
 
 @dataclass
 class KLConfig:
-    # Weight of the KL penalty to the frozen initial policy; 0 disables the penalty.
-    beta: float = non_negative(0.0)
-    # k1: log p - log p_ref | k3: Schulman's non-negative estimator.
-    estimator: str = choice("k3", from_core("kl", "KL_ESTIMATORS"))
-    # Measure KL every step even when beta == 0 (costs one reference forward per step).
-    monitor: bool = False
+    """kl.*: the KL penalty to the frozen initial policy."""
+
+    beta: float = non_negative(
+        0.0, help="Weight of the KL penalty to the frozen initial policy; 0 disables the penalty."
+    )
+    estimator: str = choice(
+        "k3", from_core("kl", "KL_ESTIMATORS"), help="k1: log p - log p_ref | k3: Schulman's non-negative estimator."
+    )
+    monitor: bool = flag(
+        False, help="Measure KL every step even when beta == 0 (costs one reference forward per step)."
+    )
+    beta_schedule: str = choice(
+        "constant",
+        from_core("kl", "KL_BETA_SCHEDULES"),
+        help="How the KL coefficient moves over the run: constant: kl.beta at every step | linear / cosine: from "
+        "kl.beta at the first step to kl.beta_final at the last (train.steps), along a straight line / a half "
+        "cosine. Each step's coefficient is logged as train/kl_beta.",
+    )
+    beta_final: float | None = non_negative(
+        None,
+        hint="null: no schedule (kl.beta_schedule=constant)",
+        help="The coefficient at the last step of a linear / cosine kl.beta_schedule.",
+    )
 
 
 @dataclass
 class SyncConfig:
-    # How rollouts and updates interleave (docs/sync.md):
-    #   on_policy: generate a rollout batch, take one optimizer step on it, repeat (one process).
-    #   multi_epoch: several epochs / optimizer steps over each rollout batch (one process; needs grpo_clip).
-    #   one_behind: the generator samples batch k+1 while the learner trains on batch k (Ray actors); the
-    #     generator is never more than one policy version behind.
-    #   replay_buffer: the generator keeps filling a bounded buffer of scored trajectories and each step trains
-    #     on a uniform sample of it (Ray actors; needs grpo_clip).
-    strategy: str = choice("on_policy", SYNC_STRATEGIES)
-    # Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).
-    epochs_per_rollout_batch: int = positive(1)
-    # Compute the old (behaviour) policy's log-probs once per rollout batch: null (default) when the loss needs
-    # them, i.e. grpo_clip with an off-policy strategy; true also for other losses (logs train/old_policy_kl);
-    # false never (then grpo_clip is only valid on-policy). With one_behind / replay_buffer the generator
-    # computes them with the exact weights that sampled.
-    old_log_probs: bool | None = None
-    # replay_buffer: trajectories (completions) the buffer holds; the oldest are dropped when it is full.
-    # At least train.rollout_batch_size, the sample each step trains on.
-    buffer_size: int = positive(64)
-    # replay_buffer: trajectories sampled more than this many policy versions ago are dropped unused.
-    max_staleness: int = non_negative(2)
-    # one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a
-    # local Ray on this machine for the run and shuts it down afterwards.
-    ray_address: str | None = any_value(None)
-    # CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's
-    # cores (at least 1), so the two actors do not fight over every core.
-    actor_cpus: int | None = positive(None, hint="null: half this machine's cores")
-    # GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0.
-    actor_gpus: float | None = non_negative(None)
+    """sync.*: how generation and training interleave (docs/sync.md)."""
+
+    strategy: str = choice(
+        "on_policy",
+        SYNC_STRATEGIES,
+        help="How rollouts and updates interleave (docs/sync.md). on_policy: generate a rollout batch, take one "
+        "optimizer step on it, repeat (one process) | multi_epoch: several epochs / optimizer steps over each "
+        "rollout batch (one process; more than one step per batch needs a ratio loss: grpo_clip, gspo or cispo) | "
+        "one_behind: the generator samples batch k+1 while the learner trains on batch k (Ray actors); the "
+        "generator is never more than one policy version behind | replay_buffer: the generator keeps filling a "
+        "bounded buffer of scored trajectories and each step trains on a uniform sample of it (Ray actors; needs "
+        "a ratio loss: grpo_clip, gspo or cispo).",
+    )
+    epochs_per_rollout_batch: int = positive(
+        1,
+        help="Passes over each rollout batch (each pass takes rollout_batch_size / train_batch_size optimizer steps).",
+    )
+    old_log_probs: bool | None = flag(
+        None,
+        help="Compute the old (behaviour) policy's log-probs once per rollout batch. null: when the loss needs "
+        "them, i.e. a ratio loss (grpo_clip, gspo, cispo) on an off-policy step (several optimizer steps per "
+        "rollout batch, or one_behind / replay_buffer) | true: also for other losses (logs train/old_policy_kl) | "
+        "false: never (then a ratio loss is only valid on-policy). With one_behind / replay_buffer the generator "
+        "computes them with the exact weights that sampled.",
+    )
+    buffer_size: int = positive(
+        64,
+        help="replay_buffer: trajectories (completions) the buffer holds; the oldest are dropped when it is full. "
+        "At least train.rollout_batch_size, the sample each step trains on.",
+    )
+    max_staleness: int = non_negative(
+        2, help="replay_buffer: trajectories sampled more than this many policy versions ago are dropped unused."
+    )
+    ray_address: str | None = any_value(
+        None,
+        help='one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a '
+        "local Ray on this machine for the run and shuts it down afterwards.",
+    )
+    actor_cpus: int | None = positive(
+        None,
+        hint="null: half this machine's cores",
+        help="CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's "
+        "cores (at least 1), so the two actors do not fight over every core.",
+    )
+    actor_gpus: float | None = non_negative(
+        None, help="GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,72 +237,126 @@ class SyncConfig:
 class SamplingConfig:
     """rollout.*: the engine and the sampling keys every engine has."""
 
-    # hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() where the
-    # loop does not support the model or the installed transformers) | vllm: vLLM's offline engine (its own keys:
-    # VLLMRolloutConfig).
-    engine: str = choice("hf", lambda: tuple(ROLLOUT_SCHEMAS))
-    # Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).
-    temperature: float = positive(1.0, hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy")
-    top_p: float = unit_interval(1.0)
-    min_tokens: int = non_negative(4)
-    max_tokens: int = positive(48)
-    # Stop strings; the stop string is kept in the output. EOS always stops.
-    stop: list[str] = any_value(factory=list)
-    # Evaluation decoding temperature: 0 is greedy.
-    eval_temperature: float = non_negative(0.0, hint="0 is greedy")
-    # Prompts per generate() call (null: the whole batch at once). Caps generation memory.
-    max_batch_prompts: int | None = positive(None)
-    # Correct the loss for the sampler/learner mismatch with the engine's own log-probs of the sampled tokens
-    # (grpo_cli/core/importance.py): none | truncated: weight each token by min(pi_learner / pi_sampler, C) (TIS) |
-    # masked: weight by the ratio inside [C_low, C], reject tokens (or sequences) outside it (MIS / IcePop). The
-    # mismatch is measured either way (train/sampler_kl, train/importance_weight_*).
-    importance_correction: str = choice("none", from_core("importance", "IMPORTANCE_CORRECTIONS"))
-    # token: one ratio per token | sequence: one per response, the product of its token ratios.
-    importance_level: str = choice("token", from_core("importance", "IMPORTANCE_LEVELS"))
-    # C: the cap of truncated, the upper bound of masked.
-    importance_threshold: float = positive(2.0)
-    # The lower bound of masked; null: 1 / importance_threshold.
-    importance_threshold_low: float | None = positive(None, hint="null: 1 / rollout.importance_threshold")
+    engine: str = choice(
+        "hf",
+        lambda: tuple(ROLLOUT_SCHEMAS),
+        help="hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() "
+        "where the loop does not support the model or the installed transformers) | vllm: vLLM's offline engine "
+        "(rollout=vllm adds its own keys).",
+    )
+    temperature: float = positive(
+        1.0,
+        hint="use a temperature > 0 for training rollouts; eval_temperature=0 is greedy",
+        help="Training rollouts' temperature: at 0 every completion of a group would be the same (zero advantage).",
+    )
+    top_p: float = unit_interval(
+        1.0, help="Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p (1: all)."
+    )
+    min_tokens: int = non_negative(
+        4, help="EOS and stop strings do not end a completion before this many tokens (<= max_tokens)."
+    )
+    max_tokens: int = positive(
+        48, help="Longest completion, in tokens; one cut here counts as truncated (train.mask_truncated)."
+    )
+    stop: list[str] = any_value(
+        factory=list, help="Stop strings; the stop string is kept in the output. EOS always stops."
+    )
+    eval_temperature: float = non_negative(
+        0.0,
+        hint="0 is greedy",
+        help="The evaluation's sampling temperature: 0 is greedy; > 0 when eval.n_samples > 1 (n greedy answers "
+        "would be one answer n times).",
+    )
+    max_batch_prompts: int | None = positive(
+        None, help="Prompts per generate() call (null: the whole batch at once). Caps generation memory."
+    )
+    importance_correction: str = choice(
+        "none",
+        from_core("importance", "IMPORTANCE_CORRECTIONS"),
+        help="Correct the loss for the sampler/learner mismatch with the engine's own log-probs of the sampled "
+        "tokens (grpo_cli/core/importance.py): none | truncated: weight each token by min(pi_learner / pi_sampler, "
+        "C) (TIS) | masked: weight by the ratio inside [C_low, C], reject tokens (or sequences) outside it (MIS / "
+        "IcePop). The mismatch is measured either way (train/sampler_kl, train/importance_weight_*).",
+    )
+    importance_level: str = choice(
+        "token",
+        from_core("importance", "IMPORTANCE_LEVELS"),
+        help="token: one ratio per token | sequence: one per response, the product of its token ratios.",
+    )
+    importance_threshold: float = positive(2.0, help="C: the cap of truncated, the upper bound of masked.")
+    importance_threshold_low: float | None = positive(
+        None,
+        hint="null: 1 / rollout.importance_threshold",
+        help="The lower bound of masked; null: 1 / importance_threshold.",
+    )
 
 
 @dataclass
 class HFRolloutConfig(SamplingConfig):
     """rollout=hf: the policy itself samples (static KV cache, grpo_cli/rollout/decode.py)."""
 
-    # torch.compile the decode step: auto = on CUDA only (on the measured 2-core CPU it was no faster and took
-    # minutes to compile; docs/performance.md).
-    compile: str = choice("auto", ("auto", "always", "never"))
-    # auto: the decode loop where it supports the model and its first greedy tokens on it equal generate()'s
-    # (checked at the first rollout; otherwise generate(), said in one line) | generate: always transformers'
-    # generate() with the same sampling (slower; to compare the two paths).
-    decoder: str = choice("auto", ("auto", "generate"))
+    compile: str = choice(
+        "auto",
+        ("auto", "always", "never"),
+        help="torch.compile the decode step: auto = on CUDA only (on the measured 2-core CPU it was no faster and "
+        "took minutes to compile; docs/performance.md).",
+    )
+    decoder: str = choice(
+        "auto",
+        ("auto", "generate"),
+        help="auto: the decode loop where it supports the model and its first greedy tokens on it equal "
+        "generate()'s (checked at the first rollout; otherwise generate(), said in one line) | generate: always "
+        "transformers' generate() with the same sampling (slower; to compare the two paths).",
+    )
 
 
 @dataclass
 class VLLMRolloutConfig(SamplingConfig):
     """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
 
-    # Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well below 0.9.
-    gpu_memory_utilization: float = unit_interval(0.4)
-    # KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with training).
-    kv_cache_memory_gb: float | None = positive(None)
-    # Longest prompt + completion vLLM must hold; null: the model's own limit.
-    max_model_len: int | None = positive(None)
-    tensor_parallel_size: int = positive(1)
-    # Free vLLM's KV cache while the trainer runs (GPU only; vLLM ignores it on CPU).
-    enable_sleep_mode: bool = False
-    # Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU.
-    enforce_eager: bool = True
-    # Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16.
-    sync_tolerance: float | None = non_negative(None)
-    sync_probe: bool = True
-    # Probe every this many steps (a multiple of it), and always at the first push of a process (a fresh or a
-    # resumed run) and after the last step. 1: after every push (~1 s each on a 2-core CPU at 135M parameters).
-    sync_probe_every: int = positive(10)
-    # A weight sync taking longer than this stops the run instead of hanging it.
-    sync_timeout_s: float = positive(300.0)
-    # Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}.
-    vllm_kwargs: dict[str, Any] = any_value(factory=dict)
+    gpu_memory_utilization: float = unit_interval(
+        0.4,
+        help="Fraction of GPU memory vLLM may take. It shares the GPU with the trainer (colocated), hence well "
+        "below 0.9.",
+    )
+    kv_cache_memory_gb: float | None = positive(
+        None,
+        help="KV cache size in GiB; null: from gpu_memory_utilization on GPU, 1 GiB on CPU (RAM is shared with "
+        "training).",
+    )
+    max_model_len: int | None = positive(
+        None, help="Longest prompt + completion vLLM must hold; null: the model's own limit."
+    )
+    tensor_parallel_size: int = positive(1, help="GPUs vLLM splits the model over (1 with distributed=ddp / fsdp).")
+    enable_sleep_mode: bool = flag(
+        False,
+        help="Free vLLM's KV cache while the trainer runs (sleep level 1: the weights stay; GPU only, vLLM ignores "
+        "it on CPU).",
+    )
+    enforce_eager: bool = flag(
+        True, help="Eager mode starts in seconds; CUDA graphs (false) start slower and decode faster on a GPU."
+    )
+    sync_tolerance: float | None = non_negative(
+        None,
+        help="Post-sync probe: largest allowed |log p_vLLM - log p_trainer|; null: 1e-3 in fp32, 0.5 in bf16, 0.25 in "
+        "fp16.",
+    )
+    sync_probe: bool = flag(
+        True,
+        help="After a weight sync, check that vLLM's log-probs match the trainer's (within rollout.sync_tolerance).",
+    )
+    sync_probe_every: int = positive(
+        10,
+        help="Probe every this many steps (a multiple of it), and always at the first push of a process (a fresh or "
+        "a resumed run) and after the last step. 1: after every push (~1 s each on a 2-core CPU at 135M "
+        "parameters).",
+    )
+    sync_timeout_s: float = positive(
+        300.0, help="A weight sync taking longer than this stops the run instead of hanging it."
+    )
+    vllm_kwargs: dict[str, Any] = any_value(
+        factory=dict, help="Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}."
+    )
 
 
 # rollout.engine -> its schema (the allowed values of rollout.engine), stored as `<engine>_schema`.
@@ -233,118 +373,196 @@ def rollout_config_for(rollout: SamplingConfig, engine: str) -> SamplingConfig:
 
 @dataclass
 class TrainConfig:
-    # Number of GRPO steps (rollout batches). CPU-sized: 30 steps take ~12 minutes on 2 cores.
-    steps: int = positive(30)
-    # Completions per rollout batch (= prompts per batch * group_size).
-    rollout_batch_size: int = positive(16)
-    # Completions sampled per prompt (G).
-    group_size: int = positive(4)
-    # Completions per optimizer step.
-    train_batch_size: int = positive(16)
-    # Microbatches per optimizer step (train_batch_size / this = microbatch size).
-    gradient_accumulation_steps: int = positive(2)
-    max_grad_norm: float = positive(1.0)
-    # Run each distinct prompt of a microbatch through the model once and share its keys/values among its G
-    # completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) and
-    # for models with layers other than attention (linear attention, convolutions, SSMs; one log line).
-    share_prompt_forward: bool = True
-    # Response tokens whose logits exist at once: the LM head and the log-softmax run chunk by chunk, recomputed in
-    # backward, so no (tokens x vocabulary) tensor of a whole microbatch is held (same numbers; docs/memory.md
-    # has the measured memory and time). 0: the whole microbatch at once, the old path, kept for comparison.
-    # Equal to grpo_cli.core.LOGITS_CHUNK_TOKENS (tested): the config stays importable without torch.
-    logits_chunk_tokens: int = non_negative(1024, hint="0: unchunked, all response tokens' logits at once")
-    # Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.
-    eval_every: int = non_negative(10, hint="0: evaluate only at the start and the end")
-    # Held-out examples per evaluation (null: all of task.n_eval).
-    eval_examples: int | None = positive(None, hint="null: all of task.n_eval")
-    # Save a checkpoint every N steps and at the end (0: only at the end); keep the newest K (K >= 2 leaves a
-    # fallback if the newest is damaged).
-    checkpoint_every: int = non_negative(10, hint="0: only at the end")
-    keep_checkpoints: int = positive(2)
-    # Skip an update whose loss or gradients are not finite; stop the run after this many in a row.
-    max_nonfinite_steps: int = positive(3)
-    # Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's
-    # mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.
-    mask_truncated: bool = False
-    # DAPO's dynamic sampling: drop groups whose rewards are all equal (advantage 0: no signal) and sample more
-    # prompts until the step's batch is full of groups with signal, at most dynamic_sampling_max_extra_rounds
-    # extra generation rounds (then it trains on the groups it has; train/groups_dropped, train/extra_rounds).
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_extra_rounds: int = non_negative(3)
+    """train.*: the step's sizes (global, across all ranks), evaluation, checkpoints and the step's options."""
+
+    steps: int = positive(
+        30, help="Number of GRPO steps (rollout batches). CPU-sized: 30 steps take ~12 minutes on 2 cores."
+    )
+    rollout_batch_size: int = positive(16, help="Completions per rollout batch (= prompts per batch * group_size).")
+    group_size: int = positive(4, help="Completions sampled per prompt (G).")
+    train_batch_size: int = positive(16, help="Completions per optimizer step.")
+    gradient_accumulation_steps: int = positive(
+        2, help="Microbatches per optimizer step (train_batch_size / this = microbatch size)."
+    )
+    max_grad_norm: float = positive(1.0, help="Clip the gradients' global norm to this before each optimizer step.")
+    share_prompt_forward: bool = flag(
+        True,
+        help="Run each distinct prompt of a microbatch through the model once and share its keys/values among its G "
+        "completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) "
+        "and for models with layers other than attention (linear attention, convolutions, SSMs; one log line).",
+    )
+    logits_chunk_tokens: int = non_negative(
+        1024,
+        hint="0: unchunked, all response tokens' logits at once",
+        help="Response tokens whose logits exist at once: the LM head and the log-softmax run chunk by chunk, "
+        "recomputed in backward, so no (tokens x vocabulary) tensor of a whole microbatch is held (same numbers; "
+        "docs/memory.md has the measured memory and time). 0: the whole microbatch at once, the old path, kept for "
+        "comparison. Equal to grpo_cli.core.LOGITS_CHUNK_TOKENS (tested): the config stays importable without "
+        "torch.",
+    )
+    eval_every: int = non_negative(
+        10,
+        hint="0: evaluate only at the start and the end",
+        help="Evaluate every N steps (also at step 0 and at the end); 0 means only at the start and the end.",
+    )
+    eval_examples: int | None = positive(
+        None, hint="null: all of task.n_eval", help="Held-out examples per evaluation (null: all of task.n_eval)."
+    )
+    checkpoint_every: int = non_negative(
+        10,
+        hint="0: only at the end",
+        help="Save a checkpoint every N steps and at the end (0: only at the end).",
+    )
+    keep_checkpoints: int = positive(
+        2, help="Checkpoints kept: the newest K (K >= 2 leaves a fallback if the newest is damaged)."
+    )
+    max_nonfinite_steps: int = positive(
+        3, help="Skip an update whose loss or gradients are not finite; stop the run after this many in a row."
+    )
+    mask_truncated: bool = flag(
+        False,
+        help="Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's "
+        "mask_truncated_completions); they still count in their group's advantages. Logged as train/masked_frac.",
+    )
+    dynamic_sampling: bool = flag(
+        False,
+        help="DAPO's dynamic sampling: drop groups whose rewards are all equal (advantage 0: no signal) and sample "
+        "more prompts until the step's batch is full of groups with signal, at most "
+        "dynamic_sampling_max_extra_rounds extra generation rounds (then it trains on the groups it has; "
+        "train/groups_dropped, train/extra_rounds).",
+    )
+    dynamic_sampling_max_extra_rounds: int = non_negative(
+        3, help="train.dynamic_sampling: extra generation rounds per step at most, then it trains on the groups it has."
+    )
 
 
 @dataclass
 class OptimConfig:
+    """optim.*: the AdamW optimizer."""
+
     # 2e-5 suits the CPU-sized batch of 16 completions; the handouts use 1e-5 at 256.
-    lr: float = positive(2e-5)
-    weight_decay: float = non_negative(0.0)
-    # Adam's two betas, each in [0, 1).
-    betas: list[float] = in_range(low=0, high=1, high_open=True, factory=lambda: [0.9, 0.95])
+    lr: float = positive(2e-5, help="AdamW's learning rate (constant).")
+    weight_decay: float = non_negative(0.0, help="AdamW's decoupled weight decay.")
+    betas: list[float] = in_range(
+        low=0, high=1, high_open=True, factory=lambda: [0.9, 0.95], help="Adam's two betas, each in [0, 1)."
+    )
 
 
 @dataclass
 class LoggerConfig:
-    # none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases | tensorboard: metrics.jsonl and
-    # TensorBoard event files in <run dir>/tensorboard (the `tensorboard` extra).
-    backend: str = choice("none", ("none", "wandb", "tensorboard"))
-    # W&B project, entity (user or team; null: your default) and group. A multirun fills a null group with
-    # the sweep's name, so the runs of one sweep sit together.
-    project: str = any_value("grpo-cli")
-    entity: str | None = any_value(None)
-    group: str | None = any_value(None)
-    tags: list[str] = any_value(factory=list)
-    # W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun).
-    name: str | None = any_value(None)
-    # online without an API key, or without a server answering within init_timeout_s, logs offline instead
-    # (upload later with `wandb sync`).
-    mode: str = choice("offline", ("online", "offline", "disabled"))
-    init_timeout_s: float = positive(15.0)
-    # Log a W&B table (TensorBoard: a text entry) of eval completions at evaluations whose step is a multiple
-    # of this (0: none), with at most samples_rows rows each.
-    samples_every: int = non_negative(1, hint="0: no sample tables")
-    samples_rows: int = positive(32)
+    """logger.*: where metrics go beside metrics.jsonl (docs/tracking.md)."""
+
+    backend: str = choice(
+        "none",
+        ("none", "wandb", "tensorboard"),
+        help="none: metrics.jsonl only | wandb: metrics.jsonl and Weights & Biases | tensorboard: metrics.jsonl and "
+        "TensorBoard event files in <run dir>/tensorboard (the `tensorboard` extra).",
+    )
+    project: str = any_value("grpo-cli", help="W&B project.")
+    entity: str | None = any_value(None, help="W&B entity (user or team); null: your default.")
+    group: str | None = any_value(
+        None, help="W&B group; null: none, and in a multirun the sweep's name, so the runs of one sweep sit together."
+    )
+    tags: list[str] = any_value(factory=list, help="W&B tags of the run.")
+    name: str | None = any_value(
+        None, help="W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun)."
+    )
+    mode: str = choice(
+        "offline",
+        ("online", "offline", "disabled"),
+        help="W&B's mode. online: to the server | offline: written locally (upload later with `wandb sync`) | "
+        "disabled: no W&B. online without an API key, or without a server answering within "
+        "logger.init_timeout_s, logs offline instead.",
+    )
+    init_timeout_s: float = positive(
+        15.0, help="logger.mode=online: how long W&B's init may take to reach the server before the run logs offline."
+    )
+    samples_every: int = non_negative(
+        1,
+        hint="0: no sample tables",
+        help="Log a W&B table (TensorBoard: a text entry) of eval completions at evaluations whose step is a "
+        "multiple of this (0: none), with at most samples_rows rows each.",
+    )
+    samples_rows: int = positive(32, help="Rows (eval completions) per samples table at most.")
 
 
 @dataclass
 class JobConfig:
-    name: str = choice("train", ("train", "baseline_eval", "report", "check_reward", "benchmark"))
-    # baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).
-    n_examples: int | None = positive(None, hint="null: all of task.n_eval")
-    # benchmark: rollout engines to compare (auto: hf, plus vllm when installed), unmeasured warm-up steps,
-    # measured steps per engine.
-    engines: list[str] = choice(MISSING, lambda: ("auto", *ROLLOUT_SCHEMAS), factory=lambda: ["auto"])
-    warmup_steps: int = non_negative(0)
-    steps: int = positive(6)
-    # benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and with the
-    # completion length (at train.rollout_batch_size; every completion forced to max_tokens), scaling_steps each.
-    scaling: bool = False
-    scaling_batches: list[int] = positive(factory=lambda: [8, 16, 32, 64])
-    scaling_max_tokens: list[int] = positive(factory=lambda: [32, 64, 128, 256])
-    scaling_steps: int = positive(2)
-    # What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the last
-    # evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).
-    objective: str = choice("final_eval_reward", ("final_eval_reward", "best_eval_reward"))
+    """job.*: what grpo-run does (job=<choice> picks one) and that job's own keys."""
+
+    name: str = choice(
+        "train",
+        ("train", "baseline_eval", "report", "check_reward", "benchmark"),
+        help="The job: train | baseline_eval: held-out reward of the untrained model | report: compare run "
+        "directories | check_reward: the task's reward on cases | benchmark: time rollout engines.",
+    )
+    n_examples: int | None = positive(
+        None,
+        hint="null: all of task.n_eval",
+        help="baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).",
+    )
+    engines: list[str] = choice(
+        MISSING,
+        lambda: ("auto", *ROLLOUT_SCHEMAS),
+        factory=lambda: ["auto"],
+        help="benchmark: rollout engines to compare (auto: hf, plus vllm when installed).",
+    )
+    warmup_steps: int = non_negative(
+        0, help="benchmark: unmeasured warm-up steps per engine, before the measured ones."
+    )
+    steps: int = positive(6, help="benchmark: measured steps per engine.")
+    scaling: bool = flag(
+        False,
+        help="benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and "
+        "with the completion length (at train.rollout_batch_size; every completion forced to max_tokens), "
+        "scaling_steps each.",
+    )
+    scaling_batches: list[int] = positive(
+        factory=lambda: [8, 16, 32, 64], help="benchmark with job.scaling: the rollout batch sizes measured."
+    )
+    scaling_max_tokens: list[int] = positive(
+        factory=lambda: [32, 64, 128, 256], help="benchmark with job.scaling: the completion lengths measured."
+    )
+    scaling_steps: int = positive(2, help="benchmark with job.scaling: steps measured per batch size and per length.")
+    objective: str = choice(
+        "final_eval_reward",
+        ("final_eval_reward", "best_eval_reward"),
+        help="What the run returns to a Hydra sweeper (hydra/sweeper=optuna maximizes it): the eval reward of the "
+        "last evaluation, or the highest of all evaluations (train; baseline_eval: its one eval reward).",
+    )
 
 
 @dataclass
 class EvalConfig:
     """eval.*: how each held-out prompt is answered and scored (docs/evaluation.md)."""
 
-    # Completions per held-out prompt. 1: one answer each at rollout.eval_temperature (greedy by default), scored
-    # as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n,
-    # eval/pass@k and eval/maj@n.
-    n_samples: int = positive(1, hint="1: one answer per held-out prompt")
-    # The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.
-    pass_k: list[int] | None = positive(None)
+    n_samples: int = positive(
+        1,
+        hint="1: one answer per held-out prompt",
+        help="Completions per held-out prompt, in training evaluations and job=baseline_eval. 1: one answer each "
+        "at rollout.eval_temperature (greedy by default), "
+        "scored as eval/reward. n > 1: n samples at rollout.eval_temperature (> 0), also scored as eval/mean@n, "
+        "eval/pass@k and eval/maj@n.",
+    )
+    pass_k: list[int] | None = positive(None, help="The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.")
 
 
 @dataclass
 class ReportConfig:
-    # job=report: run directories to compare, or one multirun directory (every run below it). A single path
-    # may be given without brackets: report.runs=outputs/multirun/2026-11-22_07-00-00
-    runs: Any = path(None, "dir", factory=list)
-    # Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).
-    out: str | None = path(None, "output")
+    """report.*: job=report's runs and output (docs/sweeps.md)."""
+
+    runs: Any = path(
+        None,
+        "dir",
+        factory=list,
+        help="job=report: run directories to compare, or one multirun directory (every run below it). A single path "
+        "may be given without brackets: report.runs=outputs/multirun/2026-11-22_07-00-00",
+    )
+    out: str | None = path(
+        None,
+        "output",
+        help="Where report.md and the plots go; null: the report job's own run directory (outputs/report/<time>).",
+    )
 
 
 # distributed.strategy: how the learner spreads over devices (torch.distributed).
@@ -356,31 +574,42 @@ class DistributedConfig:
     """distributed.*: data-parallel GRPO over several processes (docs/distributed.md). train.* sizes stay global
     (the whole step across all ranks); each rank takes an equal share of the step's prompts."""
 
-    # none: one process | ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard (per decoder layer, then the
-    # root), parameters, gradients and optimizer state sharded across ranks.
-    strategy: str = choice("none", DISTRIBUTED_STRATEGIES)
-    # Ranks (processes) per node that `grpo-run` starts (one per GPU on CUDA); ignored under an external torchrun
-    # or srun, which set RANK/WORLD_SIZE themselves.
-    nproc_per_node: int = positive(1)
-    # Nodes, this node's index, and the rendezvous address of node 0 (loopback on one machine).
-    nnodes: int = positive(1)
-    node_rank: int = non_negative(0)
-    master_addr: str = any_value("127.0.0.1")
-    master_port: int = in_range(29511, 1, 65535)
-    # The c10d rendezvous id the nodes of one run share (torchrun's --rdzv-id). null: derived from what every node
-    # is given, master_addr:master_port and the run directory (the same shared hydra.run.dir on every node).
-    rdzv_id: str | None = any_value(None)
-    # How long a node waits at the rendezvous for all distributed.nnodes nodes (elastic's join_timeout; a node
-    # also waits this long to reach node 0's rendezvous store) before stopping with one line.
-    rdzv_timeout_s: int = positive(600)
-    # auto: nccl on CUDA, gloo on CPU.
-    backend: str = choice("auto", ("auto", "nccl", "gloo"))
-    # How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing.
-    timeout_min: float = positive(60.0)
+    strategy: str = choice(
+        "none",
+        DISTRIBUTED_STRATEGIES,
+        help="none: one process | ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard (per decoder layer, then "
+        "the root), parameters, gradients and optimizer state sharded across ranks.",
+    )
+    nproc_per_node: int = positive(
+        1,
+        help="Ranks (processes) per node that `grpo-run` starts (one per GPU on CUDA); ignored under an external "
+        "torchrun or srun, which set RANK/WORLD_SIZE themselves.",
+    )
+    nnodes: int = positive(1, help="Nodes (machines) of the run.")
+    node_rank: int = non_negative(0, help="This node's index, 0 .. nnodes - 1; node 0 hosts the rendezvous.")
+    master_addr: str = any_value("127.0.0.1", help="Address of node 0's rendezvous (loopback on one machine).")
+    master_port: int = in_range(29511, 1, 65535, help="Port of node 0's rendezvous.")
+    rdzv_id: str | None = any_value(
+        None,
+        help="The c10d rendezvous id the nodes of one run share (torchrun's --rdzv-id). null: derived from what "
+        "every node is given, master_addr:master_port and the run directory (the same shared hydra.run.dir on every "
+        "node).",
+    )
+    rdzv_timeout_s: int = positive(
+        600,
+        help="How long a node waits at the rendezvous for all distributed.nnodes nodes (elastic's join_timeout; a "
+        "node also waits this long to reach node 0's rendezvous store) before stopping with one line.",
+    )
+    backend: str = choice("auto", ("auto", "nccl", "gloo"), help="auto: nccl on CUDA, gloo on CPU.")
+    timeout_min: float = positive(
+        60.0, help="How long a rank waits for the others at a collective (e.g. while rank 0 evaluates) before failing."
+    )
 
 
 @dataclass
 class GRPOConfig:
+    """The run's own keys; every other key belongs to a group (model.*, task.*, ...)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     # One of TASK_SCHEMAS, picked by task=<name> (conf/task/<name>.yaml extends <name>_schema). Typed Any, not
     # TaskConfig: OmegaConf would build a TaskConfig node first and keep its fields' types through the merge, and
@@ -399,17 +628,25 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    seed: int = non_negative(0)
-    # null: a new run | true: continue the newest run under the same output root | a run directory.
-    resume: Any = path(None, "run")
-    # A new run (step 0, fresh optimizer) that starts from the trained weights of another run's newest complete
-    # checkpoint (a run directory) or of one checkpoint (<run>/checkpoints/step_N): how to branch a run with
-    # settings a resume may not change. null: the weights model.* names.
-    init_from: str | None = path(None, "dir")
-    # Run directory; Hydra's ${hydra:runtime.output_dir} by default.
-    output_dir: str = path(MISSING, "output")
-    # Print a per-step metrics line on the console.
-    verbose: bool = True
+    seed: int = non_negative(
+        0,
+        help="Seed of the run: torch's RNGs, prompt order and sampling (model weights: model.init_seed; data: "
+        "task.data_seed).",
+    )
+    resume: Any = path(
+        None,
+        "run",
+        help="null: a new run | true: continue the newest run under the same output root | a run directory.",
+    )
+    init_from: str | None = path(
+        None,
+        "dir",
+        help="A new run (step 0, fresh optimizer) that starts from the trained weights of another run's newest "
+        "complete checkpoint (a run directory) or of one checkpoint (<run>/checkpoints/step_N): how to branch a run "
+        "with settings a resume may not change. null: the weights model.* names.",
+    )
+    output_dir: str = path(MISSING, "output", help="Run directory; Hydra's ${hydra:runtime.output_dir} by default.")
+    verbose: bool = flag(True, help="Print a per-step metrics line on the console.")
 
 
 # Groups with one schema per choice: group -> {choice: schema}.

@@ -75,6 +75,17 @@ def validate_algorithm(cfg: GRPOConfig) -> None:
             f"rollout.importance_threshold_low={low} is above rollout.importance_threshold="
             f"{rollout.importance_threshold}: the band [low, C] is empty"
         )
+    kl = cfg.kl
+    if kl.beta_schedule == "constant" and kl.beta_final is not None:
+        raise UserFacingError(
+            f"kl.beta_final={kl.beta_final} is where a KL schedule ends, but kl.beta_schedule=constant: use "
+            "kl.beta_schedule=linear or cosine, or drop kl.beta_final"
+        )
+    if kl.beta_schedule != "constant" and kl.beta_final is None:
+        raise UserFacingError(
+            f"kl.beta_schedule={kl.beta_schedule} moves the KL coefficient from kl.beta to kl.beta_final over "
+            "train.steps: set kl.beta_final (e.g. kl.beta_final=0)"
+        )
 
 
 def validate_distributed(cfg: GRPOConfig) -> None:

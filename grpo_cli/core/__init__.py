@@ -21,6 +21,7 @@ from grpo_cli.core.logprobs import (
     get_response_log_probs_from_logits,
     response_log_probs,
 )
+from grpo_cli.core.loss_settings import LossSettings
 from grpo_cli.core.losses import (
     POLICY_GRADIENT_LOSS_TYPES,
     RATIO_LOSS_TYPES,
@@ -32,7 +33,7 @@ from grpo_cli.core.losses import (
 )
 from grpo_cli.core.masking import masked_mean, masked_normalize
 from grpo_cli.core.tokenization import tokenize_prompt_and_output, tokenize_prompt_and_output_ids
-from grpo_cli.core.train_step import grpo_microbatch_train_step
+from grpo_cli.core.train_step import grpo_microbatch_train_step, microbatch_train_step
 
 __all__ = [
     "ADVANTAGE_NORMALIZATIONS",
@@ -43,6 +44,7 @@ __all__ = [
     "LOGITS_CHUNK_TOKENS",
     "POLICY_GRADIENT_LOSS_TYPES",
     "RATIO_LOSS_TYPES",
+    "LossSettings",
     "aggregate_token_loss",
     "compute_advantages",
     "compute_cispo_loss",
@@ -60,6 +62,7 @@ __all__ = [
     "grpo_microbatch_train_step",
     "masked_mean",
     "masked_normalize",
+    "microbatch_train_step",
     "normalize_group_rewards",
     "response_log_probs",
     "tokenize_prompt_and_output",

@@ -171,6 +171,7 @@ def _chunk_logits(
 
 
 class _LinearHeadLogProbs(torch.autograd.Function):
+    # ctx: Any, as torch.autograd.Function declares it: this function keeps its own attributes on it.
     @staticmethod
     def forward(
         ctx: Any,
@@ -202,7 +203,8 @@ class _LinearHeadLogProbs(torch.autograd.Function):
                 # log Z = max + log sum exp(logits - max); shifting in place keeps exp() finite and adds no tensor.
                 shift = logits.amax(dim=-1, keepdim=True)
                 shifted = logits.sub_(shift)
-                if want_entropy:  # H = log Z - sum p z = log S - (sum e^s s) / S, s = shifted, S = sum e^s
+                # exp_buffer: want_entropy's. H = log Z - sum p z = log S - (sum e^s s) / S, s = shifted, S = sum e^s
+                if exp_buffer is not None:
                     unnormalized = torch.exp(shifted, out=exp_buffer[: shifted.shape[0]])
                     total = unnormalized.sum(dim=-1, keepdim=True).squeeze(1)
                     weighted = torch.einsum("nv,nv->n", unnormalized, shifted)
@@ -261,14 +263,15 @@ class _LinearHeadLogProbs(torch.autograd.Function):
             # The gradient's matmuls in the forward's matmul dtype: the autocast dtype, or the weight's own
             # (half-precision weights without autocast, model.dtype=bfloat16).
             grad_z = grad_logits.to(cast_weight.dtype)  # (n, V); no copy when float32
-            if need_hidden:
+            if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ cast_weight
-            if need_weight and grad_z.dtype == torch.float32:  # in place: no (V, H) temporary
+            # grad_weight, grad_hidden, grad_bias: None where no gradient is needed (ctx.needs_input_grad).
+            if grad_weight is not None and grad_z.dtype == torch.float32:  # in place: no (V, H) temporary
                 grad_weight.addmm_(grad_z.T, cast_hidden[rows], beta=0 if first else 1)
-            elif need_weight:  # a half-precision (V, H) product, summed in fp32
+            elif grad_weight is not None:  # a half-precision (V, H) product, summed in fp32
                 product = grad_z.T @ cast_hidden[rows]
                 grad_weight.copy_(product) if first else grad_weight.add_(product)
-            if need_bias:
+            if grad_bias is not None:
                 grad_bias.add_(grad_z.sum(dim=0))
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None

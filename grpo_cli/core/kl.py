@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -51,3 +52,32 @@ def compute_kl(
             f"{tuple(policy_log_probs.shape)}; they must match"
         )
     return _KL_ESTIMATORS[estimator](ref_log_probs - policy_log_probs)  # (B, T)
+
+
+# How the KL coefficient moves over a run (kl.beta_schedule): held at its start, or from its start at the first
+# step to its end at the last along a straight line or a half cosine (slow at both ends).
+KL_BETA_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+
+
+def scheduled_kl_beta(step: int, total_steps: int, start: float, final: float, schedule: str) -> float:
+    """The KL coefficient at step `step` (1: the first) of a run of `total_steps` steps: `start` at the first step
+    and `final` at the last, t = (step - 1) / (total_steps - 1) of the way between them (clamped to [0, 1]; a
+    one-step run is at its start).
+
+    - "constant": ``start`` at every step.
+    - "linear": ``start + (final - start) * t``.
+    - "cosine": ``final + (start - final) * (1 + cos(pi * t)) / 2``.
+
+    Raises:
+        ValueError: on an unknown schedule or total_steps < 1.
+    """
+    if schedule not in KL_BETA_SCHEDULES:
+        raise ValueError(f"unknown KL schedule {schedule!r}; choose one of {list(KL_BETA_SCHEDULES)}")
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    if schedule == "constant":
+        return start
+    t = min(max((step - 1) / max(total_steps - 1, 1), 0.0), 1.0)
+    if schedule == "linear":
+        return start + (final - start) * t
+    return final + (start - final) * (1.0 + math.cos(math.pi * t)) / 2.0

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from grpo_cli.core.causal_lm import as_causal_lm
 from grpo_cli.core.chunked_logprobs import (
     LOGITS_CHUNK_TOKENS,
     ChunkScorer,
@@ -177,7 +178,7 @@ def response_log_probs(
     labels_at = labels[mask]  # (N,)
     plain_head = linear_head(model)
     if logits_chunk_tokens > 0 and plain_head is not None:
-        transform = logit_transform(model.config, temperature)
+        transform = logit_transform(as_causal_lm(model).config, temperature)
         out = linear_head_label_log_probs(
             hidden, plain_head, labels_at, transform, logits_chunk_tokens, return_token_entropy
         )
@@ -198,7 +199,8 @@ def response_log_probs(
 def _scaled_head(model: nn.Module, temperature: float) -> Head:
     """Hidden states (n, H) -> the logits the tokens were sampled from: the model's LM head, its head semantics,
     then the sampling temperature."""
-    output_embeddings, config = model.get_output_embeddings(), model.config
+    lm = as_causal_lm(model)
+    output_embeddings, config = lm.get_output_embeddings(), lm.config
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
         return apply_head_semantics(config, output_embeddings(hidden), temperature)  # (n, V)
@@ -245,7 +247,7 @@ def _decoder(model: nn.Module) -> nn.Module:
     all, where it finds no attribute it knows: transformers 5's text-only Llama 4 (`base_model_prefix`
     `language_model`, body `.model`), transformers 4's Mamba / RWKV (bodies `.backbone`, `.rwkv`). The body is then
     the LM's `base_model`, else its `.model`."""
-    decoder = model.get_decoder()
+    decoder = as_causal_lm(model).get_decoder()
     if getattr(decoder, "get_output_embeddings", lambda: None)() is None:
         return decoder
     body = getattr(decoder, "base_model", decoder)
@@ -285,12 +287,13 @@ def apply_head_semantics(config: object, logits: torch.Tensor, temperature: floa
 def linear_head(model: nn.Module) -> nn.Linear | None:
     """The model's LM head when it is a plain ``nn.Linear`` (tied or not), which the hand-written chunked backward
     handles; None for anything else (a LoRA-wrapped or quantized head), which autograd differentiates."""
-    head = model.get_output_embeddings()
+    head = as_causal_lm(model).get_output_embeddings()
     return head if type(head) is nn.Linear else None
 
 
 def _recomputes_activations(model: nn.Module) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)  # a peft wrapper's
+    base = get_base_model() if get_base_model is not None else model
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the newer name first
         if hasattr(type(base), name):
             return bool(getattr(base, name))

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import torch
 
+from grpo_cli.core.causal_lm import as_causal_lm
+
 # The layer kinds the shared layout is proven for (tests/unit/core/test_sliding_window_logprobs.py,
-# tests/unit/core/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention beside
-# "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
+# tests/unit/core/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention
+# beside "mamba" / "recurrent" blocks (`layers_block_type`, `block_types`), which refuse such a model anyway.
 SERVED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
 
 
@@ -44,7 +46,7 @@ def prompt_sharing_problem(model: torch.nn.Module) -> str | None:
     its own (`_is_stateful`, `_supports_default_dynamic_cache`: Mamba, RWKV, xLSTM, MiniMax, transformers 4's
     Jamba / Bamba / Falcon-H1 / Zamba, ... whatever their config says).
     """
-    config = model.config
+    config = as_causal_lm(model).config
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text_config, "model_type", None) or type(model).__name__
     kinds: set[str] = set()

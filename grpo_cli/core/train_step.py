@@ -1,5 +1,8 @@
 """One microbatch of a GRPO update: per-token loss (x importance weights) -> aggregation over the optimizer
-step's tokens -> (+ KL) -> backward."""
+step's tokens -> (+ KL) -> backward.
+
+`microbatch_train_step` takes the loss's settings as one object (core.LossSettings, built once by the learner);
+`grpo_microbatch_train_step` is the same step with the handout's keyword arguments."""
 
 from __future__ import annotations
 
@@ -8,10 +11,11 @@ import torch
 from grpo_cli.core.aggregation import LENGTH_NORMALIZATIONS, aggregate_token_loss
 from grpo_cli.core.importance import compute_importance_weights
 from grpo_cli.core.kl import compute_kl
+from grpo_cli.core.loss_settings import LossSettings
 from grpo_cli.core.losses import compute_policy_gradient_loss
 from grpo_cli.core.masking import masked_mean
 
-__all__ = ["LENGTH_NORMALIZATIONS", "grpo_microbatch_train_step"]
+__all__ = ["LENGTH_NORMALIZATIONS", "LossSettings", "grpo_microbatch_train_step", "microbatch_train_step"]
 
 
 def _check_inputs(
@@ -78,6 +82,10 @@ def grpo_microbatch_train_step(
     importance_threshold_low: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Compute the loss of one microbatch and backpropagate it.
+
+    The documented keyword form, for outside callers (the handout's tests, the TRL and verl comparisons): it
+    gathers the loss's arguments into a :class:`LossSettings` and calls :func:`microbatch_train_step`, the
+    learner's path, which takes that object.
 
     ``loss = agg(w * policy loss) + kl_beta * mean_i masked_mean_i(KL)``, where ``w`` are the sampler/learner
     importance weights (1 without a correction) and ``agg`` is :func:`aggregate_token_loss` with
@@ -146,25 +154,70 @@ def grpo_microbatch_train_step(
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
             ``normalize_constant``, ``ref_log_probs`` or ``sampler_log_probs``, or a bad loss configuration.
     """
+    settings = LossSettings(
+        loss_type=loss_type,
+        cliprange=cliprange,
+        cliprange_high=cliprange_high,
+        dual_clip=dual_clip,
+        length_normalization=length_normalization,
+        normalize_constant=normalize_constant,
+        kl_beta=kl_beta,
+        kl_estimator=kl_estimator,
+        importance_correction=importance_correction,
+        importance_level=importance_level,
+        importance_threshold=importance_threshold,
+        importance_threshold_low=importance_threshold_low,
+    )
+    return microbatch_train_step(
+        policy_log_probs,
+        response_mask,
+        gradient_accumulation_steps,
+        settings,
+        raw_rewards=raw_rewards,
+        advantages=advantages,
+        old_log_probs=old_log_probs,
+        ref_log_probs=ref_log_probs,
+        sampler_log_probs=sampler_log_probs,
+        step_sequences=step_sequences,
+        step_tokens=step_tokens,
+    )
+
+
+def microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    settings: LossSettings,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    ref_log_probs: torch.Tensor | None = None,
+    sampler_log_probs: torch.Tensor | None = None,
+    step_sequences: float | None = None,
+    step_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """grpo_microbatch_train_step with the loss's settings as one object (the learner's path): the tensors of
+    one microbatch, the optimizer step's totals, and `settings` for everything the loss is configured by.
+    Same arguments, returns and errors as grpo_microbatch_train_step."""
     _check_inputs(
         policy_log_probs,
         response_mask,
         gradient_accumulation_steps,
-        length_normalization,
-        normalize_constant,
+        settings.length_normalization,
+        settings.normalize_constant,
         {"old_log_probs": old_log_probs, "ref_log_probs": ref_log_probs, "sampler_log_probs": sampler_log_probs},
-        kl_beta,
-        importance_correction,
+        settings.kl_beta,
+        settings.importance_correction,
     )
     per_token_loss, loss_metadata = compute_policy_gradient_loss(
         policy_log_probs,
-        loss_type,
+        settings.loss_type,
         raw_rewards=raw_rewards,
         advantages=advantages,
         old_log_probs=old_log_probs,
-        cliprange=cliprange,
-        cliprange_high=cliprange_high,
-        dual_clip=dual_clip,
+        cliprange=settings.cliprange,
+        cliprange_high=settings.cliprange_high,
+        dual_clip=settings.dual_clip,
         response_mask=response_mask,
     )  # (B, T)
 
@@ -176,13 +229,13 @@ def grpo_microbatch_train_step(
             learner_log_probs,
             sampler_log_probs,
             response_mask,
-            importance_correction,
-            importance_level,
-            importance_threshold,
-            importance_threshold_low,
+            settings.importance_correction,
+            settings.importance_level,
+            settings.importance_threshold,
+            settings.importance_threshold_low,
         )
         per_token_loss = per_token_loss * weights
-        if importance_correction == "masked":
+        if settings.importance_correction == "masked":
             # A rejected token leaves the loss's counts (its response's token count, this microbatch's own token
             # count) instead of adding 0 to them, as verl's and slime's rejection masks do. The step's totals are
             # the caller's: the learner leaves rejected tokens out of step_tokens when old log-probs fix the
@@ -205,26 +258,26 @@ def grpo_microbatch_train_step(
     loss = aggregate_token_loss(
         per_token_loss,
         loss_mask,
-        length_normalization,
-        normalize_constant,
+        settings.length_normalization,
+        settings.normalize_constant,
         total_sequences=step_sequences,
         total_tokens=step_tokens,
     )
     policy_loss = (
-        aggregate_token_loss(per_token_loss, loss_mask, length_normalization, normalize_constant)
+        aggregate_token_loss(per_token_loss, loss_mask, settings.length_normalization, settings.normalize_constant)
         if exact_share
         else loss
     )
     metadata["policy_loss"] = policy_loss.detach()
     if ref_log_probs is not None:
         # With beta == 0 the KL is only monitored: keep it out of the graph.
-        with torch.set_grad_enabled(kl_beta > 0 and torch.is_grad_enabled()):
-            per_token_kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # (B, T)
-            if kl_beta > 0:
+        with torch.set_grad_enabled(settings.kl_beta > 0 and torch.is_grad_enabled()):
+            per_token_kl = compute_kl(policy_log_probs, ref_log_probs, settings.kl_estimator)  # (B, T)
+            if settings.kl_beta > 0:
                 kl_share = aggregate_token_loss(
                     per_token_kl, response_mask, "sequence_mean", total_sequences=step_sequences
                 )
-                loss = loss + kl_beta * kl_share
+                loss = loss + settings.kl_beta * kl_share
         # The logged KL: the mean over the responses in the loss of each one's token mean. A response whose mask
         # is empty (left out by train.mask_truncated) has no KL in the loss and does not dilute it; nan when none
         # is left (the caller skips it).

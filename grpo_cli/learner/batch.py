@@ -8,14 +8,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
-from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
 
 log = logging.getLogger(__name__)
 _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """How completions are scored (their response tokens' log-probs under a policy), the same for every pass
+    that scores them: the learner's training forward, its old and reference passes, and the generator's
+    behaviour log-probs. Built once from the config (grpo_cli.learner.settings.scoring_settings)."""
+
+    # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
+    temperature: float
+    # Run each distinct prompt of a microbatch once and share its keys/values among its completions
+    # (train.share_prompt_forward, where the model and the distributed strategy allow it).
+    share_prompts: bool
+    # Response tokens per LM-head chunk (train.logits_chunk_tokens; 0: unchunked).
+    logits_chunk_tokens: int
+    # Completions per forward pass of the no-grad passes (the training microbatch).
+    microbatch_size: int
+    pad_token_id: int
 
 
 @dataclass
@@ -93,30 +113,36 @@ def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: b
 
 @torch.inference_mode()
 def per_completion_log_probs(
-    model: torch.nn.Module,
-    data: RolloutData,
-    microbatch_size: int,
-    pad_token_id: int,
-    device: torch.device,
-    share_prompts: bool = False,
-    temperature: float = 1.0,
-    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    model: torch.nn.Module, data: RolloutData, device: torch.device, scoring: ScoringSettings
 ) -> list[torch.Tensor]:
-    """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored at
-    the sampling temperature. Eval mode for the pass: these are fixed targets, not samples of dropout noise."""
+    """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored as
+    `scoring` says (at the sampling temperature). Eval mode for the pass: these are fixed targets, not samples of
+    dropout noise."""
 
     def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return response_log_probs(
-            model,
-            batch["input_ids"],
-            batch["labels"],
-            batch["response_mask"].bool(),
-            temperature=temperature,
-            share_prompts=share_prompts,
-            logits_chunk_tokens=logits_chunk_tokens,
-        )["log_probs"]
+        return score_microbatch(model, batch, scoring, return_token_entropy=False)["log_probs"]
 
-    return per_completion_rows(score, model, data, microbatch_size, pad_token_id, device)
+    return per_completion_rows(score, model, data, scoring.microbatch_size, scoring.pad_token_id, device)
+
+
+def score_microbatch(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    scoring: ScoringSettings,
+    return_token_entropy: bool = True,
+) -> dict[str, torch.Tensor]:
+    """make_microbatch's `batch` scored under `model` as `scoring` says: response-token "log_probs" (B, T) (and
+    "token_entropy" (B, T)). The one call every scoring pass makes, with or without grad."""
+    return response_log_probs(
+        model,
+        batch["input_ids"],
+        batch["labels"],
+        batch["response_mask"].bool(),
+        return_token_entropy=return_token_entropy,
+        temperature=scoring.temperature,
+        share_prompts=scoring.share_prompts,
+        logits_chunk_tokens=scoring.logits_chunk_tokens,
+    )
 
 
 def per_completion_rows(
@@ -149,8 +175,11 @@ def per_completion_rows(
 def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
     """The completions `indices` of `data` (every per-completion field; metrics and version kept)."""
 
-    def rows(values: list | None) -> list | None:
-        return None if values is None else [values[i] for i in indices]
+    def rows(values: list[T]) -> list[T]:
+        return [values[i] for i in indices]
+
+    def rows_if_any(values: list[T] | None) -> list[T] | None:
+        return None if values is None else rows(values)
 
     index = torch.tensor(indices, dtype=torch.long)
     return RolloutData(
@@ -158,9 +187,9 @@ def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
         completion_ids=rows(data.completion_ids),
         raw_rewards=data.raw_rewards[index],
         advantages=data.advantages[index],
-        old_log_probs=rows(data.old_log_probs),
-        ref_log_probs=rows(data.ref_log_probs),
-        sampler_log_probs=rows(data.sampler_log_probs),
+        old_log_probs=rows_if_any(data.old_log_probs),
+        ref_log_probs=rows_if_any(data.ref_log_probs),
+        sampler_log_probs=rows_if_any(data.sampler_log_probs),
         loss_mask=None if data.loss_mask is None else data.loss_mask[index],
         metrics=dict(data.metrics),
         policy_version=data.policy_version,

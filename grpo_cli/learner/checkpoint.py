@@ -28,6 +28,10 @@ CHECKPOINT_DIR = "checkpoints"
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
 
+# A state saved with a checkpoint (the trainer's, the RNGs', the optimizer's): values of mixed kinds (counters, the
+# sampler's position, RNG tuples and tensors, nested dicts) as json / torch.save store them, hence Any.
+State = dict[str, Any]
+
 
 class CheckpointError(UserFacingError):
     """No usable checkpoint where the user pointed."""
@@ -41,22 +45,22 @@ class CheckpointWriteError(UserFacingError):
 class Checkpoint:
     path: Path
     step: int
-    state: dict[str, Any]  # trainer state: sampler position, counters, W&B run id, ...
+    state: State  # trainer state: sampler position, counters, W&B run id, ...
 
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+def rng_state() -> State:
+    state: State = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     state["numpy"] = np.random.get_state()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: State) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -75,7 +79,7 @@ def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: full_tensor(p.detach()).contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> State:
     """optimizer.state_dict() with sharded (FSDP2) states gathered whole: the one-process layout."""
     saved = optimizer.state_dict()
     saved["state"] = {
@@ -90,7 +94,7 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
+    state: State,
     keep: int,
 ) -> Path:
     """Write a checkpoint atomically and delete all but the newest `keep`. Returns its directory.
@@ -140,8 +144,8 @@ def _write(
     final: Path,
     step: int,
     tensors: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
-    state: dict[str, Any],
+    optimizer_state: State,
+    state: State,
 ) -> None:
     root.mkdir(parents=True, exist_ok=True)
     temp = root / f".tmp_{checkpoint_name(step)}_{os.getpid()}"
@@ -157,9 +161,7 @@ def _write(
     os.replace(temp, final)
 
 
-def _write_files(
-    temp: Path, step: int, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any], state: dict[str, Any]
-) -> None:
+def _write_files(temp: Path, step: int, tensors: dict[str, torch.Tensor], optimizer_state: State, state: State) -> None:
     save_file(tensors, str(temp / "model.safetensors"))
     torch.save(optimizer_state, temp / "optimizer.pt")
     torch.save(rng_state(), temp / "rng.pt")

@@ -20,30 +20,33 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from grpo_cli.config import BatchShape, needs_old_log_probs
+from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import (
     RATIO_LOSS_TYPES,
+    LossSettings,
     compute_importance_weights,
-    grpo_microbatch_train_step,
     masked_mean,
-    response_log_probs,
+    microbatch_train_step,
 )
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.batch import (
     RolloutData,
+    ScoringSettings,
     make_microbatch,
     per_completion_log_probs,
     per_completion_rows,
-    shares_prompts,
+    score_microbatch,
     tokens_through_model,
 )
 from grpo_cli.learner.checkpoint import (
     CheckpointError,
+    State,
     init_from_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -51,6 +54,7 @@ from grpo_cli.learner.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from grpo_cli.learner.settings import loss_settings, scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import (
     autocast_factory,
@@ -61,35 +65,31 @@ from grpo_cli.models.runtime import (
     timed,
 )
 
+if TYPE_CHECKING:  # the types the wrapped modules are at run time (casts only: no import of peft here)
+    from peft import PeftModel
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
 
 class PolicyScorer(torch.nn.Module):
     """The training forward (response log-probs and entropies of a microbatch) as a module of its own, so the
-    DDP / FSDP2 wrapper around it sees the exact computation training runs: one forward per microbatch."""
+    DDP / FSDP2 wrapper around it sees the exact computation training runs: one forward per microbatch, scored
+    as `scoring` says (the settings every scoring pass shares)."""
 
-    def __init__(self, policy: torch.nn.Module) -> None:
+    def __init__(self, policy: torch.nn.Module, scoring: ScoringSettings) -> None:
         super().__init__()
         self.policy = policy
+        self.scoring = scoring
 
     def forward(
         self,
         input_ids: torch.Tensor,
         labels: torch.Tensor,
         response_mask: torch.Tensor,
-        temperature: float,
-        share_prompts: bool,
-        logits_chunk_tokens: int,
         return_token_entropy: bool = True,
     ) -> dict[str, torch.Tensor]:
-        return response_log_probs(
-            self.policy,
-            input_ids,
-            labels,
-            response_mask,
-            return_token_entropy=return_token_entropy,
-            temperature=temperature,
-            share_prompts=share_prompts,
-            logits_chunk_tokens=logits_chunk_tokens,
-        )
+        batch = {"input_ids": input_ids, "labels": labels, "response_mask": response_mask}
+        return score_microbatch(self.policy, batch, self.scoring, return_token_entropy)
 
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
@@ -108,11 +108,11 @@ LOGGED_STEP_METRICS = (
 )
 
 
-def rejected_token_counts(data: RolloutData, rollout: Any) -> list[int] | None:
-    """Per completion, how many of its tokens `rollout.importance_correction=masked` rejects, where that is known
+def rejected_token_counts(data: RolloutData, loss: LossSettings) -> list[int] | None:
+    """Per completion, how many of its tokens `loss.importance_correction == "masked"` rejects, where that is known
     before the step: the batch has old log-probs (the learner's side of the ratio). None otherwise: without them
     the learner's side is the current policy, known only in each microbatch's forward, after the step's totals."""
-    if rollout.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
+    if loss.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
         return None
     counts = []
     for old, sampler in zip(data.old_log_probs, data.sampler_log_probs, strict=True):
@@ -123,9 +123,9 @@ def rejected_token_counts(data: RolloutData, rollout: Any) -> list[int] | None:
             sampler_row,
             torch.ones_like(old_row, dtype=torch.bool),
             "masked",
-            rollout.importance_level,
-            rollout.importance_threshold,
-            rollout.importance_threshold_low,
+            loss.importance_level,
+            loss.importance_threshold,
+            loss.importance_threshold_low,
         )
         counts.append(int(importance["masked"].sum()))
     return counts
@@ -177,7 +177,7 @@ class Learner:
     In-process for on_policy and multi_epoch; a Ray actor for one_behind and replay_buffer.
     """
 
-    def __init__(self, cfg: Any, output_dir: Path, threads: int = 0) -> None:
+    def __init__(self, cfg: GRPOConfig, output_dir: Path, threads: int = 0) -> None:
         limit_threads(threads)
         self.cfg = cfg
         self.output_dir = Path(output_dir)
@@ -187,11 +187,13 @@ class Learner:
         timings: dict[str, float] = {}
         with timed(timings, "load_s"):
             self.model, self.tokenizer = build_policy(cfg.model, self.device)
-            if getattr(cfg, "init_from", None):  # a branched run: another run's weights, before any copy is made
+            if cfg.init_from:  # a branched run: another run's weights, before any copy is made
                 load_weights(init_from_checkpoint(cfg.init_from), self.model)
         self.load_s = timings["load_s"]
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
-        self.needs_reference = cfg.kl.beta > 0 or cfg.kl.monitor
+        # The loss's settings, read once: every microbatch's train step gets this object.
+        self.loss = loss_settings(cfg)
+        self.needs_reference = self.loss.kl_penalty or cfg.kl.monitor
         # With LoRA the reference is the base model with adapters switched off: no second copy in memory.
         lora = cfg.model.lora.enabled
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
@@ -203,48 +205,45 @@ class Learner:
         self.inference_model = frozen_copy(self.model) if self.strategy == "fsdp" else self.model
         # The training forward as a module, wrapped by DDP / FSDP2 when data-parallel (their hooks must see it).
         forward_dtype = compute_dtype(self.device, cfg.model.mixed_precision)
-        self.scorer = parallel.wrap_for_training(PolicyScorer(self.model), self.strategy, self.device, forward_dtype)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        # How completions are scored, read once: the training forward, the old and reference passes (and, as a
+        # Ray actor, the generator's behaviour log-probs) all get this object.
+        self.scoring = scoring_settings(cfg, self.model, self.pad_token_id, sharded=self.strategy == "fsdp")
+        self.scorer = parallel.wrap_for_training(
+            PolicyScorer(self.model, self.scoring), self.strategy, self.device, forward_dtype
+        )
         # Under FSDP2 the old and reference log-probs run sharded modules too, with the training forward's
         # mixed-precision policy (log_probs_under): the reference copy is sharded like the policy, which also
         # keeps a second full copy off every rank. DDP has nothing to synchronize in a frozen copy.
         self.reference_scorer = None
         if self.reference is not None and self.strategy == "fsdp":
             self.reference_scorer = parallel.wrap_for_training(
-                PolicyScorer(self.reference).eval(), "fsdp", self.device, forward_dtype
+                PolicyScorer(self.reference, self.scoring).eval(), "fsdp", self.device, forward_dtype
             )
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters,
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
-            betas=tuple(cfg.optim.betas),
+            betas=(cfg.optim.betas[0], cfg.optim.betas[1]),  # two numbers (validate_config)
             # One fused kernel over all parameters instead of a loop of per-tensor ops: 0.08 s instead of
             # 0.41 s per step for SmolLM2-135M on this CPU (same update rule).
             fused=self.device.type in ("cpu", "cuda"),
         )
-        self.pad_token_id = self.tokenizer.pad_token_id
-        # Under FSDP2 every rank must run the same sequence of layer calls; the shared prompt pass runs the decoder
-        # once or twice depending on the batch, so it stays off there; and off for a model it cannot score.
-        self.share_prompts = self.strategy != "fsdp" and shares_prompts(self.model, cfg.train.share_prompt_forward)
-        # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
-        self.temperature = cfg.rollout.temperature
-        # Response tokens per LM-head chunk: no (tokens x vocabulary) logits of a whole microbatch (0: unchunked).
-        self.logits_chunk_tokens = cfg.train.logits_chunk_tokens
-        self.length_constant = cfg.normalization.length_constant or cfg.rollout.max_tokens
         self.needs_old_log_probs = needs_old_log_probs(cfg)
-        # CISPO's cap reads loss.cliprange_high, falling back to the symmetric range like the clipped losses do.
-        loss = cfg.loss
-        self.cliprange_high = loss.cliprange_high
-        if loss.type == "cispo" and self.cliprange_high is None:
-            self.cliprange_high = loss.cliprange
         self.nonfinite_streak = 0
         self.version = 0  # optimizer passes over rollout batches so far: the step of the weights
+
+    @property
+    def share_prompts(self) -> bool:
+        """Whether this learner's forward passes share prompts (scoring_settings decides)."""
+        return self.scoring.share_prompts
 
     def describe(self) -> str:
         return f"{self.device} ({next(self.model.parameters()).dtype})"
 
     # --- checkpoints ----------------------------------------------------------------------------------------
-    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+    def resume(self) -> tuple[int, State, list[str]]:
         """Load the newest usable checkpoint of the run directory: (its step, trainer state, messages)."""
         messages = []
         for path in reversed(list_checkpoints(self.output_dir)):
@@ -269,7 +268,7 @@ class Learner:
             f"no usable checkpoint in {self.output_dir / 'checkpoints'}: start a new run without resume=..."
         )
 
-    def save_checkpoint(self, step: int, state: dict[str, Any]) -> Path:
+    def save_checkpoint(self, step: int, state: State) -> Path:
         state = {**state, "nonfinite_streak": self.nonfinite_streak}
         return save_checkpoint(
             self.output_dir, step, self.model, self.optimizer, state, keep=self.cfg.train.keep_checkpoints
@@ -297,7 +296,7 @@ class Learner:
         if self.reference is not None:
             yield self.reference, self.reference_scorer
         else:
-            with self.model.disable_adapter():
+            with cast("PeftModel", self.model).disable_adapter():  # LoRA: build_policy's peft model
                 yield self.model, self.scorer if self.strategy == "fsdp" else None
 
     # --- learning -----------------------------------------------------------------------------------------
@@ -337,16 +336,7 @@ class Learner:
         if fsdp_scorer is not None:
             return self._sharded_log_probs(fsdp_scorer, data)
         with self.autocast():
-            return per_completion_log_probs(
-                model,
-                data,
-                self.shape.microbatch_size,
-                self.pad_token_id,
-                self.device,
-                self.share_prompts,
-                self.temperature,
-                self.logits_chunk_tokens,
-            )
+            return per_completion_log_probs(model, data, self.device, self.scoring)
 
     def _sharded_log_probs(self, scorer: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
         """log_probs_under through an FSDP2 module: its bf16 parameters under model.mixed_precision=bf16, as in
@@ -354,25 +344,21 @@ class Learner:
         a collective: every rank holds as many completions, so all make the same calls."""
 
         def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            return scorer(
-                batch["input_ids"],
-                batch["labels"],
-                batch["response_mask"],
-                self.temperature,
-                self.share_prompts,
-                self.logits_chunk_tokens,
-                return_token_entropy=False,
-            )["log_probs"]
+            return scorer(batch["input_ids"], batch["labels"], batch["response_mask"], return_token_entropy=False)[
+                "log_probs"
+            ]
 
         # no_grad, not inference_mode: FSDP2 reuses the tensors it gathers parameters into, and training's next
         # gather into an inference tensor fails ("Inplace update to inference tensor outside InferenceMode").
         with torch.no_grad(), self.autocast():
-            rows = per_completion_rows(score, scorer, data, self.shape.microbatch_size, self.pad_token_id, self.device)
+            rows = per_completion_rows(
+                score, scorer, data, self.scoring.microbatch_size, self.scoring.pad_token_id, self.device
+            )
         # A forward without a backward leaves FSDP2's iteration half done: the root's parameters stay gathered
         # (a backward would need them) and its post-forward trackers grow until a backward clears them, which a
         # frozen reference never runs. End the iteration: no gathered root outlives an optimizer step, no list
         # grows for the run (no gradients are in flight here: the passes run before the step's updates).
-        scorer.reset_iter_state()
+        cast("FSDPModule", scorer).reset_iter_state()
         return rows
 
     def update(self, data: RolloutData, step: int) -> dict[str, float]:
@@ -384,7 +370,8 @@ class Learner:
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients
         computed_tokens = 0
-        rejected = rejected_token_counts(data, cfg.rollout)  # once: every epoch reuses the old log-probs
+        rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
+        step_loss = self.loss.at_step(step)  # this step's KL coefficient (kl.beta_schedule)
         with timed(timings, "time/update_s"):
             for _epoch in range(shape.epochs_per_rollout_batch):
                 order = list(range(n))
@@ -394,10 +381,12 @@ class Learner:
                 for batch_start in range(0, n, shape.train_batch_per_rank):
                     batch_indices = order[batch_start : batch_start + shape.train_batch_per_rank]
                     computed_tokens += sum(
-                        tokens_through_model(data, batch_indices[i : i + shape.microbatch_size], self.share_prompts)
+                        tokens_through_model(
+                            data, batch_indices[i : i + shape.microbatch_size], self.scoring.share_prompts
+                        )
                         for i in range(0, len(batch_indices), shape.microbatch_size)
                     )
-                    finite = self._optimizer_step(data, batch_indices, totals, timings, rejected)
+                    finite = self._optimizer_step(data, batch_indices, step_loss, totals, timings, rejected)
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
         if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
@@ -407,6 +396,8 @@ class Learner:
         metrics = {
             key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
         }
+        if self.loss.kl_penalty:
+            metrics["train/kl_beta"] = step_loss.kl_beta
         metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
         metrics["train/nonfinite_skipped"] = skipped
         metrics["time/optimizer_s"] = timings["time/optimizer_s"]
@@ -423,17 +414,19 @@ class Learner:
         self,
         data: RolloutData,
         batch_indices: list[int],
+        step_loss: LossSettings,
         totals: dict[str, list[float]],
         timings: dict[str, float],
         rejected: list[int] | None = None,
     ) -> bool:
-        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step.
+        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step, with
+        `step_loss`, the loss's settings at this step (LossSettings.at_step: its scheduled KL coefficient).
         Returns False when the loss or the gradients were not finite (the step is skipped and counted).
         `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
         which leave the step's token total."""
         cfg, shape = self.cfg, self.shape
 
-        def record(key: str, value: float) -> None:
+        def record(key: str, value: float | torch.Tensor) -> None:
             totals.setdefault(key, []).append(float(value))
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -446,51 +439,37 @@ class Learner:
             mask = mb["response_mask"]
             # DDP averages gradients across ranks once, after the last microbatch (the sums in between are local).
             last = mb_start == starts[-1]
-            no_sync = self.scorer.no_sync if self.strategy == "ddp" and not last else contextlib.nullcontext
+            no_sync = (
+                cast("DistributedDataParallel", self.scorer).no_sync
+                if self.strategy == "ddp" and not last
+                else contextlib.nullcontext
+            )
             with no_sync():  # forward and backward (grpo_microbatch_train_step runs it)
                 with self.autocast():
-                    scored = self.scorer(
-                        mb["input_ids"],
-                        mb["labels"],
-                        mask,
-                        self.temperature,
-                        self.share_prompts,
-                        self.logits_chunk_tokens,
-                    )
+                    scored = self.scorer(mb["input_ids"], mb["labels"], mask)
                 policy_log_probs = scored["log_probs"]
                 old = mb.get("old_log_probs")
                 if old is not None:
                     # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
                     record("train/old_policy_kl", masked_mean(old - policy_log_probs.detach(), mask))
-                if old is None and cfg.loss.type in RATIO_LOSS_TYPES:
+                if old is None and step_loss.loss_type in RATIO_LOSS_TYPES:
                     old = policy_log_probs.detach()  # one update per rollout batch: ratio is exactly 1
                 # train.mask_truncated: a left-out completion's row of the response mask is zeroed, so it adds 0 to
                 # the loss (the batch mean still divides by every completion); entropy and old-policy KL still
                 # measure every sampled token.
                 loss_mask = mask * mb["loss_mask"] if "loss_mask" in mb else mask
-                loss, meta = grpo_microbatch_train_step(
-                    policy_log_probs=policy_log_probs,
-                    response_mask=loss_mask,
-                    gradient_accumulation_steps=shape.gradient_accumulation_per_rank,
-                    loss_type=cfg.loss.type,
+                loss, meta = microbatch_train_step(
+                    policy_log_probs,
+                    loss_mask,
+                    shape.gradient_accumulation_per_rank,
+                    step_loss,
                     raw_rewards=mb["raw_rewards"],
                     advantages=mb["advantages"],
                     old_log_probs=old,
-                    cliprange=cfg.loss.cliprange,
-                    length_normalization=cfg.normalization.length,
-                    normalize_constant=self.length_constant,
                     ref_log_probs=mb.get("ref_log_probs"),
-                    kl_beta=cfg.kl.beta,
-                    kl_estimator=cfg.kl.estimator,
-                    cliprange_high=self.cliprange_high,
-                    dual_clip=cfg.loss.dual_clip,
+                    sampler_log_probs=mb.get("sampler_log_probs"),
                     step_sequences=step_sequences,
                     step_tokens=step_tokens,
-                    sampler_log_probs=mb.get("sampler_log_probs"),
-                    importance_correction=cfg.rollout.importance_correction,
-                    importance_level=cfg.rollout.importance_level,
-                    importance_threshold=cfg.rollout.importance_threshold,
-                    importance_threshold_low=cfg.rollout.importance_threshold_low,
                 )
             batch_loss += float(loss)
             record("train/entropy", scored["token_entropy"][mask.bool()].mean())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, RewardFn, RewardTimeout
@@ -13,6 +13,14 @@ from grpo_cli.tasks.rewards import uses_n_tokens
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
 
 
+class LengthAwareRewardFn(Protocol):
+    """A reward function whose `uses_n_tokens` is true (tasks.rewards.uses_n_tokens): it also takes the
+    completion's token count."""
+
+    # ground_truth: Any as in RewardFn, whatever the task's examples hold (a number, a string, a record).
+    def __call__(self, response: str, ground_truth: Any, n_tokens: int | None = None) -> dict[str, float]: ...
+
+
 @dataclass
 class Scores:
     # One dict per response: the three REWARD_KEYS, plus "unparseable" and "reward/<component>" when the
@@ -20,8 +28,8 @@ class Scores:
     rewards: list[dict[str, float]]
     n_errors: int  # reward-function calls that raised and were scored 0
     n_timeouts: int = 0  # calls that ran past task.reward_timeout_s and were scored 0
-    # task=custom's reward functions' log_extra columns (one value per response, None where none was logged) and
-    # log_metric values (TRL 1.16's logging callables).
+    # task=custom's reward functions' log_extra columns (one value per response, None where none was logged; Any:
+    # whatever the user's function logs) and log_metric values (TRL 1.16's logging callables).
     extra_columns: dict[str, list[Any]] = field(default_factory=dict)
     logged_metrics: dict[str, list[float]] = field(default_factory=dict)
 
@@ -40,6 +48,7 @@ class Scores:
 
 
 def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
+    # result: Any values, as a reward function may return ints, bools or numpy numbers; kept as floats.
     kept = {key: float(result[key]) for key in REWARD_KEYS}
     kept.update({k: float(v) for k, v in result.items() if k in OPTIONAL_REWARD_KEYS or k.startswith("reward/")})
     return kept
@@ -48,7 +57,7 @@ def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
 def score_responses(
     reward_fn: RewardFn,
     responses: list[str],
-    ground_truths: list[Any],
+    ground_truths: list[Any],  # Any: whatever the task's examples hold (RewardFn's second argument)
     n_tokens: list[int] | None = None,
     completion_ids: list[list[int]] | None = None,
     trainer_state: TrainerState | None = None,
@@ -73,7 +82,10 @@ def score_responses(
     rewards, n_errors, n_timeouts = [], 0, 0
     for response, truth, length in zip(responses, ground_truths, lengths, strict=True):
         try:
-            result = reward_fn(response, truth, n_tokens=length) if with_length else reward_fn(response, truth)
+            if with_length:
+                result = cast(LengthAwareRewardFn, reward_fn)(response, truth, n_tokens=length)
+            else:
+                result = reward_fn(response, truth)
             rewards.append(_kept_keys(result))
         except RewardTimeout:
             rewards.append(dict(ZERO_REWARD))

@@ -11,14 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpo_cli.config import BatchShape
+from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
-from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
+from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
+from grpo_cli.learner.settings import scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, render_prompts
@@ -28,8 +31,11 @@ from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logge
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
 from grpo_cli.tasks.custom import TrainerState
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def sampling_settings(cfg: Any, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
+
+def sampling_settings(cfg: GRPOConfig, n: int, seed: int, for_eval: bool = False) -> SamplingSettings:
     """How to sample, from the rollout.* sampling keys: `rollout.temperature` for training batches,
     `rollout.eval_temperature` (greedy by default) for evaluation. Both engines read only this."""
     r = cfg.rollout
@@ -52,7 +58,13 @@ def rollout_seed(seed: int, batch_number: int) -> int:
 class RolloutWorker:
     """Samples, scores and computes advantages; evaluates the weights it holds."""
 
-    def __init__(self, cfg: Any, model: torch.nn.Module | None = None, tokenizer: Any = None, threads: int = 0):
+    def __init__(
+        self,
+        cfg: GRPOConfig,
+        model: torch.nn.Module | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        threads: int = 0,
+    ) -> None:
         limit_threads(threads)
         self.cfg = cfg
         self.shape = BatchShape.from_config(cfg)
@@ -60,6 +72,8 @@ class RolloutWorker:
         if model is None:
             seed_everything(cfg.seed)
             model, tokenizer = build_policy(cfg.model, self.device)
+        if tokenizer is None:
+            raise ValueError("RolloutWorker: a given model needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
         # A reward model (task=custom) runs on the policy's device.
         self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens, device=str(self.device))
@@ -67,6 +81,13 @@ class RolloutWorker:
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
         self.load_s = 0.0  # weight loads since the last batch: reported with the next batch
+
+    @cached_property
+    def scoring(self) -> ScoringSettings:
+        """How the behaviour log-probs (produce(with_old_log_probs=True), as a Ray actor) are scored: exactly as the
+        learner scores its own, by the same function (this copy is never sharded). Built at the first use: an
+        in-process worker never scores."""
+        return scoring_settings(self.cfg, self.model, self.tokenizer.pad_token_id, sharded=False)
 
     def describe(self) -> str:
         return f"{self.device} ({next(self.model.parameters()).dtype})"
@@ -122,15 +143,7 @@ class RolloutWorker:
         with timed(timings, "time/old_log_probs_s"):
             if with_old_log_probs:
                 with self.autocast():
-                    data.old_log_probs = per_completion_log_probs(
-                        self.model,
-                        data,
-                        shape.microbatch_size,
-                        self.tokenizer.pad_token_id,
-                        self.device,
-                        temperature=sampling.temperature,
-                        logits_chunk_tokens=cfg.train.logits_chunk_tokens,
-                    )
+                    data.old_log_probs = per_completion_log_probs(self.model, data, self.device, self.scoring)
 
         lengths = [len(ids) for ids in rollout.completion_ids]
         data.metrics = {
@@ -179,7 +192,7 @@ class RolloutWorker:
 
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None = None, epoch: float = 0.0
-    ) -> tuple[dict[str, float], list[dict[str, Any]], int]:
+    ) -> tuple[dict[str, float], list[dict[str, Any]], int]:  # records: JSON rows of any value
         """Held-out evaluation of the weights this worker holds: (metrics, records, policy version); `epoch` as
         in `produce`."""
         sampling = sampling_settings(self.cfg, self.cfg.eval.n_samples, seed=self.cfg.seed, for_eval=True)

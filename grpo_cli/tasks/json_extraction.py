@@ -136,8 +136,9 @@ SANITY_CASES = (
 class JsonTaskConfig(TaskConfig):
     """task=json's keys."""
 
-    # How many of the five fields (name, age, city, occupation, start_year) each prompt asks for.
-    fields_per_prompt: int = positive(3)
+    fields_per_prompt: int = positive(
+        3, help="How many of the five fields (name, age, city, occupation, start_year) each prompt asks for."
+    )
 
 
 JSON_TASK = TaskSpec(

@@ -84,8 +84,7 @@ SANITY_CASES = (
 class KeywordTaskConfig(TaskConfig):
     """task=keyword's keys."""
 
-    # How many keywords each prompt asks for.
-    keywords_per_prompt: int = positive(2)
+    keywords_per_prompt: int = positive(2, help="How many keywords each prompt asks for.")
 
 
 KEYWORD_TASK = TaskSpec(

@@ -97,8 +97,7 @@ SANITY_CASES = (
 class LipogramTaskConfig(TaskConfig):
     """task=lipogram's keys."""
 
-    # The fewest words an answer may have (with the topic word) to be rewarded.
-    min_words: int = positive(10)
+    min_words: int = positive(10, help="The fewest words an answer may have (with the topic word) to be rewarded.")
 
 
 LIPOGRAM_TASK = TaskSpec(

@@ -143,8 +143,9 @@ _build_medcalc = functools.partial(load_hub_examples, parse_row=parse_medcalc_ro
 class MedcalcTaskConfig(HubTaskConfig):
     """task=medcalc: the hub keys and the answer tolerance."""
 
-    # numeric_close: largest absolute difference from the ground truth's number that still counts.
-    answer_atol: float = non_negative(0.5)
+    answer_atol: float = non_negative(
+        0.5, help="numeric_close: largest absolute difference from the ground truth's number that still counts."
+    )
 
 
 MEDCALC_TASK = TaskSpec(

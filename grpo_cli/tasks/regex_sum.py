@@ -120,9 +120,8 @@ SANITY_CASES = (
 class RegexSumTaskConfig(NumericCloseOptions, TaskConfig):
     """task=regex_sum's keys and the numeric tolerance."""
 
-    # Numbers per paragraph, each in 1..max_number.
-    numbers_per_prompt: int = positive(4)
-    max_number: int = positive(99)
+    numbers_per_prompt: int = positive(4, help="Numbers per paragraph (one per sentence), each in 1..task.max_number.")
+    max_number: int = positive(99, help="The largest number a paragraph may hold.")
 
 
 REGEX_SUM_TASK = TaskSpec(

@@ -5,10 +5,11 @@ Each task's own schema lives next to its TaskSpec (`KeywordTaskConfig` in tasks/
 `TaskSpec.schema`; grpo_cli.tasks.TASK_SCHEMAS collects them and grpo_cli.config registers each as
 `<name>_schema` in group `task`. To add a task `foo` with a key `foo_size`:
   1. in grpo_cli/tasks/foo.py:  @dataclass class FooTaskConfig(TaskConfig): foo_size: int = positive(3)
-     (a comment above each key), and FOO_TASK = TaskSpec(name="foo", schema=FooTaskConfig, ...) registered in
+     (help="..." on each key), and FOO_TASK = TaskSpec(name="foo", schema=FooTaskConfig, ...) registered in
      grpo_cli/tasks/__init__.py's TASKS;
   2. conf/task/foo.yaml starts with   defaults: [foo_schema, _self_]   then `name: foo` and the values that
-     differ from the schema's defaults.
+     differ from the schema's defaults;
+  3. python -m grpo_cli.config.reference > docs/config-reference.md (a test fails while the page lacks the key).
 The yaml files of `task` hold only the values of that choice; keys and defaults live in the schemas.
 """
 
@@ -25,7 +26,7 @@ from grpo_cli.config.fields import any_value, choice, finite, non_negative, path
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
 PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
-# task.on_reward_error: what a reward function, tool-less environment step or reset that fails does to the run.
+# task.on_reward_error: what a reward function or an environment that fails does to the run.
 ON_REWARD_ERROR: tuple[str, ...] = ("stop", "skip")
 
 
@@ -37,22 +38,33 @@ def _tool_call_formats() -> tuple[str, ...]:
 class RewardWeightsConfig:
     """task.reward_weights: one weight per reward component (0: not used). grpo-run task.reward_weights.format=0.1"""
 
-    # The task's own reward (r1_zero: format AND correct answer).
-    correctness: float = finite(1.0)
-    # The task's format_reward alone (shaping toward the format).
-    format: float = finite(0.0)
-    # The task's answer_reward alone (keyword: fraction of keywords present; json: fraction of right values).
-    answer: float = finite(0.0)
-    # gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth; medcalc: within an
-    # absolute task.answer_atol.
-    numeric_close: float = finite(0.0)
-    # Shaping terms of every task, penalties in [-1, 0] (docs/evaluation.md#reward-shaping). overlong: DAPO's
-    # soft linear penalty over the last task.overlong_buffer tokens before rollout.max_tokens (-1 at the limit).
-    overlong: float = finite(0.0)
-    # repetition: open-r1's n-gram repetition penalty, -(1 - distinct / total word n-grams), n = task.repetition_ngram.
-    repetition: float = finite(0.0)
-    # Multi-turn episodes with task.environment: the environment's step rewards summed over the episode.
-    env: float = finite(1.0)
+    correctness: float = finite(1.0, help="The task's own reward (r1_zero: format AND correct answer).")
+    format: float = finite(0.0, help="The task's format_reward alone (shaping toward the format).")
+    answer: float = finite(
+        0.0,
+        help="The task's answer_reward alone (keyword: fraction of keywords present; json: fraction of right values).",
+    )
+    numeric_close: float = finite(
+        0.0,
+        help="gsm8k, regex_sum: 1 when the answer is within task.numeric_tolerance of the truth; medcalc: within an "
+        "absolute task.answer_atol.",
+    )
+    # overlong and repetition: shaping terms every task has, penalties in [-1, 0] (docs/evaluation.md#reward-shaping).
+    overlong: float = finite(
+        0.0,
+        help="DAPO's soft linear penalty (in [-1, 0]) over the last task.overlong_buffer tokens before "
+        "rollout.max_tokens (-1 at the limit).",
+    )
+    repetition: float = finite(
+        0.0,
+        help="open-r1's n-gram repetition penalty (in [-1, 0]), -(1 - distinct / total word n-grams), "
+        "n = task.repetition_ngram.",
+    )
+    env: float = finite(
+        1.0,
+        help="Multi-turn episodes with task.environment: the environment's step rewards summed over the episode "
+        "(logged as train/reward/env).",
+    )
 
 
 @dataclass
@@ -62,70 +74,123 @@ class TaskConfig:
     # Dicts of the user's own names, open to new keys on the command line without + (config/registry.py).
     OPEN_KEYS: ClassVar[tuple[str, ...]] = ("tools",)
 
-    # Task registry name (grpo_cli.tasks.TASKS).
-    name: str = choice(MISSING, lambda: tuple(importlib.import_module("grpo_cli.tasks").TASKS))
-    # chat: the tokenizer's chat template. With r1_zero, generation also stops at "</answer>" (kept in the output).
-    prompt: str = choice("chat", PROMPT_STYLES)
-    # Local JSONL files overriding the task's own data (null: the task's default source).
-    train_path: str | None = path(None, "file")
-    eval_path: str | None = path(None, "file")
-    # How many examples to build or read for each split (null: all the source has).
-    n_train: int | None = positive(2000)
-    n_eval: int | None = positive(64)
-    # Seed of the synthetic data generator (independent of the training seed, so the eval set is stable).
-    data_seed: int = non_negative(1234)
+    name: str = choice(
+        MISSING,
+        lambda: tuple(importlib.import_module("grpo_cli.tasks").TASKS),
+        help="The task, set by task=<name> (its registry entry in grpo_cli.tasks.TASKS).",
+    )
+    prompt: str = choice(
+        "chat",
+        PROMPT_STYLES,
+        help="How a question becomes a prompt. chat: the tokenizer's chat template | r1_zero: the handout's "
+        '<think>/<answer> template (generation also stops at "</answer>", kept in the output) | question_only: the '
+        "question alone. A task may allow only some of them.",
+    )
+    train_path: str | None = path(
+        None,
+        "file",
+        help="A local JSONL file of training examples, overriding the task's own data (null: the task's default "
+        "source).",
+    )
+    eval_path: str | None = path(
+        None,
+        "file",
+        help="A local JSONL file of held-out examples, overriding the task's own (null: the task's default source).",
+    )
+    n_train: int | None = positive(2000, help="How many training examples to build or read (null: all the source has).")
+    n_eval: int | None = positive(64, help="How many held-out examples to build or read (null: all the source has).")
+    data_seed: int = non_negative(
+        1234, help="Seed of the synthetic data generator (independent of the training seed, so the eval set is stable)."
+    )
     # Weights of the reward components (RewardWeightsConfig); their weighted sum is the reward advantages use.
     reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
-    # Wall-clock limit per reward call; a timeout scores 0 and is counted (train/reward_timeouts). 0: none.
-    reward_timeout_s: float = non_negative(10.0, hint="0: no time limit")
-    # Extra held-out sets, each evaluated beside the task's own and logged under eval/<name>/...: a local JSONL
-    # file (*.jsonl), a split of the task's hub dataset, or <dataset>:<split> / <dataset>:<config>:<split>.
-    # grpo-run task=math +task.eval_sets.math500=test +task.eval_sets.gsm8k=tests/fixtures/gsm8k_sample.jsonl
-    eval_sets: dict[str, str] = any_value(factory=dict)
-    # reward_weights.overlong: the penalty ramps from 0 to -1 over the last overlong_buffer tokens before
-    # rollout.max_tokens (null: a quarter of rollout.max_tokens).
-    overlong_buffer: int | None = positive(None)
-    # reward_weights.repetition: the n of the word n-grams whose repeats are penalized.
-    repetition_ngram: int = positive(3)
-    # What a reward function (or an environment) that raises, hangs, returns NaN, a string or the wrong count does
-    # to the run: stop (one line naming it; checkpoints kept) or skip (no reward from it for that sample, counted
-    # in train/reward_errors).
-    on_reward_error: str = choice("stop", ON_REWARD_ERROR)
-    # Worker processes that run the user's reward functions, tools and environments, each call killed at its time
-    # limit; calls run in parallel across them. 0: in this process, where a call blocked in C outlives the limit
-    # and sys.exit ends the run (the reward model always runs here).
-    reward_workers: int = non_negative(1, hint="0: call the functions in this process, unprotected")
-    # Multi-turn episodes (docs/multi-turn.md). Tools the model may call, by the name it calls them:
-    # task.tools.calculator=grpo_cli.tasks.builtin_tools:calculator, path/to/file.py:fn, or a node
-    # {_target_: factory, <arguments>} whose factory returns the function (type hints and a docstring with Args:).
-    tools: dict[str, Any] = any_value(factory=dict)
-    # How tool calls are written and read (tasks/tool_calls.py); null: the chat template's own, else hermes.
-    tool_call_format: str | None = choice(None, _tool_call_formats)
-    # Wall-clock limit per tool call; a call past it is killed and the model reads that it timed out. 0: none.
-    tool_timeout_s: float = non_negative(10.0, hint="0: no time limit")
-    # An environment the model talks to, one instance per episode: path/to/file.py:Class, package.module:Class,
-    # or a node {_target_: ..., <constructor arguments>} (tasks/environments.py); null: none.
-    environment: Any = any_value(None)
-    # Multi-turn episodes: at most this many model turns (each at most rollout.max_tokens tokens).
-    max_turns: int = positive(4)
-    # Multi-turn episodes: at most this many tokens after the prompt, the model's and the tools' or environment's
-    # together (null: only max_turns and rollout.max_tokens limit an episode).
-    max_episode_tokens: int | None = positive(None)
+    reward_timeout_s: float = non_negative(
+        10.0,
+        hint="0: no time limit",
+        help="Wall-clock limit per reward call (a TRL-convention call scores a whole batch); a timeout scores 0 and "
+        "is counted (train/reward_timeouts). 0: none.",
+    )
+    eval_sets: dict[str, str] = any_value(
+        factory=dict,
+        help="Extra held-out sets, each evaluated beside the task's own and logged under eval/<name>/...: a local "
+        "JSONL file (*.jsonl), a split of the task's hub dataset, or <dataset>:<split> / "
+        "<dataset>:<config>:<split>. grpo-run task=math +task.eval_sets.math500=test "
+        "+task.eval_sets.gsm8k=tests/fixtures/gsm8k_sample.jsonl",
+    )
+    overlong_buffer: int | None = positive(
+        None,
+        help="reward_weights.overlong: the penalty ramps from 0 to -1 over the last overlong_buffer tokens before "
+        "rollout.max_tokens (null: a quarter of rollout.max_tokens).",
+    )
+    repetition_ngram: int = positive(
+        3, help="reward_weights.repetition: the n of the word n-grams whose repeats are penalized."
+    )
+    on_reward_error: str = choice(
+        "stop",
+        ON_REWARD_ERROR,
+        help="What a reward function (or an environment) that raises, hangs, returns NaN, a string or the wrong "
+        "count does to the run: stop (one line naming it; checkpoints kept) or skip (no reward from it for that "
+        "sample, counted in train/reward_errors).",
+    )
+    reward_workers: int = non_negative(
+        1,
+        hint="0: call the functions in this process, unprotected",
+        help="Worker processes that run the user's reward functions (task.rewards), tools and environments, each "
+        "call killed at its time limit; calls of several functions, or of per_sample rows, run in parallel across "
+        "them. 0: in this process, where a call blocked in C outlives the limit and sys.exit ends the run (the "
+        "reward model always runs here).",
+    )
+    # Multi-turn episodes (docs/multi-turn.md): a task runs them when it names tools or an environment.
+    tools: dict[str, Any] = any_value(
+        factory=dict,
+        help="Tools the model may call in a multi-turn episode, by the name it calls them: "
+        "task.tools.calculator=grpo_cli.tasks.builtin_tools:calculator, path/to/file.py:fn, package.module:fn, or a "
+        "node {_target_: factory, <arguments>} whose factory returns the function (type hints and a docstring with "
+        "Args:).",
+    )
+    tool_call_format: str | None = choice(
+        None,
+        _tool_call_formats,
+        help="How tool calls are written and read (grpo_cli/tasks/tool_calls.py); null: the chat template's own, "
+        "else hermes.",
+    )
+    tool_timeout_s: float = non_negative(
+        10.0,
+        hint="0: no time limit",
+        help="Wall-clock limit per tool call; a call past it is killed and the model reads that it timed out. 0: none.",
+    )
+    environment: Any = any_value(
+        None,
+        help="An environment the model talks to in a multi-turn episode, one instance per episode: "
+        "path/to/file.py:Class, package.module:Class, or a node {_target_: ..., <constructor arguments>} "
+        "(grpo_cli/tasks/environments.py); null: none.",
+    )
+    max_turns: int = positive(
+        4, help="Multi-turn episodes: at most this many model turns, each at most rollout.max_tokens tokens."
+    )
+    max_episode_tokens: int | None = positive(
+        None,
+        help="Multi-turn episodes: at most this many tokens after the prompt, the model's and the tools' or "
+        "environment's together (null: only task.max_turns and rollout.max_tokens limit an episode).",
+    )
 
 
 @dataclass
 class NumericCloseOptions:
     """The numeric_close reward component's key (a mixin of the task schemas that offer numeric_close)."""
 
-    # numeric_close: relative tolerance (0.01: within 1% of the truth).
-    numeric_tolerance: float = non_negative(0.01)
+    numeric_tolerance: float = non_negative(
+        0.01, help="numeric_close: relative tolerance (0.01: within 1% of the truth)."
+    )
 
 
 @dataclass
 class HubTaskConfig(TaskConfig):
     """A task read from a hub dataset through `datasets` when no local path is given."""
 
-    hub_dataset: str | None = any_value(None)
-    hub_config: str | None = any_value(None)
-    hub_train_split: str = any_value("train")
-    hub_eval_split: str = any_value("test")
+    hub_dataset: str | None = any_value(
+        None, help="The `datasets` hub id read when task.train_path / task.eval_path is null."
+    )
+    hub_config: str | None = any_value(None, help="The hub dataset's configuration (subset) name; null: its default.")
+    hub_train_split: str = any_value("train", help="The hub dataset's split of training examples.")
+    hub_eval_split: str = any_value("test", help="The hub dataset's split of held-out examples.")

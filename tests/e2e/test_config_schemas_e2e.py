@@ -18,6 +18,18 @@ def test_help_lists_the_allowed_values_and_no_schema_entries(tmp_path):
     assert "task: " in result.stdout and "_schema" not in result.stdout
 
 
+def test_help_of_groups_prints_their_keys_with_value_constraint_and_help(tmp_path):
+    # Two groups, each with the values of the selected choices (loss=grpo_clip sets loss.type; task=custom's keys).
+    chosen = run_grpo(["--help", "loss=grpo_clip", "task=custom", "loss", "task"], cwd=tmp_path, timeout=120)
+    assert chosen.returncode == 0, chosen.stderr
+    out = chosen.stdout
+    assert "loss.type = grpo_clip  (one of no_baseline, reinforce_with_baseline, grpo_clip, gspo, cispo)" in out
+    assert "loss.cliprange = 0.2  (in (0, 1))\n    Clip range epsilon" in out
+    assert "== task=custom:" in out and "task.rewards = {}  (a mapping)" in out
+    assert "task.reward_weights.correctness" not in out  # custom's reward_weights is a dict of its own
+    assert "train.steps =" not in out and "== Allowed values" not in out  # only the groups asked for
+
+
 def test_task_keyword_with_min_words_fails_in_one_line_through_grpo_run(tmp_path):
     result = run_grpo(["task=keyword", "task.min_words=3"], cwd=tmp_path, timeout=120)
     assert result.returncode == 2
@@ -88,7 +100,13 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "cliprange_high": None,
         "dual_clip": None,
     }
-    assert printed["kl"] == {"beta": 0.0, "estimator": "k3", "monitor": False}
+    assert printed["kl"] == {
+        "beta": 0.0,
+        "estimator": "k3",
+        "monitor": False,
+        "beta_schedule": "constant",
+        "beta_final": None,
+    }
     assert printed["normalization"] == {
         "advantage": "std",
         "advantage_eps": 1e-6,

@@ -84,22 +84,17 @@ def results_of(two_ranks: dict, case: str) -> dict:
 
 def record_loss_inputs(learner_module) -> list[dict[str, torch.Tensor]]:
     """Spy on the learner's train step: each microbatch's current, old and reference log-probs (masked tokens)."""
-    from grpo_cli.core import grpo_microbatch_train_step as real
+    from grpo_cli.core import microbatch_train_step as real
 
     seen: list[dict[str, torch.Tensor]] = []
 
-    def spy(**kwargs):
-        mask = kwargs["response_mask"].bool()
-        seen.append(
-            {
-                name: kwargs[key].detach()[mask].clone()
-                for name, key in (("current", "policy_log_probs"), ("old", "old_log_probs"), ("ref", "ref_log_probs"))
-                if kwargs.get(key) is not None
-            }
-        )
-        return real(**kwargs)
+    def spy(policy_log_probs, response_mask, gradient_accumulation_steps, settings, **kwargs):
+        mask = response_mask.bool()
+        tensors = {"current": policy_log_probs, "old": kwargs.get("old_log_probs"), "ref": kwargs.get("ref_log_probs")}
+        seen.append({name: t.detach()[mask].clone() for name, t in tensors.items() if t is not None})
+        return real(policy_log_probs, response_mask, gradient_accumulation_steps, settings, **kwargs)
 
-    learner_module.grpo_microbatch_train_step = spy
+    learner_module.microbatch_train_step = spy
     return seen
 
 
@@ -194,7 +189,8 @@ def test_the_first_update_of_a_multi_epoch_batch_has_ratio_one_in_bf16_and_fp32(
 
 def _lora_reference_case(rank: int, tmp: Path) -> dict:
     import grpo_cli.learner.learner as learner_module
-    from grpo_cli.learner.batch import per_completion_log_probs
+    from grpo_cli.core import LOGITS_CHUNK_TOKENS
+    from grpo_cli.learner.batch import ScoringSettings, per_completion_log_probs
     from grpo_cli.learner.learner import Learner
     from grpo_cli.models import build_policy
     from grpo_cli.models.runtime import seed_everything
@@ -213,7 +209,14 @@ def _lora_reference_case(rank: int, tmp: Path) -> dict:
     base_cfg = compose_config([*overrides, "model.lora.enabled=false"], output_dir=str(tmp))
     seed_everything(base_cfg.seed)
     base, tokenizer = build_policy(base_cfg.model, torch.device("cpu"))
-    expected = per_completion_log_probs(base, data, 2, tokenizer.pad_token_id, torch.device("cpu"))
+    scoring = ScoringSettings(
+        temperature=1.0,
+        share_prompts=False,
+        logits_chunk_tokens=LOGITS_CHUNK_TOKENS,
+        microbatch_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    expected = per_completion_log_probs(base, data, torch.device("cpu"), scoring)
     return {
         "ref_vs_base": max((r - e).abs().max().item() for r, e in zip(data.ref_log_probs, expected, strict=True)),
         "policy_vs_base": max((mb["current"] - mb["ref"]).abs().max().item() for mb in seen),

@@ -69,6 +69,8 @@ def test_a_preset_stays_overridable_by_key_group_and_experiment():
         (["rollout.importance_threshold=2", "rollout.importance_threshold_low=3"], "the band \\[low, C\\] is empty"),
         (["normalization.length=seq_mean"], "normalization.length"),
         (["sync=multi_epoch", "sync.epochs_per_rollout_batch=2"], "use loss=grpo_clip .*, gspo or cispo"),
+        (["kl.beta=0.1", "kl.beta_final=0"], "kl.beta_final=0.0 is where a KL schedule ends, but .*=constant"),
+        (["kl.beta=0.1", "kl.beta_schedule=cosine"], "kl.beta_schedule=cosine moves .* set kl.beta_final"),
     ],
 )  # fmt: skip
 def test_settings_that_cannot_act_are_one_line_errors(overrides, message):

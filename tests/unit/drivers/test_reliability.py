@@ -41,7 +41,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
 
 
 def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
-    real = learner_module.response_log_probs
+    real = learner_module.score_microbatch  # the training forward's (PolicyScorer)
 
     def poisoned(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -50,7 +50,7 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
     loop = make_trainer(tmp_path, ["train.steps=10", "train.max_nonfinite_steps=2", "train.eval_every=0"])
     model = loop.executor.learner.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    monkeypatch.setattr(learner_module, "response_log_probs", poisoned)
+    monkeypatch.setattr(learner_module, "score_microbatch", poisoned)
     with pytest.raises(RunStopped) as info:
         loop.run()
     assert info.value.exit_code == 3 and "not finite in 2 consecutive steps" in str(info.value)

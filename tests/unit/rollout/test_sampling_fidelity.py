@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
-from grpo_cli.learner.batch import RolloutData, per_completion_log_probs
+from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
 from grpo_cli.models import TINY_RANDOM, apply_lora, load_policy
 from grpo_cli.models.runtime import compute_dtype, pure_half_precision_warning, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
@@ -125,9 +125,14 @@ def test_old_and_reference_log_probs_use_the_sampling_temperature(tiny):
         raw_rewards=torch.zeros(2),
         advantages=torch.zeros(2),
     )
-    per_completion = per_completion_log_probs(
-        model, data, 2, tokenizer.pad_token_id, CPU, share_prompts=False, temperature=0.5
+    scoring = ScoringSettings(
+        temperature=0.5,
+        share_prompts=False,
+        logits_chunk_tokens=LOGITS_CHUNK_TOKENS,
+        microbatch_size=2,
+        pad_token_id=tokenizer.pad_token_id,
     )
+    per_completion = per_completion_log_probs(model, data, CPU, scoring)
     expected = manual_log_probs(model, batch, 0.5)
     for row, values in enumerate(per_completion):
         torch.testing.assert_close(values, expected[row][batch["response_mask"][row]], atol=1e-5, rtol=1e-5)
@@ -138,18 +143,16 @@ def test_learner_scores_at_rollout_temperature(tmp_path, monkeypatch, letter_e_t
 
     from grpo_cli.drivers.loop import TrainingLoop
     from grpo_cli.learner import batch as batch_module
-    from grpo_cli.learner import learner as learner_module
     from tests.conftest import compose_config
 
     seen = []
-    for module in (learner_module, batch_module):
-        real = module.response_log_probs
+    real = batch_module.response_log_probs  # every scoring pass's call (batch.score_microbatch)
 
-        def recording(*args, _real=real, **kwargs):
-            seen.append(kwargs.get("temperature", 1.0))
-            return _real(*args, **kwargs)
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("temperature", 1.0))
+        return real(*args, **kwargs)
 
-        monkeypatch.setattr(module, "response_log_probs", recording)
+    monkeypatch.setattr(batch_module, "response_log_probs", recording)
     cfg = compose_config(
         ["debug=smoke", "task.name=letter_e", "rollout.temperature=0.5", "kl.beta=0.1", "train.eval_every=0"],
         output_dir=str(tmp_path),
@@ -190,8 +193,15 @@ def test_old_log_probs_are_computed_without_dropout(tiny):
         raw_rewards=torch.zeros(2),
         advantages=torch.zeros(2),
     )
-    first = per_completion_log_probs(lora, data, 2, tokenizer.pad_token_id, CPU)
-    second = per_completion_log_probs(lora, data, 2, tokenizer.pad_token_id, CPU)
+    scoring = ScoringSettings(
+        temperature=1.0,
+        share_prompts=False,
+        logits_chunk_tokens=LOGITS_CHUNK_TOKENS,
+        microbatch_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    first = per_completion_log_probs(lora, data, CPU, scoring)
+    second = per_completion_log_probs(lora, data, CPU, scoring)
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b)
     assert lora.training  # put back as it was

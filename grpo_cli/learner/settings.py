@@ -1,0 +1,56 @@
+"""The config read once into the settings objects the step passes down: the loss's (core.LossSettings, for every
+microbatch's train step) and the scoring's (ScoringSettings, for every pass that scores completions: the
+learner's training, old and reference passes and the generator's behaviour log-probs).
+
+The one place that maps config keys to them: a new loss or scoring option is declared in the schema, read here,
+and used where it matters, with no keyword list in between to forget.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_cli.config import BatchShape
+from grpo_cli.config.schemas import GRPOConfig
+from grpo_cli.core import LossSettings
+from grpo_cli.learner.batch import ScoringSettings, shares_prompts
+
+
+def loss_settings(cfg: GRPOConfig) -> LossSettings:
+    """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them."""
+    loss, rollout = cfg.loss, cfg.rollout
+    cliprange_high = loss.cliprange_high
+    if loss.type == "cispo" and cliprange_high is None:
+        # CISPO's cap reads loss.cliprange_high, falling back to the symmetric range like the clipped losses do.
+        cliprange_high = loss.cliprange
+    return LossSettings(
+        loss_type=loss.type,
+        cliprange=loss.cliprange,
+        cliprange_high=cliprange_high,
+        dual_clip=loss.dual_clip,
+        length_normalization=cfg.normalization.length,
+        normalize_constant=cfg.normalization.length_constant or rollout.max_tokens,
+        kl_beta=cfg.kl.beta,
+        kl_estimator=cfg.kl.estimator,
+        kl_beta_schedule=cfg.kl.beta_schedule,
+        kl_beta_final=cfg.kl.beta_final,
+        total_steps=cfg.train.steps,
+        importance_correction=rollout.importance_correction,
+        importance_level=rollout.importance_level,
+        importance_threshold=rollout.importance_threshold,
+        importance_threshold_low=rollout.importance_threshold_low,
+    )
+
+
+def scoring_settings(cfg: GRPOConfig, model: torch.nn.Module, pad_token_id: int, sharded: bool) -> ScoringSettings:
+    """How `model`'s completions are scored, at the training rollouts' temperature (rollout.temperature).
+    `sharded`: the model is FSDP2-sharded, whose every rank must run the same sequence of layer calls; the shared
+    prompt pass runs the decoder once or twice depending on the batch, so it stays off there, and off for a model
+    it cannot score (shares_prompts)."""
+    return ScoringSettings(
+        temperature=cfg.rollout.temperature,
+        share_prompts=not sharded and shares_prompts(model, cfg.train.share_prompt_forward),
+        logits_chunk_tokens=cfg.train.logits_chunk_tokens,
+        microbatch_size=BatchShape.from_config(cfg).microbatch_size,
+        pad_token_id=pad_token_id,
+    )

@@ -70,6 +70,7 @@ GSM8K_TOOLS_CASES = tuple(
 )
 
 _PY_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(sum(range(1, 11)))"}}\n</tool_call>'
+_PY_ERROR = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 / 0)"}}\n</tool_call>'
 MATH_QUESTION = "What is the sum of the integers from 1 to 10?"
 PYTHON_MATH_CASES = tuple(
     SanityCase(
@@ -84,6 +85,7 @@ PYTHON_MATH_CASES = tuple(
         ("55", (_PY_CALL, "The program printed 55, so the sum is $\\boxed{55}$."), 1.0, "runs code, boxes 55"),
         ("55", (_PY_CALL, "The sum is $\\boxed{56}$."), 0.0, "runs code, boxes a wrong answer"),
         ("55", ("$1 + 2 + \\dots + 10 = \\boxed{55}$",), 1.0, "answers without running code"),
+        ("55", (_PY_ERROR, "The code failed; by hand the sum is $\\boxed{55}$."), 1.0, "reads the traceback, answers"),
     )
 )
 

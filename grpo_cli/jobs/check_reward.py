@@ -280,18 +280,34 @@ def transcript(episode: Episode, width: int = 160) -> list[str]:
     return lines
 
 
+def episode_tokenizer(name: str, console: Console) -> tuple[Any, str]:
+    """(the tokenizer the episodes are built with, its model's name): the model's, or where it does not load (a
+    GPU preset's model not downloaded on this machine) the embedded default model's, said in one line: the tools,
+    the environment and the rewards run the same; the chat template and the token ids are the default model's."""
+    from grpo_cli.models import EMBEDDED_SMOLLM2, load_tokenizer  # transformers
+
+    try:
+        return load_tokenizer(name), name
+    except UserFacingError as e:
+        console.print(
+            f"the tokenizer of {name} did not load ({e}): the episodes are built with {EMBEDDED_SMOLLM2}'s chat "
+            "template and tokenizer instead",
+            highlight=False,
+            markup=False,
+        )
+        return load_tokenizer(EMBEDDED_SMOLLM2), EMBEDDED_SMOLLM2
+
+
 def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: Console) -> dict[str, Any]:
     """job=check_reward of a multi-turn task: each case's turns played as the model's, the tools or the environment
     run for real between them, the finished episode scored with the run's reward (score_episodes: the task's own
     reward on the last turn, task=custom's functions on the whole episode, and the env component); a table row and
     the transcript per case. A built-in task's case expects its own rule ("correctness"), the weighted total shown
     beside it; task=custom's expects the weighted total (or each named reward, `env` included)."""
-    from grpo_cli.models import load_tokenizer  # transformers
-
     task = task_for(cfg.task)
     custom = task.from_config is not None
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, cfg.model.name_or_path)
+    tokenizer, model_name = episode_tokenizer(cfg.model.name_or_path, console)
+    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, model_name)
     assert setup is not None  # is_multiturn
     reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens)
     state = TrainerState(global_step=0, max_steps=cfg.train.steps, epoch=0.0)

@@ -199,17 +199,18 @@ def episode_setup(
         return None
     limits = EpisodeLimits(task_cfg.max_turns, max_tokens_per_turn, task_cfg.max_episode_tokens)
     base_dir = base_dir_of_task(task_cfg)
-    common = {"limits": limits, "env_weight": env_weight(task_cfg), "on_error": task_cfg.on_reward_error}
+    weight, on_error = env_weight(task_cfg), task_cfg.on_reward_error
     if specs:
         tools = load_tools(specs, base_dir)
         prompt = tool_prompt(tokenizer, tools, task_cfg.tool_call_format, model_name)
         runner = ToolRunner(tools, task_cfg.tool_timeout_s or None, workers=task_cfg.reward_workers)
-        return EpisodeSetup(ChatTemplate.for_tools(tokenizer, prompt), tools=runner, tool_prompt=prompt, **common)
+        template = ChatTemplate.for_tools(tokenizer, prompt)
+        return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
     assert environment is not None
     env_runner = EnvironmentRunner(
         ENVIRONMENT_KEY, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
     )
-    return EpisodeSetup(ChatTemplate(tokenizer), environment=env_runner, **common)
+    return EpisodeSetup(ChatTemplate(tokenizer), limits, weight, on_error, environment=env_runner)
 
 
 def last_model_turn(episode: Episode) -> str:

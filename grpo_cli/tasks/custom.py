@@ -195,8 +195,9 @@ class CustomTaskConfig(TaskConfig):
     )
     reward_weights: dict[str, float] = any_value(
         factory=dict,
-        help="Weight of each reward by name (task.rewards' names, task.reward_model.name, and the shaping terms "
-        "overlong and repetition); a reward without a weight counts 1, a shaping term 0.",
+        help="Weight of each reward by name (task.rewards' names, task.reward_model.name, the shaping terms "
+        "overlong and repetition, and env with task.environment); a reward without a weight counts 1, a shaping "
+        "term 0.",
     )  # type: ignore[assignment]
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     answer_from: str | None = any_value(
@@ -209,7 +210,8 @@ class CustomTaskConfig(TaskConfig):
         None,
         "file",
         help='job=check_reward\'s cases: a JSONL file, {"response": ..., "expected": ..., <the row\'s columns>} '
-        "per line.",
+        'per line; with task.tools or task.environment, {"turns": [<the model\'s turns>], "expected": ...} runs them '
+        "for real between the turns.",
     )
     base_dir: str | None = path(
         None,

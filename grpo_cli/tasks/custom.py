@@ -193,6 +193,8 @@ class CustomTaskConfig(TaskConfig):
         help='What a trl-convention function gets as completions=: auto is TRL\'s rule ([{"role": "assistant", '
         '"content": text}] each when the data is conversational, the text otherwise), text or messages force one.',
     )
+    # The user's reward names instead of the built-in tasks' fixed RewardWeightsConfig: a narrower field than
+    # TaskConfig.reward_weights declares, which mypy reports as an incompatible override (it is one on purpose).
     reward_weights: dict[str, float] = any_value(
         factory=dict,
         help="Weight of each reward by name (task.rewards' names, task.reward_model.name, the shaping terms "

@@ -95,3 +95,49 @@ def test_max_turns_cuts_a_script_longer_than_it(tmp_path):
     cfg = compose_config(["job=check_reward", "task=guess_number", "task.max_turns=2"])
     with pytest.raises(UserFacingError, match=r"task=guess_number disagree \(rows 1, 3\)"):
         check_reward(cfg, tmp_path, out)  # the games won on the 3rd guess are lost at 2 turns
+
+
+BROKEN_ENV_PY = """
+class Broken:
+    def reset(self, row):
+        return [{"role": "user", "content": "Guess."}]
+
+    def step(self, messages):
+        if "boom" in messages[-1]["content"]:
+            raise RuntimeError("the board caught fire")
+        return None, 1.0, True
+"""
+
+
+@pytest.mark.parametrize("on_error", ["stop", "skip"])
+def test_an_environment_that_fails_follows_on_reward_error(tmp_path, on_error):
+    from grpo_cli.jobs.check_reward import scripted_turns
+    from grpo_cli.models import EMBEDDED_SMOLLM2, load_tokenizer
+    from grpo_cli.rollout.multiturn import episode_setup, score_episodes
+    from grpo_cli.tasks import make_reward_fn
+    from grpo_cli.tasks.base import Example
+    from grpo_cli.tasks.environments import EnvironmentFailed
+
+    (tmp_path / "envs.py").write_text(textwrap.dedent(BROKEN_ENV_PY))
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
+    task = CustomTaskConfig(
+        name="custom", train_path="train.jsonl", eval_path="train.jsonl", prompt="chat", reward_workers=0,
+        environment="envs.py:Broken", on_reward_error=on_error,
+    )  # fmt: skip
+    absolutize_paths(task, tmp_path)
+    setup = episode_setup(task, load_tokenizer(EMBEDDED_SMOLLM2), 16)
+    assert setup is not None
+    example = Example([{"role": "user", "content": "x"}], {"prompt": "x"})
+    try:
+        if on_error == "stop":
+            with pytest.raises(
+                EnvironmentFailed, match=r"^task.environment: the environment raised RuntimeError: the board"
+            ):
+                setup.run([example], scripted_turns(setup.template, ["boom"]))
+            return
+        episodes = setup.run([example], scripted_turns(setup.template, ["boom"]))
+        assert episodes[0].stop_reason == "error" and "the board caught fire" in str(episodes[0].error)
+        reward = score_episodes(make_reward_fn(task), episodes, setup.env_weight).rewards[0]
+        assert "reward/env" not in reward and reward["reward"] == 0.0  # skip: no env reward for that episode
+    finally:
+        setup.close()

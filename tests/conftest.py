@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,38 @@ def tiny_head_lm(architecture: str):
         for parameter in model.parameters():
             parameter.normal_(0, 0.5)
     return model.train()
+
+
+# Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends.
+RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard", "ray_reaper")
+
+
+def ray_processes() -> set[int]:
+    """Live (not zombie) processes of any Ray installation on this machine."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(marker in cmdline for marker in RAY_PROCESS_MARKERS):
+            found.add(int(entry.name))
+    return found
+
+
+def assert_no_ray_left(before: set[int]) -> None:
+    deadline = time.monotonic() + 20
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes outlived the run: {sorted(left)}"
+
+
+@pytest.fixture
+def ray_installed():
+    pytest.importorskip("ray")
+    before = ray_processes()
+    yield
+    assert_no_ray_left(before)

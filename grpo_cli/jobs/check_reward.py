@@ -8,8 +8,9 @@ the model's tokenizer (the completion_ids its reward functions get), unless each
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks import SanityCase, make_reward_fn, reward_weights, task_for
+from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, Generate, SampledTurn, run_episodes
+from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
+from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
+from grpo_cli.tasks.base import Example
 from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
@@ -124,6 +128,8 @@ def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
         )
     if not cases:
         raise UserFacingError(f"task={task.name} ships no sanity cases for prompt={cfg.task.prompt}")
+    if is_multiturn(cfg.task):
+        return run_episode_cases(cfg, cases, console)
     # The cases pin down the task's own rule (the correctness component); a custom weighting is shown beside it.
     # task=custom's cases are of its whole weighted reward, each named reward shown beside it.
     if task.from_config is not None:
@@ -227,3 +233,129 @@ def check_shaping_terms(cfg: GRPOConfig, console: Console) -> list[int]:
             highlight=False,
         )
     return disagreements
+
+
+# ------------------------------------------------------------------------------------------ multi-turn episodes
+
+
+def scripted_turns(template: ChatTemplate, turns: Sequence[str]) -> Generate:
+    """A `generate` for one episode that "samples" the given model turns in order: each turn's text tokenized,
+    then the template's end-of-turn token (a turn the model ended itself)."""
+    stops = sorted(template.stop_token_ids)
+    im_end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    stop = [im_end] if im_end in template.stop_token_ids else stops[:1]
+    queue = [template.encode(turn) + stop for turn in turns]
+
+    def generate(prompts: Sequence[Sequence[int]], max_tokens: int) -> list[SampledTurn]:
+        del max_tokens  # the scripted turns are given whole (the case's limits leave room for the longest)
+        if len(prompts) != 1 or not queue:
+            raise ValueError("a scripted episode is run one at a time, at most one turn per given turn")
+        return [SampledTurn(queue.pop(0), stopped=bool(stop))]
+
+    return generate
+
+
+def run_case_episode(setup: EpisodeSetup, case: SanityCase, max_turns: int) -> Episode:
+    """The case's episode: its prompt (or the environment's opening), its turns as the model's, and the task's
+    tools or environment run for real between them, up to the task's max_turns (and no more turns than given)."""
+    turns = case.turns or (case.response,)
+    example = Example(case.prompt if case.prompt is not None else [{"role": "user", "content": ""}], case.ground_truth)
+    longest = max(len(setup.template.encode(turn)) for turn in turns) + 1
+    limits = EpisodeLimits(min(max_turns, len(turns)), longest, setup.limits.max_episode_tokens)
+    scripted = dataclasses.replace(setup, limits=limits)
+    episodes = run_episodes(
+        scripted.open([example]), setup.template, scripted_turns(setup.template, turns), setup.on_turn, limits
+    )
+    setup.finish(episodes)
+    return episodes[0]
+
+
+def transcript(episode: Episode, width: int = 160) -> list[str]:
+    """One line per message after the opening ones: "role: text" (folded onto one line, cut at `width`)."""
+    lines = []
+    for message in episode.completion_messages:
+        text = " ".join(str(message.get("content", "")).split())
+        text = text if len(text) <= width else text[: width - 3] + "..."
+        lines.append(f"{message.get('role')}: {text}")
+    return lines
+
+
+def episode_tokenizer(name: str, console: Console) -> tuple[Any, str]:
+    """(the tokenizer the episodes are built with, its model's name): the model's, or where it does not load (a
+    GPU preset's model not downloaded on this machine) the embedded default model's, said in one line: the tools,
+    the environment and the rewards run the same; the chat template and the token ids are the default model's."""
+    from grpo_cli.models import EMBEDDED_SMOLLM2, load_tokenizer  # transformers
+
+    try:
+        return load_tokenizer(name), name
+    except UserFacingError as e:
+        console.print(
+            f"the tokenizer of {name} did not load ({e}): the episodes are built with {EMBEDDED_SMOLLM2}'s chat "
+            "template and tokenizer instead",
+            highlight=False,
+            markup=False,
+        )
+        return load_tokenizer(EMBEDDED_SMOLLM2), EMBEDDED_SMOLLM2
+
+
+def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: Console) -> dict[str, Any]:
+    """job=check_reward of a multi-turn task: each case's turns played as the model's, the tools or the environment
+    run for real between them, the finished episode scored with the run's reward (score_episodes: the task's own
+    reward on the last turn, task=custom's functions on the whole episode, and the env component); a table row and
+    the transcript per case. A built-in task's case expects its own rule ("correctness"), the weighted total shown
+    beside it; task=custom's expects the weighted total (or each named reward, `env` included)."""
+    task = task_for(cfg.task)
+    custom = task.from_config is not None
+    tokenizer, model_name = episode_tokenizer(cfg.model.name_or_path, console)
+    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, model_name)
+    assert setup is not None  # is_multiturn
+    reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens)
+    state = TrainerState(global_step=0, max_steps=cfg.train.steps, epoch=0.0)
+    table = Table(title=f"multi-turn reward sanity cases: task={task.name}", title_justify="left")
+    for name in ("#", "ground truth", "turns", "expected", "got", "", "why", "weighted total", "each reward"):
+        table.add_column(name, overflow="fold")
+    disagreements, transcripts = [], []
+    try:
+        for index, case in enumerate(cases, start=1):
+            try:
+                episode = run_case_episode(setup, case, cfg.task.max_turns)
+                scores = score_episodes(reward_fn, [episode], setup.env_weight, state)
+                result, error = scores.rewards[0], ""
+                if scores.n_errors or scores.n_timeouts:
+                    error = "the reward raised or timed out"
+            except UserFacingError as e:
+                episode, result, error = None, {}, str(e)
+            parts = {k.removeprefix("reward/"): v for k, v in result.items() if k.startswith("reward/")}
+            got = None if error else result.get("reward" if custom else "correctness", result.get("reward"))
+            ok = agrees(case, got, parts)
+            if not ok:
+                disagreements.append(index)
+            n_turns = f"{episode.n_turns} of {len(case.turns or ())}" if episode is not None else "-"
+            table.add_row(
+                str(index),
+                _show(_columns(case.ground_truth)),
+                n_turns,
+                _expected_text(case),
+                "error" if got is None else f"{got:g}",
+                "[green]ok[/]" if ok else "[bold red]DIFFERS[/]",
+                escape(case.why + (f" ({error})" if error else "")),
+                "error" if error else f"{result['reward']:.3g}",
+                escape(" ".join(f"{name}={value:.3g}" for name, value in parts.items())),
+            )
+            if episode is not None:
+                ended = f"ended: {episode.stop_reason}" + (" (truncated)" if episode.truncated else "")
+                transcripts.append((index, [*transcript(episode), ended]))
+    finally:
+        setup.close()
+    console.print(table)
+    for index, lines in transcripts:
+        console.print(f"case {index}:", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, markup=False)
+    if disagreements:
+        raise UserFacingError(
+            f"{len(disagreements)} of {len(cases)} reward sanity cases of task={task.name} disagree "
+            f"(rows {', '.join(map(str, disagreements))}): the reward does not do what the task's cases expect"
+        )
+    console.print(f"all {len(cases)} cases agree with task={task.name}'s reward rule", highlight=False)
+    return {"n": len(cases), "n_disagree": 0}

@@ -30,16 +30,25 @@ from grpo_cli.tasks.base import (
 )
 from grpo_cli.tasks.custom import CUSTOM_TASK, CustomReward, CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.graders import question_only_reward_fn, r1_zero_reward_fn
+from grpo_cli.tasks.guess_number import GUESS_NUMBER_TASK
 from grpo_cli.tasks.hub import RowParser
 from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
 from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
 from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
+from grpo_cli.tasks.multiturn_config import (
+    ENV_COMPONENT,
+    absolutize_multiturn_paths,
+    env_weight,
+    is_multiturn,
+    validate_multiturn,
+)
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
 from grpo_cli.tasks.schema import HubTaskConfig, NumericCloseOptions, RewardWeightsConfig, TaskConfig
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+from grpo_cli.tasks.tool_tasks import GSM8K_TOOLS_TASK, PYTHON_MATH_TASK
 
 TASKS: dict[str, TaskSpec] = {
     task.name: task
@@ -53,6 +62,9 @@ TASKS: dict[str, TaskSpec] = {
         ADDITION_TASK,
         MEDCALC_TASK,
         CUSTOM_TASK,
+        GSM8K_TOOLS_TASK,
+        PYTHON_MATH_TASK,
+        GUESS_NUMBER_TASK,
     )
 }
 # task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
@@ -166,10 +178,12 @@ _CONFIGURED: dict[str, TaskSpec] = {}
 
 
 def absolutize_task_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
-    """task=custom: its relative paths made absolute against `base_dir` (where grpo-run was started), in place,
-    before the config is saved and sent to other processes. Other tasks: nothing."""
+    """The file references of task.tools and task.environment (every task), and task=custom's relative paths, made
+    absolute against `base_dir` (where grpo-run was started), in place, before the config is saved and sent to
+    other processes."""
     if get_task(str(task_cfg.name)).from_config is not None:
         absolutize_paths(cast(CustomTaskConfig, task_cfg), base_dir)  # the one task made from its config
+    absolutize_multiturn_paths(task_cfg, base_dir)
 
 
 def _reward_options(task: TaskSpec, task_cfg: TaskConfig) -> dict[str, Any]:
@@ -181,9 +195,20 @@ def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     weights = getattr(task_cfg, "reward_weights", None)
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
-    # RewardWeightsConfig, or task=custom's mapping of the user's reward names.
+    # RewardWeightsConfig, or task=custom's mapping of the user's reward names. `env` (the environment's step
+    # rewards, multi-turn episodes only) is not one of the task's reward components: env_weight reads it.
     items = dataclasses.asdict(weights) if isinstance(weights, RewardWeightsConfig) else dict(weights)
-    return {name: float(weight) for name, weight in items.items() if weight != 0}
+    return {name: float(weight) for name, weight in items.items() if weight != 0 and name != ENV_COMPONENT}
+
+
+def component_weights(task_cfg: TaskConfig) -> dict[str, float]:
+    """The weights make_reward_fn builds the task's reward with: reward_weights(task_cfg), or for a task whose
+    environment's reward is the only one weighted (guess_number: task.reward_weights.correctness=0) the task's own
+    reward at weight 0, so that "correctness" is still reported (eval/pass@k) and the total is the env component."""
+    weights = reward_weights(task_cfg)
+    if not weights and is_multiturn(task_cfg) and env_weight(task_cfg) != 0:
+        return {"correctness": 0.0}
+    return weights
 
 
 def validate_task_config(task_cfg: TaskConfig) -> None:
@@ -212,9 +237,10 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
         )
     try:
         if task.from_config is None:  # a task made from its config checked its own weights
-            check_weights(task, task_cfg.prompt, reward_weights(task_cfg), _reward_options(task, task_cfg))
+            check_weights(task, task_cfg.prompt, component_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
         raise UserFacingError(str(e)) from None
+    validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
     for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
         if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
             raise UserFacingError(
@@ -240,7 +266,7 @@ def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: 
     return build_reward_fn(
         task,
         task_cfg.prompt,
-        reward_weights(task_cfg),
+        component_weights(task_cfg),
         _reward_options(task, task_cfg),
         task_cfg.reward_timeout_s,
         shaping,
@@ -269,6 +295,8 @@ __all__ = [
     "TaskDataError",
     "call_with_time_limit",
     "absolutize_task_paths",
+    "env_weight",
+    "is_multiturn",
     "get_task",
     "task_for",
     "load_eval_sets",

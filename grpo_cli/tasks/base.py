@@ -60,6 +60,11 @@ class SanityCase:
     expected_each: dict[str, float | None] | None = None
     # task=custom: the response's token ids, for rewards that read completion_ids (None: check_reward tokenizes).
     completion_ids: tuple[int, ...] | None = None
+    # A multi-turn task's case: the model's turns, in order (`response` is then the last one); job=check_reward
+    # runs the task's tools or environment for real between them (rollout/multiturn.py).
+    turns: tuple[str, ...] | None = None
+    # A multi-turn case's prompt (the conversation its episode opens with, unless the environment's reset gives one).
+    prompt: Prompt | None = None
 
 
 def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, Row]]:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from grpo_cli.config.fields import any_value, choice, non_negative, path, positive
+from grpo_cli.config.fields import any_value, choice, path, positive
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.base import (
     PROMPT_STYLES,
@@ -66,6 +66,7 @@ from grpo_cli.tasks.base import (
     TaskDataError,
     TaskSpec,
 )
+from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, environment_spec
 from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
 from grpo_cli.tasks.schema import TaskConfig
@@ -86,7 +87,6 @@ from grpo_cli.tasks.user_code import (
 )
 
 REWARD_CONVENTIONS = ("trl", "per_sample")
-ON_REWARD_ERROR = ("stop", "skip")
 # What completions= holds: auto is TRL's rule (messages exactly when the data is conversational).
 COMPLETION_FORMATS = ("auto", "text", "messages")
 # Roles a conversational prompt's messages may have.
@@ -135,7 +135,7 @@ class CustomTaskConfig(TaskConfig):
     """task=custom: data, prompt and rewards from the config and the user's own code (docs/custom-tasks.md)."""
 
     # Dicts of the user's own names, open to new keys on the command line without + (config/registry.py).
-    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("rewards", "reward_weights")
+    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("rewards", "reward_weights", "tools")
 
     train_path: str | None = any_value(
         None,
@@ -193,27 +193,15 @@ class CustomTaskConfig(TaskConfig):
         help='What a trl-convention function gets as completions=: auto is TRL\'s rule ([{"role": "assistant", '
         '"content": text}] each when the data is conversational, the text otherwise), text or messages force one.',
     )
+    # The user's reward names instead of the built-in tasks' fixed RewardWeightsConfig: a narrower field than
+    # TaskConfig.reward_weights declares, which mypy reports as an incompatible override (it is one on purpose).
     reward_weights: dict[str, float] = any_value(
         factory=dict,
-        help="Weight of each reward by name (task.rewards' names, task.reward_model.name, and the shaping terms "
-        "overlong and repetition); a reward without a weight counts 1, a shaping term 0.",
+        help="Weight of each reward by name (task.rewards' names, task.reward_model.name, the shaping terms "
+        "overlong and repetition, and env with task.environment); a reward without a weight counts 1, a shaping "
+        "term 0.",
     )  # type: ignore[assignment]
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    on_reward_error: str = choice(
-        "stop",
-        ON_REWARD_ERROR,
-        help="What a reward that raises, hangs, returns NaN, a string or the wrong count does to the run: stop (one "
-        "line naming it; checkpoints kept) or skip (no reward from it for that sample, counted in "
-        "train/reward_errors).",
-    )
-    reward_workers: int = non_negative(
-        1,
-        hint="0: call the functions in this process, unprotected",
-        help="Worker processes that run the reward functions (task.rewards), each call killed at "
-        "task.reward_timeout_s; calls of several functions, or of per_sample rows, run in parallel across them. 0: "
-        "in this process, where a call blocked in C outlives the limit and sys.exit ends the run (the reward model "
-        "always runs here).",
-    )
     answer_from: str | None = any_value(
         None,
         help="The reward logged as answer_reward, whose value >= 1 marks an answer correct (eval/pass@k, maj@n); "
@@ -224,7 +212,8 @@ class CustomTaskConfig(TaskConfig):
         None,
         "file",
         help='job=check_reward\'s cases: a JSONL file, {"response": ..., "expected": ..., <the row\'s columns>} '
-        "per line.",
+        'per line; with task.tools or task.environment, {"turns": [<the model\'s turns>], "expected": ...} runs them '
+        "for real between the turns.",
     )
     base_dir: str | None = path(
         None,
@@ -551,7 +540,7 @@ class NamedReward:
         self,
         prompts: list[Any],
         completions: list[Any],
-        completion_ids: list[list[int]] | None,
+        completion_ids: list[list[Any]] | None,
         trainer_state: TrainerState,
         truths: list[GroundTruth],
     ) -> dict[str, Any]:
@@ -571,7 +560,7 @@ class NamedReward:
         return self.accepted(kwargs)
 
     def per_sample_row(
-        self, truth: GroundTruth, completion_ids: list[int] | None, trainer_state: TrainerState
+        self, truth: GroundTruth, completion_ids: list[Any] | None, trainer_state: TrainerState
     ) -> dict[str, Any]:
         """per_sample: the row a call gets (every column, "prompt", this sample's completion_ids, trainer_state),
         except log_extra and log_metric, which `call_arguments` adds. Picklable."""
@@ -709,18 +698,24 @@ class CustomReward:
         responses: Sequence[str],
         truths: Sequence[GroundTruth],
         n_tokens: Sequence[int | None] | None = None,
-        completion_ids: Sequence[list[int]] | None = None,
+        completion_ids: Sequence[list[Any]] | None = None,
         trainer_state: TrainerState | None = None,
+        completions: Sequence[Any] | None = None,
     ) -> BatchScores:
         """Every reward on the batch. `completion_ids` are the sampled token ids of each completion (what TRL's
-        completion_ids= holds; their lengths stand in for `n_tokens` when it is not given)."""
+        completion_ids= holds; their lengths stand in for `n_tokens` when it is not given). `completions`, when
+        given, is what the functions get as the completions instead of the responses (a multi-turn episode's
+        messages after the prompt, rollout/multiturn.py: trl's completions= and per_sample's response; its
+        completion_ids are then the model's sampled ids per turn, and `responses` its last turn's text, which the
+        repetition term reads)."""
         n = len(responses)
         ids = [list(c) for c in completion_ids] if completion_ids is not None else None
         if n_tokens is not None:
             lengths = list(n_tokens)
         else:
             lengths = [len(c) for c in ids] if ids is not None else [None] * n
-        batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n))
+        given = list(completions) if completions is not None else None
+        batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n), given)
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
         # Every function's calls first, then their results: with workers, the calls run in parallel.
@@ -802,16 +797,21 @@ class CustomReward:
         batch.log.merge(started.log)
         return out
 
-    def _per_sample_payload(self, reward: NamedReward, batch: _Batch, i: int) -> tuple[str, dict[str, Any]]:
+    def _per_sample_payload(self, reward: NamedReward, batch: _Batch, i: int) -> tuple[Any, dict[str, Any]]:
         ids = batch.completion_ids[i] if batch.completion_ids is not None else None
-        return batch.responses[i], reward.per_sample_row(batch.truths[i], ids, batch.trainer_state)
+        response = batch.completions[i] if batch.completions is not None else batch.responses[i]
+        return response, reward.per_sample_row(batch.truths[i], ids, batch.trainer_state)
 
     def _trl_payload(self, reward: NamedReward, batch: _Batch, rows: list[int]) -> dict[str, Any]:
         responses = [batch.responses[i] for i in rows]
         truths = [batch.truths[i] for i in rows]
         prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
         ids = [batch.completion_ids[i] for i in rows] if batch.completion_ids is not None else None
-        return reward.trl_kwargs(prompts, self.completions_of(responses, prompts), ids, batch.trainer_state, truths)
+        if batch.completions is not None:  # an episode's messages: always messages
+            completions = [batch.completions[i] for i in rows]
+        else:
+            completions = self.completions_of(responses, prompts)
+        return reward.trl_kwargs(prompts, completions, ids, batch.trainer_state, truths)
 
     def _one(
         self, reward: NamedReward, batch: _Batch, i: int, counts: dict[str, int], started: _StartedCall | None = None
@@ -912,9 +912,10 @@ class _Batch:
 
     responses: list[str]
     truths: list[GroundTruth]
-    completion_ids: list[list[int]] | None
+    completion_ids: list[list[Any]] | None
     trainer_state: TrainerState
     log: RewardLog
+    completions: list[Any] | None = None  # given instead of the responses (episodes' messages)
 
 
 # ------------------------------------------------------------------------------------------------ the task
@@ -931,6 +932,9 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
     naming nothing."""
     given = {str(k): v for k, v in dict(task_cfg.reward_weights or {}).items()}
     allowed = [*names, *SHAPING_COMPONENTS]
+    with_environment = environment_spec(task_cfg) is not None
+    if with_environment:  # the environment's step rewards: multiturn_config.env_weight reads its weight
+        allowed.append(ENV_COMPONENT)
     for name, weight in given.items():
         if name not in allowed:
             raise UserFacingError(
@@ -941,6 +945,8 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
             raise UserFacingError(f"task.reward_weights.{name}={weight} must be a finite number")
     weights = {name: float(given.get(name, 1.0)) for name in names}
     weights.update({term: float(given[term]) for term in SHAPING_COMPONENTS if given.get(term)})
+    if with_environment and float(given.get(ENV_COMPONENT, 1.0)):
+        return weights  # the environment's reward may be the only one
     if not any(weights.values()):
         raise UserFacingError(f"every task.reward_weights is 0: give one of {', '.join(names)} a weight")
     return weights
@@ -965,7 +971,7 @@ def _reward_model(task_cfg: CustomTaskConfig) -> NamedReward | None:
 
 
 # Keys of a case line that are not columns of the row.
-CASE_KEYS = ("response", "expected", "why", "completion_ids")
+CASE_KEYS = ("response", "turns", "expected", "why", "completion_ids")
 
 
 def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[SanityCase, ...]:
@@ -979,9 +985,17 @@ def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[S
     cases = []
     for line, row in enumerate(rows, start=1):
         where = f"{task_cfg.cases_path}:{line}"
-        if "response" not in row or "expected" not in row:
+        turns = row.get("turns")
+        if turns is not None and (
+            not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns)
+        ):
             raise TaskDataError(
-                f'{where}: each case needs "response" and "expected" (and the columns the prompt reads)'
+                f'{where}: "turns" must be a non-empty list of the model\'s turns (strings), got {turns!r:.60}'
+            )
+        if ("response" not in row and turns is None) or "expected" not in row:
+            raise TaskDataError(
+                f'{where}: each case needs "response" (or "turns", a multi-turn episode\'s model turns) and '
+                '"expected" (and the columns the prompt reads)'
             )
         columns = renamed(task_cfg, {k: v for k, v in row.items() if k not in CASE_KEYS})
         example = examples_of(task_cfg, [columns], where)[0]
@@ -993,11 +1007,13 @@ def read_cases(task_cfg: CustomTaskConfig, names: Sequence[str] = ()) -> tuple[S
         cases.append(
             SanityCase(
                 example.ground_truth,
-                str(row["response"]),
+                str(turns[-1] if turns is not None else row["response"]),
                 total,
                 why,
                 expected_each=each,
                 completion_ids=tuple(ids) if ids is not None else None,
+                turns=tuple(turns) if turns is not None else None,
+                prompt=example.prompt if turns is not None else None,
             )
         )
     return tuple(cases)
@@ -1069,7 +1085,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         if model.name in names:
             raise UserFacingError(f"task.reward_model.name={model.name} is also in task.rewards: give it another name")
         rewards.append(model)
-    if not rewards:
+    if not rewards and environment_spec(task_cfg) is None:
         raise UserFacingError(
             "task=custom has no reward: give task.rewards.<name>=path/to/file.py:function (or a node {_target_: "
             "package.module.factory, <its arguments>}) or task.reward_model.path=<classifier>"
@@ -1096,7 +1112,10 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         del n, seed, prompt_style  # read from task_cfg itself, like every other source of this task
         return build_examples(task_cfg, rewards, split)
 
-    cases = read_cases(task_cfg, [*all_names, *(term for term in SHAPING_COMPONENTS if reward.weights.get(term))])
+    extra_names = [term for term in SHAPING_COMPONENTS if reward.weights.get(term)]
+    if environment_spec(task_cfg) is not None:
+        extra_names.append(ENV_COMPONENT)
+    cases = read_cases(task_cfg, [*all_names, *extra_names])
     return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=cases)
 
 

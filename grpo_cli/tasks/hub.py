@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpo_cli.tasks.base import Example, GroundTruth, Row, RowError, TaskDataError, format_prompt
+from grpo_cli.tasks.base import Example, GroundTruth, Prompt, Row, RowError, TaskDataError, format_prompt
 
 RowParser = Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]]
 
@@ -26,10 +26,12 @@ def load_hub_examples(
     hub_config: str | None,
     hub_train_split: str,
     hub_eval_split: str,
+    prompt_format: Callable[[str, str], Prompt] = format_prompt,
 ) -> list[Example]:
     """The first `n` rows (all when None) of the hub split, parsed by `parse_row`. `seed` is unused: the
     split's own order is kept, so every run evaluates the same examples (the trainer shuffles train prompts).
 
+    `prompt_format` wraps each question (a task with its own system prompt passes its own).
     Any failure to load (offline, no such dataset, `datasets` missing) becomes one TaskDataError line that
     says which path option to pass instead.
     """
@@ -56,7 +58,7 @@ def load_hub_examples(
             question, ground_truth, meta = parse_row(dict(row))
         except RowError as e:
             raise TaskDataError(f"{where} row {index}: {e}") from None
-        examples.append(Example(format_prompt(question, prompt_style), ground_truth, meta))
+        examples.append(Example(prompt_format(question, prompt_style), ground_truth, meta))
     if not examples:
         raise TaskDataError(f"{where} holds no examples: pass a local JSONL file with {path_key}=...")
     return examples

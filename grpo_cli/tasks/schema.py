@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -25,6 +26,12 @@ from grpo_cli.config.fields import any_value, choice, finite, non_negative, path
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
 PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
+# task.on_reward_error: what a reward function or an environment that fails does to the run.
+ON_REWARD_ERROR: tuple[str, ...] = ("stop", "skip")
+
+
+def _tool_call_formats() -> tuple[str, ...]:
+    return tuple(importlib.import_module("grpo_cli.tasks.tool_calls").TOOL_CALL_FORMATS)
 
 
 @dataclass
@@ -53,11 +60,19 @@ class RewardWeightsConfig:
         help="open-r1's n-gram repetition penalty (in [-1, 0]), -(1 - distinct / total word n-grams), "
         "n = task.repetition_ngram.",
     )
+    env: float = finite(
+        1.0,
+        help="Multi-turn episodes with task.environment: the environment's step rewards summed over the episode "
+        "(logged as train/reward/env).",
+    )
 
 
 @dataclass
 class TaskConfig:
     """task.*: the keys every task has."""
+
+    # Dicts of the user's own names, open to new keys on the command line without + (config/registry.py).
+    OPEN_KEYS: ClassVar[tuple[str, ...]] = ("tools",)
 
     name: str = choice(
         MISSING,
@@ -109,6 +124,54 @@ class TaskConfig:
     )
     repetition_ngram: int = positive(
         3, help="reward_weights.repetition: the n of the word n-grams whose repeats are penalized."
+    )
+    on_reward_error: str = choice(
+        "stop",
+        ON_REWARD_ERROR,
+        help="What a reward function (or an environment) that raises, hangs, returns NaN, a string or the wrong "
+        "count does to the run: stop (one line naming it; checkpoints kept) or skip (no reward from it for that "
+        "sample, counted in train/reward_errors).",
+    )
+    reward_workers: int = non_negative(
+        1,
+        hint="0: call the functions in this process, unprotected",
+        help="Worker processes that run the user's reward functions (task.rewards), tools and environments, each "
+        "call killed at its time limit; calls of several functions, or of per_sample rows, run in parallel across "
+        "them. 0: in this process, where a call blocked in C outlives the limit and sys.exit ends the run (the "
+        "reward model always runs here).",
+    )
+    # Multi-turn episodes (docs/multi-turn.md): a task runs them when it names tools or an environment.
+    tools: dict[str, Any] = any_value(
+        factory=dict,
+        help="Tools the model may call in a multi-turn episode, by the name it calls them: "
+        "task.tools.calculator=grpo_cli.tasks.builtin_tools:calculator, path/to/file.py:fn, package.module:fn, or a "
+        "node {_target_: factory, <arguments>} whose factory returns the function (type hints and a docstring with "
+        "Args:).",
+    )
+    tool_call_format: str | None = choice(
+        None,
+        _tool_call_formats,
+        help="How tool calls are written and read (grpo_cli/tasks/tool_calls.py); null: the chat template's own, "
+        "else hermes.",
+    )
+    tool_timeout_s: float = non_negative(
+        10.0,
+        hint="0: no time limit",
+        help="Wall-clock limit per tool call; a call past it is killed and the model reads that it timed out. 0: none.",
+    )
+    environment: Any = any_value(
+        None,
+        help="An environment the model talks to in a multi-turn episode, one instance per episode: "
+        "path/to/file.py:Class, package.module:Class, or a node {_target_: ..., <constructor arguments>} "
+        "(grpo_cli/tasks/environments.py); null: none.",
+    )
+    max_turns: int = positive(
+        4, help="Multi-turn episodes: at most this many model turns, each at most rollout.max_tokens tokens."
+    )
+    max_episode_tokens: int | None = positive(
+        None,
+        help="Multi-turn episodes: at most this many tokens after the prompt, the model's and the tools' or "
+        "environment's together (null: only task.max_turns and rollout.max_tokens limit an episode).",
     )
 
 

@@ -9,10 +9,7 @@ import pytest
 
 from tests.conftest import run_grpo
 from tests.e2e.test_reliability_e2e import start_grpo, wait_for
-from tests.unit.drivers.test_sync_strategies import (
-    TIME_KEYS,
-    train_rows,
-)
+from tests.unit.drivers.test_sync_strategies import TIME_KEYS, train_rows
 
 # A signal a random model can climb from its first step: lipogram's answer_reward is the share of words
 # without an e, so groups differ, advantages are not 0 and the policy moves (ratios leave 1 when data lags).
@@ -122,3 +119,4 @@ def test_a_killed_run_leaves_no_ray_process(tmp_path, ray_installed):
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(train_rows(run_dir)) >= 2)
     process.kill()
     process.communicate(timeout=60)
+    # the ray_installed fixture then checks that every Ray process (and the sentinel) is gone within 20 s

@@ -11,7 +11,7 @@ from grpo_cli.config import VLLMRolloutConfig, validate_config
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 
-EXPERIMENTS = ("cs336_math", "hw4_qlora", "trl_medcalc")
+EXPERIMENTS = ("cs336_math", "hw4_qlora", "trl_medcalc", "gsm8k_tools", "python_math", "guess_number")
 
 # ---------------------------------------------------------------------------------------------------------
 # Task-aware generation

@@ -136,13 +136,7 @@ NOT_KEYS = {
     "model.generate": "transformers' generate(), in the code layout of docs/design.md",
 }
 # Keys a draft page proposes (with the names of the user's own under them): remove each when its schema has it.
-PROPOSED_KEYS = {
-    "task.tools": "docs/multi-turn.md, the draft of issue #35",
-    "task.tool_call_format": "docs/multi-turn.md, the draft of issue #35",
-    "task.environment": "docs/multi-turn.md, the draft of issue #35",
-    "task.max_turns": "docs/multi-turn.md, the draft of issue #35",
-    "task.max_episode_tokens": "docs/multi-turn.md, the draft of issue #35",
-}
+PROPOSED_KEYS: dict[str, str] = {}  # key -> the draft doc that proposes it (none now: #35's keys landed)
 
 
 def is_named_on_purpose(key: str) -> bool:

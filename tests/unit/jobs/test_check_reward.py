@@ -24,6 +24,10 @@ TASK_PROMPTS = [
     ("addition", "question_only"),
     ("medcalc", "question_only"),
     ("medcalc", "chat"),
+    # multi-turn: the tools and the environment run for real between the scripted turns (test_check_reward_episodes)
+    ("gsm8k_tools", "chat"),
+    ("python_math", "chat"),
+    ("guess_number", "chat"),
 ]
 
 

@@ -1,0 +1,273 @@
+"""A task's multi-turn episodes, set up in one place: what the rollout calls to run and score them.
+
+    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens)   # None: a single-turn task
+    if setup is not None:
+        episodes = setup.run(examples, generate)     # opened, run turn by turn (rollout/episodes.py), finished
+        scores = score_episodes(reward_fn, episodes, setup.env_weight, trainer_state)
+        ...
+        setup.close()                                 # the tool and environment worker processes stopped
+
+`EpisodeSetup` holds, built from task.* (tasks/multiturn_config.py reads and checks the keys):
+    template    the ChatTemplate episodes render with (ChatTemplate.for_tools when the task has tools: the tools in
+                the template's own way or the default tool prompt)
+    limits      EpisodeLimits(task.max_turns, rollout.max_tokens per turn, task.max_episode_tokens)
+    on_turn     the TurnHook answering each model turn: tools_hook (task.tools, run in task.reward_workers worker
+                processes, each call limited to task.tool_timeout_s) or the environment's (task.environment, one
+                instance per episode, each call limited to task.reward_timeout_s)
+    env_weight  task.reward_weights.env, the weight of the environment's summed step rewards
+    on_error    task.on_reward_error, applied to an environment that fails on an episode by `finish`
+and does:
+    open(examples)            one Episode per example (its `context` an EpisodeContext: the example, its row and its
+                              environment session): the environment's reset(row) gives the opening messages, else
+                              the example's prompt (chat messages; text as one user message)
+    run(examples, generate)   open, rollout.episodes.run_episodes, finish: the finished episodes in order
+    finish(episodes)          the environment sessions closed; an episode the environment failed on (reset, step,
+                              a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed),
+                              and keeps no env reward under skip
+    close()                   stop the worker processes (a later call starts new ones)
+
+`score_episodes(reward_fn, episodes, env_weight, trainer_state)` scores finished episodes with the task's reward
+(make_reward_fn's): a built-in task's reward grades the episode's last model turn (its final answer), as it grades a
+single completion; task=custom's functions get the whole episode: completions= the episode's messages after the
+prompt (always messages), completion_ids= the model's sampled ids per turn (a list of lists per episode), and under
+per_sample the messages as the response. The environment's summed step rewards (Episode.step_reward) are the
+component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the others) and
+env_weight * it added to "reward". The overlong term reads the last model turn's token count (the turn that
+rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_cli.rollout.episodes import (
+    ChatTemplate,
+    Episode,
+    EpisodeLimits,
+    Generate,
+    Message,
+    TurnHook,
+    TurnOutcome,
+    run_episodes,
+    start_episode,
+    tools_hook,
+)
+from grpo_cli.rollout.scoring import Scores, score_responses
+from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
+from grpo_cli.tasks.custom import TrainerState
+from grpo_cli.tasks.environments import (
+    EnvironmentRunner,
+    EnvSession,
+    EnvStep,
+    check_error,
+    default_opening,
+)
+from grpo_cli.tasks.multiturn_config import (
+    ENV_COMPONENT,
+    ENVIRONMENT_KEY,
+    base_dir_of_task,
+    env_weight,
+    environment_spec,
+    tool_specs,
+)
+from grpo_cli.tasks.rewards import uses_n_tokens
+from grpo_cli.tasks.schema import TaskConfig
+from grpo_cli.tasks.tools import ToolPrompt, ToolRunner, load_tools, tool_prompt
+
+
+@dataclass
+class EpisodeContext:
+    """An episode's own data (Episode.context): the example it was opened from, the row its environment was reset
+    with, and its environment session (None: the task has tools, not an environment)."""
+
+    example: Example
+    row: dict[str, Any]
+    session: EnvSession | None = None
+
+
+def episode_row(example: Example) -> dict[str, Any]:
+    """The row an environment is reset with: the example's columns (a dict ground truth, as task=custom's and
+    guess_number's are) or {"ground_truth": ...}, and its prompt as "prompt"."""
+    truth = example.ground_truth
+    columns = dict(truth) if isinstance(truth, dict) else {"ground_truth": truth}
+    return {**columns, "prompt": example.prompt}
+
+
+def opening_messages(example: Example) -> list[Message]:
+    """The example's prompt as messages: chat messages as they are, text as one user message."""
+    return default_opening({"prompt": example.prompt})
+
+
+@dataclass
+class EpisodeSetup:
+    """How a task's episodes run (module docstring)."""
+
+    template: ChatTemplate
+    limits: EpisodeLimits
+    env_weight: float
+    on_error: str
+    tools: ToolRunner | None = None
+    tool_prompt: ToolPrompt | None = None
+    environment: EnvironmentRunner | None = None
+    _hook: TurnHook | None = field(default=None, repr=False)
+
+    @property
+    def on_turn(self) -> TurnHook:
+        """The hook that answers each model turn (the tools' or the environment's)."""
+        if self._hook is None:
+            if self.tools is not None and self.tool_prompt is not None:
+                self._hook = tools_hook(self.tools, self.tool_prompt)
+            else:
+                self._hook = self._environment_turn
+        return self._hook
+
+    def open(self, examples: Sequence[Example]) -> list[Episode]:
+        """One episode per example, at its opening messages (module docstring)."""
+        rows = [episode_row(example) for example in examples]
+        if self.environment is None:
+            return [
+                start_episode(self.template, opening_messages(ex), EpisodeContext(ex, row))
+                for ex, row in zip(examples, rows, strict=True)
+            ]
+        sessions = self.environment.reset(rows)
+        episodes = []
+        for example, row, session in zip(examples, rows, sessions, strict=True):
+            if session.error is not None:
+                check_error(ENVIRONMENT_KEY, self.on_error, f"reset {session.error}", row)
+            # A reset that failed under skip: the episode opens with the example's prompt and ends after the
+            # model's first turn with that error (no env reward).
+            opening = session.opening if session.error is None else opening_messages(example)
+            episodes.append(start_episode(self.template, opening, EpisodeContext(example, row, session)))
+        return episodes
+
+    def run(self, examples: Sequence[Example], generate: Generate) -> list[Episode]:
+        """The examples' episodes, opened, run to their end through `generate` and finished."""
+        episodes = run_episodes(self.open(examples), self.template, generate, self.on_turn, self.limits)
+        self.finish(episodes)
+        return episodes
+
+    def finish(self, episodes: Sequence[Episode]) -> None:
+        """The environment sessions closed, and task.on_reward_error applied to an episode it failed on."""
+        if self.environment is None:
+            return
+        sessions = [e.context.session for e in episodes if isinstance(e.context, EpisodeContext)]
+        self.environment.close([s for s in sessions if s is not None])
+        for episode in episodes:
+            if episode.error is not None and isinstance(episode.context, EpisodeContext):
+                check_error(ENVIRONMENT_KEY, self.on_error, episode.error, episode.context.row)
+
+    def close(self) -> None:
+        """Stop the tools' and the environment's worker processes."""
+        if self.tools is not None:
+            self.tools.close()
+        if self.environment is not None:
+            self.environment.shutdown()
+
+    def _environment_turn(self, episodes: Sequence[Episode]) -> list[TurnOutcome]:
+        """The environment's step on each episode's conversation; an episode whose reset failed ends with it."""
+        assert self.environment is not None
+        outcomes: list[TurnOutcome | None] = [None] * len(episodes)
+        live: list[int] = []
+        for index, episode in enumerate(episodes):
+            session = episode.context.session if isinstance(episode.context, EpisodeContext) else None
+            if session is None:
+                raise ValueError("an environment episode without its session: open it with EpisodeSetup.open")
+            if session.error is not None:
+                outcomes[index] = TurnOutcome(error=f"reset {session.error}")
+            else:
+                live.append(index)
+        steps: list[EnvStep] = self.environment.step(
+            [episodes[i].context.session for i in live], [episodes[i].messages for i in live]
+        )
+        for index, step in zip(live, steps, strict=True):
+            outcomes[index] = TurnOutcome(step.messages, step.reward, step.done, step.error)
+        return [o for o in outcomes if o is not None]
+
+
+def episode_setup(
+    task_cfg: TaskConfig, tokenizer: Any, max_tokens_per_turn: int, model_name: str = "the model"
+) -> EpisodeSetup | None:
+    """How `task_cfg`'s episodes run with this tokenizer, or None for a single-turn task (no task.tools, no
+    task.environment). `tokenizer` is a transformers tokenizer (untyped library boundary); `max_tokens_per_turn`
+    is rollout.max_tokens; `model_name` names the model in the log line about a template that cannot render tools.
+    Tools are loaded and the environment's worker processes prepared here (the workers start on first use)."""
+    specs = tool_specs(task_cfg)
+    environment = environment_spec(task_cfg)
+    if not specs and environment is None:
+        return None
+    limits = EpisodeLimits(task_cfg.max_turns, max_tokens_per_turn, task_cfg.max_episode_tokens)
+    base_dir = base_dir_of_task(task_cfg)
+    weight, on_error = env_weight(task_cfg), task_cfg.on_reward_error
+    if specs:
+        tools = load_tools(specs, base_dir)
+        prompt = tool_prompt(tokenizer, tools, task_cfg.tool_call_format, model_name)
+        runner = ToolRunner(tools, task_cfg.tool_timeout_s or None, workers=task_cfg.reward_workers)
+        template = ChatTemplate.for_tools(tokenizer, prompt)
+        return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
+    assert environment is not None
+    env_runner = EnvironmentRunner(
+        ENVIRONMENT_KEY, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
+    )
+    return EpisodeSetup(ChatTemplate(tokenizer), limits, weight, on_error, environment=env_runner)
+
+
+def last_model_turn(episode: Episode) -> str:
+    """The text of the episode's last model turn (its final answer; "" before any turn)."""
+    for message in reversed(episode.messages):
+        if message.get("role") == "assistant":
+            return str(message.get("content", ""))
+    return ""
+
+
+def score_episodes(
+    reward_fn: RewardFn,
+    episodes: Sequence[Episode],
+    env_weight: float = 1.0,
+    trainer_state: TrainerState | None = None,
+    truths: Sequence[GroundTruth] | None = None,
+) -> Scores:
+    """The rewards of finished episodes (module docstring). `truths`: each episode's ground truth (default: its
+    EpisodeContext's example's)."""
+    if truths is None:
+        truths = [_truth_of(e) for e in episodes]
+    responses = [last_model_turn(e) for e in episodes]
+    last_lengths = [len(e.model_turns[-1]) if e.model_turns else 0 for e in episodes]
+    score_batch = getattr(reward_fn, "score_batch", None)
+    if score_batch is not None:
+        batch = score_batch(
+            responses,
+            list(truths),
+            last_lengths,
+            [[list(turn) for turn in e.model_turns] for e in episodes],
+            trainer_state,
+            completions=[e.completion_messages for e in episodes],
+        )
+        scores = Scores([_kept(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts, batch.extra, batch.metrics)
+    elif uses_n_tokens(reward_fn):
+        scores = score_responses(reward_fn, responses, list(truths), last_lengths)
+    else:
+        scores = score_responses(reward_fn, responses, list(truths))
+    for episode, reward in zip(episodes, scores.rewards, strict=True):
+        value = episode.step_reward
+        if value is None:
+            continue
+        reward[f"reward/{ENV_COMPONENT}"] = value
+        reward["reward"] = reward["reward"] + env_weight * value
+    return scores
+
+
+def _kept(result: dict[str, Any]) -> dict[str, float]:
+    """The keys the scorer keeps of a reward's result (rollout.scoring's rule)."""
+    from grpo_cli.tasks.base import OPTIONAL_REWARD_KEYS, REWARD_KEYS
+
+    kept = {key: float(result[key]) for key in REWARD_KEYS}
+    kept.update({k: float(v) for k, v in result.items() if k in OPTIONAL_REWARD_KEYS or k.startswith("reward/")})
+    return kept
+
+
+def _truth_of(episode: Episode) -> GroundTruth:
+    if not isinstance(episode.context, EpisodeContext):
+        raise ValueError("an episode without its EpisodeContext: give score_episodes the truths")
+    return episode.context.example.ground_truth

@@ -1,0 +1,130 @@
+"""The multi-turn keys every task has (task.tools, task.tool_call_format, task.tool_timeout_s, task.environment,
+task.max_turns, task.max_episode_tokens, task.reward_weights.env), read and checked here. No torch.
+
+A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment; otherwise
+it is single-turn and none of these keys is read. `validate_multiturn` runs at preflight, before any model loads:
+every tool and the environment are imported and checked there (a spec that does not load, a tool without a
+docstring, an environment class without step()), each a one-line UserFacingError naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
+from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
+from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, with_absolute_reference
+
+# The reward component the environment's summed step rewards are logged and weighted under.
+ENV_COMPONENT = "env"
+ENVIRONMENT_KEY = "task.environment"
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (an OmegaConf node converted; anything else as it is)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
+    """task.tools as plain data: {name: reference string or node} (one line for another kind of value)."""
+    specs: dict[str, RewardSpec] = {}
+    for name, value in (_plain(getattr(task_cfg, "tools", None)) or {}).items():
+        value = _plain(value)
+        if isinstance(value, Mapping):
+            specs[str(name)] = {str(k): v for k, v in value.items()}
+        elif isinstance(value, str) and value:
+            specs[str(name)] = value
+        else:
+            raise UserCodeError(
+                f"task.tools.{name}={value!r}: give path/to/file.py:function, package.module:function or a node "
+                "{_target_: package.module.factory, <its arguments>}"
+            )
+    return specs
+
+
+def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
+    """task.environment as plain data (a reference string or a node), None when the task has none."""
+    value = _plain(getattr(task_cfg, "environment", None))
+    if value is None or value == "":
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, str):
+        return value
+    raise UserCodeError(
+        f"{ENVIRONMENT_KEY}={value!r}: give path/to/file.py:Class, package.module:Class or a node "
+        "{_target_: ..., <constructor arguments>}"
+    )
+
+
+def is_multiturn(task_cfg: TaskConfig) -> bool:
+    """Whether the task runs multi-turn episodes (it names tools or an environment)."""
+    return bool(tool_specs(task_cfg)) or environment_spec(task_cfg) is not None
+
+
+def base_dir_of_task(task_cfg: TaskConfig) -> Path:
+    """Where relative tool and environment references and package modules are found: task.base_dir (task=custom),
+    else this process's working directory (file references are absolute by then: absolutize_multiturn_paths)."""
+    base_dir = getattr(task_cfg, "base_dir", None)
+    return Path(base_dir) if base_dir else Path.cwd()
+
+
+def env_weight(task_cfg: TaskConfig) -> float:
+    """task.reward_weights.env: the weight of the environment's summed step rewards (default 1)."""
+    weights = getattr(task_cfg, "reward_weights", None)
+    if isinstance(weights, RewardWeightsConfig):
+        return float(weights.env)
+    value = (_plain(weights) or {}).get(ENV_COMPONENT, 1.0)  # task=custom: a mapping of names
+    return float(value)
+
+
+def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
+    """The file references of task.tools and task.environment made absolute against `base_dir` (where grpo-run was
+    started), in place, so that every rank, worker and sweep job finds the same files."""
+    specs = tool_specs(task_cfg)
+    if specs:
+        task_cfg.tools = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
+    spec = environment_spec(task_cfg)
+    if spec is not None:
+        task_cfg.environment = with_absolute_reference(spec, base_dir)
+
+
+def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("chat",)) -> None:
+    """The multi-turn keys' checks, one line each: tools and an environment not both, a chat prompt, the tools
+    and the environment loaded (imported here, before any model loads), task.tool_call_format only with tools."""
+    from grpo_cli.tasks.tools import load_tools  # transformers' get_json_schema: only for a task with tools
+
+    specs = tool_specs(task_cfg)
+    environment = environment_spec(task_cfg)
+    if not specs and environment is None:
+        if getattr(task_cfg, "tool_call_format", None) is not None:
+            raise UserFacingError(
+                f"task.tool_call_format={task_cfg.tool_call_format} without task.tools: it says how tool calls are "
+                "read, so give task.tools.<name>=file.py:function, or drop it"
+            )
+        return
+    if specs and environment is not None:
+        raise UserFacingError(
+            "task.tools and task.environment together: an episode's turns are answered by the tools or by the "
+            "environment, not both: drop one (an environment can call the functions itself in its step)"
+        )
+    what = "task.tools" if specs else ENVIRONMENT_KEY
+    if task_cfg.prompt != "chat":
+        raise UserFacingError(
+            f"{what} with task.prompt={task_cfg.prompt}: an episode is a conversation the chat template renders, "
+            "so use task.prompt=chat"
+        )
+    if "chat" not in prompt_styles:
+        raise UserFacingError(f"{what}: task={task_cfg.name} has no chat prompts, which episodes need")
+    base_dir = base_dir_of_task(task_cfg)
+    if specs:
+        load_tools(specs, base_dir)
+    if environment is not None:
+        load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)

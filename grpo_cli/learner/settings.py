@@ -25,6 +25,15 @@ def episode_length_constant(max_tokens_per_turn: int, max_turns: int, max_episod
     return most if max_episode_tokens is None else min(most, max_episode_tokens)
 
 
+def default_length_constant(cfg: GRPOConfig) -> int:
+    """Dr. GRPO's divisor without normalization.length_constant: rollout.max_tokens, or for a multi-turn task
+    (task.tools or task.environment) the most model tokens an episode can hold (episode_length_constant)."""
+    task = cfg.task
+    if not task.tools and task.environment in (None, ""):
+        return cfg.rollout.max_tokens
+    return episode_length_constant(cfg.rollout.max_tokens, task.max_turns, task.max_episode_tokens)
+
+
 def loss_settings(cfg: GRPOConfig) -> LossSettings:
     """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them."""
     loss, rollout = cfg.loss, cfg.rollout
@@ -38,7 +47,7 @@ def loss_settings(cfg: GRPOConfig) -> LossSettings:
         cliprange_high=cliprange_high,
         dual_clip=loss.dual_clip,
         length_normalization=cfg.normalization.length,
-        normalize_constant=cfg.normalization.length_constant or rollout.max_tokens,
+        normalize_constant=cfg.normalization.length_constant or default_length_constant(cfg),
         kl_beta=cfg.kl.beta,
         kl_estimator=cfg.kl.estimator,
         kl_beta_schedule=cfg.kl.beta_schedule,

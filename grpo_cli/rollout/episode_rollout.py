@@ -34,8 +34,9 @@ from grpo_cli.rollout.episodes import (
 from grpo_cli.rollout.sampling import turn_seed
 
 if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
     from grpo_cli.rollout.scoring import Scores
-    from grpo_cli.tasks.base import Example
+    from grpo_cli.tasks.base import Example, RewardFn
     from grpo_cli.tasks.custom import TrainerState
 
 
@@ -150,14 +151,6 @@ def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") ->
 TRANSCRIPT_COLUMNS = ("messages", "turns", "model_tokens", "env_tokens", "stop_reason", "error", "counts")
 
 
-def last_model_turn(episode: Episode) -> str:
-    """The text of the episode's last model turn (its final answer; "" before any turn)."""
-    for message in reversed(episode.messages):
-        if message.get("role") == "assistant":
-            return str(message.get("content", ""))
-    return ""
-
-
 def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One episode as a transcript record (a line of the per-step episodes file, an eval generations record):
     its messages, reward components, turns, token counts, truncated and why it stopped."""
@@ -172,6 +165,21 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
         "error": episode.error,
         **({"counts": dict(episode.counts)} if episode.counts else {}),
     }
+
+
+def episode_run_for(cfg: GRPOConfig, tokenizer: Any, reward_fn: RewardFn) -> EpisodeRun | None:
+    """How `cfg`'s task runs and scores its episodes (rollout/multiturn.py's setup and scorer, `reward_fn` the
+    task's reward), or None for a single-turn task. `tokenizer`: a transformers tokenizer (library boundary)."""
+    from grpo_cli.rollout.multiturn import episode_setup, score_episodes
+
+    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, cfg.model.name)
+    if setup is None:
+        return None
+
+    def score(episodes: Sequence[Episode], trainer_state: TrainerState | None) -> Scores:
+        return score_episodes(reward_fn, episodes, setup.env_weight, trainer_state)
+
+    return EpisodeRun(setup, score)
 
 
 class EpisodeRunner(Protocol):

@@ -13,10 +13,10 @@ from grpo_cli.rollout.episode_rollout import (
     TRANSCRIPT_COLUMNS,
     EpisodeRun,
     episode_train_metrics,
-    last_model_turn,
     transcript,
 )
 from grpo_cli.rollout.episodes import Episode
+from grpo_cli.rollout.multiturn import last_model_turn
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
 from grpo_cli.rollout.scoring import Scores, reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, RewardFn, TaskSpec

@@ -26,7 +26,14 @@ from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
 from grpo_cli.rollout.engines import build_rollout_engine
-from grpo_cli.rollout.episode_rollout import EpisodeBatch, EpisodeRun, episode_batch, episode_train_metrics, transcript
+from grpo_cli.rollout.episode_rollout import (
+    EpisodeBatch,
+    EpisodeRun,
+    episode_batch,
+    episode_run_for,
+    episode_train_metrics,
+    transcript,
+)
 from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
@@ -85,7 +92,8 @@ class RolloutWorker:
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
         self.load_s = 0.0  # weight loads since the last batch: reported with the next batch
-        self.episodes = episodes
+        # A multi-turn task (task.tools / task.environment): its episodes' runner and scorer.
+        self.episodes = episodes if episodes is not None else episode_run_for(cfg, self.tokenizer, self.reward_fn)
 
     @cached_property
     def scoring(self) -> ScoringSettings:

@@ -10,7 +10,7 @@ import torch
 
 from grpo_cli.learner.batch import RolloutData, concat_rollouts, make_microbatch, model_token_mask, select_completions
 from grpo_cli.learner.learner import optimizer_step_totals
-from grpo_cli.learner.settings import episode_length_constant
+from grpo_cli.learner.settings import default_length_constant, episode_length_constant, loss_settings
 from tests.conftest import compose_config
 
 # Two prompts, two episodes each (the shared-prompt forward shares them); 1 = model token, 0 = tool/env token.
@@ -128,3 +128,14 @@ def test_dr_grpos_constant_for_episodes_is_the_most_model_tokens_an_episode_can_
     assert episode_length_constant(max_tokens_per_turn=64, max_turns=4, max_episode_tokens=None) == 256
     assert episode_length_constant(max_tokens_per_turn=64, max_turns=4, max_episode_tokens=200) == 200
     assert episode_length_constant(max_tokens_per_turn=64, max_turns=1, max_episode_tokens=None) == 64
+
+
+def test_the_default_constant_of_a_multi_turn_task_is_its_episodes_and_single_turn_keeps_max_tokens() -> None:
+    single = compose_config(["rollout.max_tokens=32"])
+    assert default_length_constant(single) == 32 == loss_settings(single).normalize_constant
+    guess = compose_config(["task=guess_number", "rollout.max_tokens=32", "task.max_turns=3"])
+    assert default_length_constant(guess) == 96 == loss_settings(guess).normalize_constant
+    capped = compose_config(["task=guess_number", "rollout.max_tokens=32", "task.max_episode_tokens=50"])
+    assert default_length_constant(capped) == 50
+    given = compose_config(["task=guess_number", "normalization.length_constant=10"])
+    assert loss_settings(given).normalize_constant == 10

@@ -1,0 +1,83 @@
+"""Multi-turn episodes through grpo-run (docs/multi-turn.md#training-and-evaluating-on-episodes): a user's own
+environment in a file of theirs, trained under data parallelism and the Ray sync strategies, with the transcripts
+and the episode metrics in the run directory. Tiny random model, 1-2 steps each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.tracking import read_metrics
+from tests.conftest import run_grpo
+from tests.unit.distributed.test_distributed import free_port
+
+# Rewards a random model's turns differ in (the parity of a turn's length in characters), so groups have signal
+# and gradients are not 0; the episode ends after the second turn.
+ENVIRONMENT = """
+class Parity:
+    def step(self, messages):
+        turn = messages[-1]["content"]
+        done = sum(m["role"] == "assistant" for m in messages) >= 2
+        return [{"role": "user", "content": "Again."}], float(len(turn) % 2), done
+"""
+EPISODE_METRICS = ("train/turns", "train/env_tokens", "train/truncated_episodes", "train/reward/env")
+
+
+def run(tmp_path: Path, name: str, *extra: str) -> Path:
+    (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
+    run_dir = tmp_path / name
+    args = [
+        "debug=smoke",
+        "task=guess_number",
+        f"task.environment={tmp_path / 'parity_env.py'}:Parity",
+        "task.max_turns=3",
+        "task.n_eval=2",
+        "rollout.max_tokens=6",
+        "model.mixed_precision=no",
+        "train.eval_every=0",
+        *extra,
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+
+
+def episodes_of(run_dir: Path, step: int) -> list[dict]:
+    lines = (run_dir / "episodes" / f"step_{step:05d}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_episodes_train_alike_in_one_process_and_on_two_ddp_ranks(tmp_path) -> None:
+    single = run(tmp_path, "single", "train.steps=1")
+    ddp = run(tmp_path, "ddp", "train.steps=1", "distributed=ddp", f"distributed.master_port={free_port()}")
+    (one,), (two,) = train_rows(single), train_rows(ddp)
+    for key in ("train/reward", "train/loss", "train/grad_norm", *EPISODE_METRICS):
+        assert two[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), key
+    assert one["train/grad_norm"] > 0 and one["train/turns"] > 1  # episodes of several turns, with signal
+    episodes = episodes_of(single, 1)
+    assert len(episodes) == 4 and all(e["turns"] == 2 and e["stop_reason"] == "done" for e in episodes)
+    for episode in episodes:  # the env component is the summed step rewards, as the environment gives them
+        turns = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
+        assert episode["rewards"]["reward/env"] == sum(len(t) % 2 for t in turns)
+    # Each rank's share: the main rank logs its own two episodes, the first two of the one-process step.
+    assert [e["messages"] for e in episodes_of(ddp, 1)] == [e["messages"] for e in episodes[:2]]
+    evaluated = [json.loads(line) for line in (single / "eval" / "step_00001.jsonl").read_text().splitlines()]
+    assert len(evaluated) == 2 and all(r["turns"] == len(r["messages"]) // 2 for r in evaluated)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["one_behind", "replay_buffer"])
+def test_episodes_train_under_the_ray_sync_strategies(tmp_path, ray_installed, sync) -> None:
+    run_dir = run(tmp_path, sync, f"sync={sync}", "train.steps=2")
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(set(EPISODE_METRICS) <= r.keys() and r["train/turns"] > 1 for r in rows)
+    assert all(episodes_of(run_dir, step) for step in (1, 2))

@@ -76,7 +76,7 @@ def test_episodes_train_alike_in_one_process_and_on_two_ddp_ranks(tmp_path) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize("sync", ["one_behind", "replay_buffer"])
 def test_episodes_train_under_the_ray_sync_strategies(tmp_path, ray_installed, sync) -> None:
-    run_dir = run(tmp_path, sync, f"sync={sync}", "train.steps=2")
+    run_dir = run(tmp_path, sync, f"sync={sync}", "loss=grpo_clip", "train.steps=2")
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(set(EPISODE_METRICS) <= r.keys() and r["train/turns"] > 1 for r in rows)

@@ -1,6 +1,6 @@
 """Multi-turn episodes through grpo-run (docs/multi-turn.md#training-and-evaluating-on-episodes): a user's own
 environment in a file of theirs, trained under data parallelism and the Ray sync strategies, with the transcripts
-and the episode metrics in the run directory. Tiny random model, 1-2 steps each."""
+and the episode metrics in the run directory, and in a sweep. Tiny random model, 1-2 steps each."""
 
 from __future__ import annotations
 
@@ -81,3 +81,27 @@ def test_episodes_train_under_the_ray_sync_strategies(tmp_path, ray_installed, s
     assert [r["step"] for r in rows] == [1, 2]
     assert all(set(EPISODE_METRICS) <= r.keys() and r["train/turns"] > 1 for r in rows)
     assert all(episodes_of(run_dir, step) for step in (1, 2))
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_jobs_episodes(tmp_path) -> None:
+    (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        "debug=smoke",
+        "task=guess_number",
+        f"task.environment={tmp_path / 'parity_env.py'}:Parity",
+        "task.n_eval=2",
+        "rollout.max_tokens=6",
+        "train.steps=1",
+        "train.eval_every=0",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(path.parent.parent for path in sweep_dir.glob("*/episodes/step_00001.jsonl"))
+    assert len(jobs) == 2
+    first, second = (episodes_of(job, 1) for job in jobs)
+    assert len(first) == len(second) == 4 and first != second  # each job its own seed's episodes

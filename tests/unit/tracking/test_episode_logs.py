@@ -51,3 +51,16 @@ def test_wandb_shows_the_first_samples_rows_episodes_of_each_step() -> None:
     assert transcript_text(EPISODES[1]["messages"]).endswith("[assistant] 7")
     WandbSink(run, samples_every=0, samples_rows=1).log_episodes(EPISODES, step=3)  # tables off: nothing logged
     assert len(run.logged) == 1
+
+
+def test_tensorboard_shows_the_first_samples_rows_episodes_as_text(tmp_path) -> None:
+    from tests.unit.tracking.test_tensorboard import read_events, start_sink
+
+    sink = start_sink(tmp_path, "logger.samples_rows=1")
+    sink.log_episodes(EPISODES, step=4)
+    sink.close()
+    events = read_events(tmp_path / "tensorboard")
+    (event,) = events.Tensors("train/episodes/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 4 and "### Episode 1 (reward 1, 1 turns)" in text and "[assistant] 5" in text
+    assert "Episode 2" not in text

@@ -143,7 +143,8 @@ def test_the_readmes_task_custom_line_runs_as_written(tmp_path):
     args = shlex.split(command)[1:]
     # as written, then only what makes it a seconds-long run (a tiny model, one short step) and where it writes
     quick = ["model=tiny_random", "train.steps=1", "train.rollout_batch_size=4", "train.group_size=2"]
-    quick += ["train.train_batch_size=4", "task.n_eval=2", "rollout.max_tokens=8", f"output_dir={tmp_path / 'run'}"]
+    # hydra.run.dir, not output_dir: Hydra writes its .hydra/ there, which must not land in the repository's folder
+    quick += ["train.train_batch_size=4", "task.n_eval=2", "rollout.max_tokens=8", f"hydra.run.dir={tmp_path / 'run'}"]
     run = run_grpo([*args, *quick], cwd=repo / folder)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

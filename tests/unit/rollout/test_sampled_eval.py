@@ -282,7 +282,9 @@ def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(t
     rewards, advantages = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.8, -0.3, 0.5, -1.0])
 
     def gradient(data: RolloutData) -> torch.Tensor:
-        learner._optimizer_step(data, list(range(len(data.completion_ids))), {}, {"time/optimizer_s": 0.0})
+        learner._optimizer_step(
+            data, list(range(len(data.completion_ids))), learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0}
+        )
         return torch.cat([p.grad.flatten() for p in learner.trainable_parameters]).clone()
 
     masked = RolloutData(prompts, completions, rewards, advantages, loss_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.tracking import read_metrics
-from tests.conftest import run_grpo
+from tests.conftest import REPO_ROOT, run_grpo
 from tests.unit.distributed.test_distributed import free_port
 
 # Rewards a random model's turns differ in (the parity of a turn's length in characters), so groups have signal
@@ -105,3 +105,14 @@ def test_a_sweep_runs_each_jobs_episodes(tmp_path) -> None:
     assert len(jobs) == 2
     first, second = (episodes_of(job, 1) for job in jobs)
     assert len(first) == len(second) == 4 and first != second  # each job its own seed's episodes
+
+
+def test_the_examples_own_environment_plays_its_cases_as_its_readme_says(tmp_path) -> None:
+    # examples/multiturn_guess is a user's folder: its environment, data and task YAML, run with --config-dir.
+    folder = REPO_ROOT / "examples" / "multiturn_guess"
+    result = run_grpo(
+        ["--config-dir", "conf", "task=guess8", "job=check_reward", f"hydra.run.dir={tmp_path / 'check'}"], cwd=folder
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "all 4 cases agree with task=custom's reward rule" in result.stdout
+    assert "user: Higher." in result.stdout and "ended: max_turns (truncated)" in result.stdout

@@ -80,6 +80,7 @@ from grpo_cli.tasks.user_code import (
     file_sha256,
     is_file_reference,
     load_reward_spec,
+    named_specs,
     resolve_file,
     spec_reference,
     spec_text,
@@ -1046,22 +1047,7 @@ def _expected_of(
 
 def reward_specs(task_cfg: CustomTaskConfig) -> dict[str, RewardSpec]:
     """task.rewards as plain data: {name: reference string or plain dict node} (one line for another value)."""
-    from omegaconf import OmegaConf
-
-    specs: dict[str, RewardSpec] = {}
-    for name, value in (task_cfg.rewards or {}).items():
-        if OmegaConf.is_config(value):
-            value = OmegaConf.to_container(value, resolve=True)
-        if isinstance(value, dict):
-            specs[str(name)] = {str(k): v for k, v in value.items()}
-        elif isinstance(value, str) and value:
-            specs[str(name)] = value
-        else:
-            raise UserCodeError(
-                f"task.rewards.{name}={value!r}: give path/to/file.py:function, package.module:function or a node "
-                "{_target_: package.module.factory, <its arguments>}"
-            )
-    return specs
+    return named_specs(task_cfg.rewards, "task.rewards")
 
 
 def build_custom_task(config: TaskConfig) -> TaskSpec:

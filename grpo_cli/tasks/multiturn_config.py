@@ -16,7 +16,7 @@ from typing import Any
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
 from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
-from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, with_absolute_reference
+from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, named_specs, with_absolute_reference
 
 # The reward component the environment's summed step rewards are logged and weighted under.
 ENV_COMPONENT = "env"
@@ -34,19 +34,7 @@ def _plain(value: Any) -> Any:
 
 def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
     """task.tools as plain data: {name: reference string or node} (one line for another kind of value)."""
-    specs: dict[str, RewardSpec] = {}
-    for name, value in (_plain(getattr(task_cfg, "tools", None)) or {}).items():
-        value = _plain(value)
-        if isinstance(value, Mapping):
-            specs[str(name)] = {str(k): v for k, v in value.items()}
-        elif isinstance(value, str) and value:
-            specs[str(name)] = value
-        else:
-            raise UserCodeError(
-                f"task.tools.{name}={value!r}: give path/to/file.py:function, package.module:function or a node "
-                "{_target_: package.module.factory, <its arguments>}"
-            )
-    return specs
+    return named_specs(getattr(task_cfg, "tools", None), "task.tools")
 
 
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:

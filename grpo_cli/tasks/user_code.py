@@ -179,6 +179,27 @@ def file_sha256(reference: str, base_dir: Path) -> tuple[str, str] | None:
 RewardSpec = str | dict[str, Any]
 
 
+def named_specs(values: Any, key: str) -> dict[str, RewardSpec]:
+    """A `{name: reference}` config mapping (task.rewards, task.tools) as plain data: each value a reference string
+    (`file.py:fn`, `package.module:fn`) or a `_target_` node; a UserCodeError naming `key.<name>` for anything else."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(values):
+        values = OmegaConf.to_container(values, resolve=True)
+    specs: dict[str, RewardSpec] = {}
+    for name, value in (values or {}).items():
+        if isinstance(value, dict):
+            specs[str(name)] = {str(k): v for k, v in value.items()}
+        elif isinstance(value, str) and value:
+            specs[str(name)] = value
+        else:
+            raise UserCodeError(
+                f"{key}.{name}={value!r}: give path/to/file.py:function, package.module:function or a node "
+                "{_target_: package.module.factory, <its arguments>}"
+            )
+    return specs
+
+
 def spec_text(spec: RewardSpec) -> str:
     """How a spec reads in an error line: the string, or the node in Hydra's override syntax."""
     if isinstance(spec, dict):

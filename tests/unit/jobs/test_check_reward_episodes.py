@@ -17,17 +17,7 @@ from grpo_cli.jobs.check_reward import run as check_reward
 from grpo_cli.tasks import TASKS
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
 from tests.conftest import compose_config
-
-TOOLS_PY = '''
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-'''
+from tests.unit.tasks.test_multiturn_tasks import TOOLS_PY  # my_tools.py: add(a, b), typed and documented
 
 REWARDS_PY = """
 def used_the_tool_then_answered(completions, completion_ids, answer, **kwargs):

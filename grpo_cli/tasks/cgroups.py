@@ -126,10 +126,20 @@ def _places() -> dict[str, tuple[int, Path] | str]:
         if not isinstance(place, str) and not os.access(place[1], os.W_OK):
             place = f"{place[1]} is not writable by this user"
         places[controller] = place
+    _sweep(places)
+    return places
+
+
+def remove_stale() -> None:
+    """Remove the cgroups of runs whose maker was killed (its pid is gone), and kill what is left in them (done
+    once per process on first use; a worker killed at its time limit leaves its program's behind)."""
+    _sweep(_places())
+
+
+def _sweep(places: dict[str, tuple[int, Path] | str]) -> None:
     for place in places.values():
         if not isinstance(place, str):
             _remove_stale(place[1])
-    return places
 
 
 def _own_cgroups() -> dict[str, str]:

@@ -204,3 +204,50 @@ def test_every_blocked_system_call_fails_with_eperm(run_python) -> None:
     )
     result = run_python(code, SandboxLimits(max_output_bytes=10_000))
     assert result.output.splitlines() == ["-1 1"] * len(numbers), result.output
+
+
+@pytest.fixture
+def fresh_settings(monkeypatch: pytest.MonkeyPatch):
+    """task.sandbox configured by the test alone: the module's settings, the variable the workers read and the
+    probe's cache are restored afterwards."""
+    monkeypatch.setenv(sandbox.SETTINGS_ENV, "")
+    monkeypatch.setattr(sandbox, "_configured", None)
+    sandbox._probe.cache_clear()
+    yield monkeypatch
+    sandbox._probe.cache_clear()
+
+
+def test_python_math_stops_before_any_model_loads_where_the_sandbox_cannot_start(fresh_settings, caplog) -> None:
+    """No bwrap here (as on a platform without the wheel): validate_task_config, grpo-run's preflight, stops in one
+    line naming the cause and the opt-in; with the opt-in the run goes on and the log calls it unsafe."""
+    from grpo_cli.errors import UserFacingError
+    from grpo_cli.tasks import validate_task_config
+    from tests.conftest import compose_config
+
+    fresh_settings.setattr(sandbox, "find_bwrap", lambda: None)
+    with pytest.raises(UserFacingError) as stopped:
+        validate_task_config(compose_config(["task=python_math"]).task)
+    message = str(stopped.value)
+    assert "\n" not in message and "bubblewrap" in message and "task.sandbox.isolation=process" in message
+    assert "unsafe" in message
+    validate_task_config(compose_config(["task=python_math", "task.sandbox.isolation=process"]).task)
+    assert any("unsafe for untrusted code" in r.getMessage().lower() for r in caplog.records)
+
+
+def test_task_sandbox_reaches_the_python_tool_in_its_worker_process(fresh_settings) -> None:
+    """task.sandbox's limits, configured in the trainer, are those of the python tool in a worker process (which
+    inherits them), in what it does and in the description the model reads."""
+    from grpo_cli.tasks import builtin_tools
+    from grpo_cli.tasks.reward_workers import RewardWorkers
+    from grpo_cli.tasks.user_code import load_reward_spec
+
+    settings = sandbox.SandboxSettings("process", SandboxLimits(max_output_bytes=7, cpu_time_s=3))
+    sandbox.configure(settings)
+    assert "at most 3 s of CPU time" in (builtin_tools.python.__doc__ or "")
+    workers = RewardWorkers(1, None)
+    try:
+        loader = partial(load_reward_spec, "task.tools.python", "grpo_cli.tasks.builtin_tools:python", Path.cwd())
+        output = workers.submit(loader, ("print('abcdefghijkl')",), {}).result()
+    finally:
+        workers.close()
+    assert output == "abcdefg\n[output cut at 7 bytes: the program was stopped]"

@@ -366,6 +366,7 @@ def test_no_process_outlives_the_run(tmp_path: Path) -> None:
         caller.kill()
         caller.wait()
         _kill_all(_processes_with(marker))
+        cgroups.remove_stale()  # the killed caller's
 
 
 # ------------------------------------------------------------------------------------------ resources

@@ -15,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from grpo_cli.tasks import sandbox
-from grpo_cli.tasks.sandbox import SandboxLimits
+from grpo_cli.tasks.sandbox import (
+    SandboxLimits,
+    SandboxSettings,
+    current_settings,
+    describe_run,
+    on_configure,
+    run,
+    uses_sandbox,
+)
 
 # Exponents past this (and results past _MAX_POW_BITS bits) are refused: 9**9**9 would take minutes and gigabytes.
 _MAX_EXPONENT = 10_000
@@ -131,13 +138,13 @@ def make_python_tool(
     overrides: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
 
     def limits() -> SandboxLimits:
-        return replace(sandbox.current_settings().limits, **overrides)
+        return replace(current_settings().limits, **overrides)
 
     def python(code: str) -> str:
-        return sandbox.describe_run(sandbox.run(code, limits(), isolation), limits())
+        return describe_run(run(code, limits(), isolation), limits())
 
     python.__doc__ = _python_doc(limits())
-    return sandbox.uses_sandbox(python)
+    return uses_sandbox(python)
 
 
 def _python_doc(limits: SandboxLimits) -> str:
@@ -150,15 +157,15 @@ def _python_doc(limits: SandboxLimits) -> str:
     """
 
 
-@sandbox.uses_sandbox
+@uses_sandbox
 def python(code: str) -> str:
-    limits = sandbox.current_settings().limits
-    return sandbox.describe_run(sandbox.run(code, limits), limits)
+    limits = current_settings().limits
+    return describe_run(run(code, limits), limits)
 
 
-def _describe_python(settings: sandbox.SandboxSettings) -> None:
+def _describe_python(settings: SandboxSettings) -> None:
     python.__doc__ = _python_doc(settings.limits)
 
 
-_describe_python(sandbox.current_settings())
-sandbox.on_configure(_describe_python)
+_describe_python(current_settings())
+on_configure(_describe_python)

@@ -9,7 +9,7 @@ cgroup) or cgroup v2 (a child of this process's cgroup whose `cgroup.controllers
 where the parent delegates them, e.g. under `systemd-run --user --scope -p Delegate=yes`). Elsewhere `make`
 returns what it could make and says which bound is missing, for one log line.
 
-    group = make("grpo-sandbox", max_processes=64, memory_bytes=1 << 30)   # Cgroup (maybe empty) and what lacks
+    group = make_cgroup(max_processes=64, memory_bytes=1 << 30)   # a Cgroup (maybe empty) and what it lacks
     argv = join_command(group, argv)      # the command that enters the cgroups before it execs `argv`
     group.remove()                        # kill whatever is left in them, then remove them
 """
@@ -54,7 +54,7 @@ def join_command(group: Cgroup, argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", _JOIN, "sh", *(str(f / "cgroup.procs") for f in group.folders), "--", *argv]
 
 
-def make(max_processes: int, memory_bytes: int) -> Cgroup:
+def make_cgroup(max_processes: int, memory_bytes: int) -> Cgroup:
     """New cgroups bounding a run to `max_processes` processes (threads count too) and `memory_bytes` of memory."""
     group = Cgroup()
     places = _places()

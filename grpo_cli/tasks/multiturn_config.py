@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks import sandbox
 from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
+from grpo_cli.tasks.sandbox import configure, require, settings_from_config
 from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
 from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, named_specs, with_absolute_reference
 
@@ -45,7 +45,7 @@ def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
 
 def configure_sandbox(task_cfg: TaskConfig) -> None:
     """task.sandbox as the settings of sandbox.run in this process and the worker processes it starts."""
-    sandbox.configure(sandbox.settings_from_config(_plain(getattr(task_cfg, "sandbox", None))))
+    configure(settings_from_config(_plain(getattr(task_cfg, "sandbox", None))))
 
 
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
@@ -130,4 +130,4 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
         factory = load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)
         uses.append(getattr(factory, "func", factory))  # a node's class, its arguments bound
     if any(getattr(fn, "uses_sandbox", False) for fn in uses):
-        sandbox.require()
+        require()

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks import cgroups
+from grpo_cli.tasks.cgroups import JOIN_FAILED, join_command, make_cgroup
 
 logger = logging.getLogger(__name__)
 
@@ -548,7 +548,7 @@ def _probe(isolation: str) -> str | None:
         return f"the python tool's sandbox could not install its seccomp filter ({seccomp}): {way_out}"
     if (uid, gid) != (SANDBOX_UID, SANDBOX_UID):
         return f"the python tool's sandbox ran as uid/gid {uid}/{gid}, not {SANDBOX_UID}: {way_out}"
-    group = cgroups.make(settings.limits.max_processes, _memory_bytes(settings.limits))
+    group = make_cgroup(settings.limits.max_processes, _memory_bytes(settings.limits))
     group.remove()
     if group.missing:
         logger.warning(
@@ -635,10 +635,10 @@ def _run_bwrap(code: str, settings: SandboxSettings) -> SandboxResult:
     limits = settings.limits
     interpreter = [os.path.realpath(sys.executable), "-I", "-u", "-c", _PRELUDE]
     program = [*interpreter, _prelude_settings(limits, PACKAGES_DIR), CODE_FILE]
-    group = cgroups.make(limits.max_processes, _memory_bytes(limits))
+    group = make_cgroup(limits.max_processes, _memory_bytes(limits))
     try:
         process = subprocess.Popen(
-            cgroups.join_command(group, bwrap_command(bwrap, settings, program)),
+            join_command(group, bwrap_command(bwrap, settings, program)),
             env={},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -653,7 +653,7 @@ def _run_bwrap(code: str, settings: SandboxSettings) -> SandboxResult:
     finally:
         group.remove()
     exit_code = None if (timed_out or cut) else _bwrap_exit_code(process.returncode)
-    if exit_code == cgroups.JOIN_FAILED and group.folders:
+    if exit_code == JOIN_FAILED and group.folders:
         raise RuntimeError(f"the sandbox could not enter its cgroups ({', '.join(map(str, group.folders))})")
     return _result(output, exit_code, timed_out, cut, "bwrap", tuple(group.missing))
 

@@ -214,7 +214,10 @@ def fresh_settings(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(sandbox, "_configured", None)
     sandbox._probe.cache_clear()
     yield monkeypatch
+    monkeypatch.undo()
     sandbox._probe.cache_clear()
+    for listener in sandbox._listeners:  # the python tool's description, as the restored settings give it
+        listener(sandbox.current_settings())
 
 
 def test_python_math_stops_before_any_model_loads_where_the_sandbox_cannot_start(fresh_settings, caplog) -> None:

@@ -398,7 +398,7 @@ def test_disk_is_bounded_in_total_across_files_and_in_dev_shm() -> None:
 
 
 def _needs_cgroup(controller: str) -> None:
-    group = cgroups.make(8, 64 << 20)
+    group = cgroups.make_cgroup(8, 64 << 20)
     group.remove()
     missing = [m for m in group.missing if m.startswith(controller)]
     if missing:

@@ -551,20 +551,20 @@ def _probe(isolation: str) -> str | None:
     group = make_cgroup(settings.limits.max_processes, _memory_bytes(settings.limits))
     group.remove()
     if group.missing:
-        logger.warning(
-            "python tool sandbox: bubblewrap with namespaces, but no cgroup for %s: %s",
-            " and ".join(m.split(" ")[0] for m in group.missing),
-            "; ".join(
-                ["the number of processes a program starts is not bounded (only its wall time)"]
-                * any(m.startswith("pids") for m in group.missing)
-                + ["memory is bounded per process (memory_mb each), not in total"]
-                * any(m.startswith("memory") for m in group.missing)
-                + [f"why: {', '.join(group.missing)}"]
-            ),
-        )
+        logger.warning("python tool sandbox: bubblewrap with namespaces, but %s", _missing_bounds(group.missing))
     else:
         logger.info("python tool sandbox: bubblewrap with namespaces, seccomp, and pids and memory cgroups")
     return None
+
+
+def _missing_bounds(missing: Sequence[str]) -> str:
+    """The log's words for the cgroup bounds a run goes without ("pids (why)", "memory (why)")."""
+    said = []
+    if any(m.startswith("pids") for m in missing):
+        said.append("no pids cgroup: the number of processes a program starts is not bounded (only its wall time)")
+    if any(m.startswith("memory") for m in missing):
+        said.append("no memory cgroup: memory is bounded per process (memory_mb each), not in total")
+    return "; ".join(said) + f" (why: {', '.join(missing)})"
 
 
 def _probe_report(stdout: bytes) -> tuple[str, int, int] | None:

@@ -254,3 +254,18 @@ def test_task_sandbox_reaches_the_python_tool_in_its_worker_process(fresh_settin
     finally:
         workers.close()
     assert output == "abcdefg\n[output cut at 7 bytes: the program was stopped]"
+
+
+@pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=str(BWRAP_PROBLEM))
+def test_a_machine_without_cgroups_gets_one_log_line_naming_the_missing_bounds(fresh_settings, caplog) -> None:
+    from grpo_cli.tasks.cgroups import Cgroup
+
+    why = ["pids (no cgroup hierarchy offers it)", "memory (cgroup v2 at /x does not delegate it to this process)"]
+    fresh_settings.setattr(sandbox, "make_cgroup", lambda *args: Cgroup(missing=list(why)))
+    with caplog.at_level("INFO", logger="grpo_cli.tasks.sandbox"):
+        assert sandbox.problem("bwrap") is None  # the sandbox still starts
+        result = sandbox.run("print('ran')", LIMITS, "bwrap")
+    assert result.output == "ran\n" and result.missing_bounds == tuple(why)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "no pids cgroup" in lines[0] and "no memory cgroup" in lines[0]
+    assert "does not delegate it" in lines[0]

@@ -12,9 +12,18 @@ import math
 import operator
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from grpo_cli.tasks.sandbox import DEFAULT_LIMITS, SandboxLimits, describe_run, run_python
+from grpo_cli.tasks.sandbox import (
+    SandboxLimits,
+    SandboxSettings,
+    current_settings,
+    describe_run,
+    on_configure,
+    run,
+    uses_sandbox,
+)
 
 # Exponents past this (and results past _MAX_POW_BITS bits) are refused: 9**9**9 would take minutes and gigabytes.
 _MAX_EXPONENT = 10_000
@@ -108,21 +117,34 @@ def calculator(expression: str) -> str:
 
 
 def make_python_tool(
-    cpu_time_s: int = DEFAULT_LIMITS.cpu_time_s,
-    wall_time_s: float = DEFAULT_LIMITS.wall_time_s,
-    memory_mb: int = DEFAULT_LIMITS.memory_mb,
-    max_output_bytes: int = DEFAULT_LIMITS.max_output_bytes,
-    max_file_mb: int = DEFAULT_LIMITS.max_file_mb,
+    cpu_time_s: int | None = None,
+    wall_time_s: float | None = None,
+    memory_mb: int | None = None,
+    max_output_bytes: int | None = None,
+    max_file_mb: int | None = None,
+    disk_mb: int | None = None,
+    isolation: str | None = None,
 ) -> Callable[[str], str]:
-    """The `python` tool with other limits, for a YAML node:
+    """The `python` tool with other limits than task.sandbox's (those not given: task.sandbox's), for a YAML node:
     `python: {_target_: grpo_cli.tasks.builtin_tools.make_python_tool, cpu_time_s: 10, wall_time_s: 20}`."""
-    limits = SandboxLimits(cpu_time_s, wall_time_s, memory_mb, max_output_bytes, max_file_mb)
+    given = {
+        "cpu_time_s": cpu_time_s,
+        "wall_time_s": wall_time_s,
+        "memory_mb": memory_mb,
+        "max_output_bytes": max_output_bytes,
+        "max_file_mb": max_file_mb,
+        "disk_mb": disk_mb,
+    }
+    overrides: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
+
+    def limits() -> SandboxLimits:
+        return replace(current_settings().limits, **overrides)
 
     def python(code: str) -> str:
-        return describe_run(run_python(code, limits), limits)
+        return describe_run(run(code, limits(), isolation), limits())
 
-    python.__doc__ = _python_doc(limits)
-    return python
+    python.__doc__ = _python_doc(limits())
+    return uses_sandbox(python)
 
 
 def _python_doc(limits: SandboxLimits) -> str:
@@ -135,8 +157,15 @@ def _python_doc(limits: SandboxLimits) -> str:
     """
 
 
+@uses_sandbox
 def python(code: str) -> str:
-    return describe_run(run_python(code, DEFAULT_LIMITS), DEFAULT_LIMITS)
+    limits = current_settings().limits
+    return describe_run(run(code, limits), limits)
 
 
-python.__doc__ = _python_doc(DEFAULT_LIMITS)
+def _describe_python(settings: SandboxSettings) -> None:
+    python.__doc__ = _python_doc(settings.limits)
+
+
+_describe_python(current_settings())
+on_configure(_describe_python)

@@ -1,10 +1,12 @@
 """The multi-turn keys every task has (task.tools, task.tool_call_format, task.tool_timeout_s, task.environment,
-task.max_turns, task.max_episode_tokens, task.reward_weights.env), read and checked here. No torch.
+task.max_turns, task.max_episode_tokens, task.reward_weights.env, task.sandbox), read and checked here. No torch.
 
 A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment; otherwise
 it is single-turn and none of these keys is read. `validate_multiturn` runs at preflight, before any model loads:
 every tool and the environment are imported and checked there (a spec that does not load, a tool without a
-docstring, an environment class without step()), each a one-line UserFacingError naming the key.
+docstring, an environment class without step()), each a one-line UserFacingError naming the key; a tool or
+environment marked `sandbox.uses_sandbox` (the `python` tool) also has the sandbox of task.sandbox.isolation
+started once there, so a machine where it cannot start stops the run in one line before any model loads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
+from grpo_cli.tasks.sandbox import configure, require, settings_from_config
 from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
 from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, named_specs, with_absolute_reference
 
@@ -33,8 +36,16 @@ def _plain(value: Any) -> Any:
 
 
 def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
-    """task.tools as plain data: {name: reference string or node} (one line for another kind of value)."""
+    """task.tools as plain data: {name: reference string or node} (one line for another kind of value). Also
+    applies task.sandbox to this process and the workers it starts (sandbox.configure): every process that loads
+    the tools or the environment (preflight, episode_setup) reads task.tools first."""
+    configure_sandbox(task_cfg)
     return named_specs(getattr(task_cfg, "tools", None), "task.tools")
+
+
+def configure_sandbox(task_cfg: TaskConfig) -> None:
+    """task.sandbox as the settings of sandbox.run in this process and the worker processes it starts."""
+    configure(settings_from_config(_plain(getattr(task_cfg, "sandbox", None))))
 
 
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
@@ -112,7 +123,11 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
     if "chat" not in prompt_styles:
         raise UserFacingError(f"{what}: task={task_cfg.name} has no chat prompts, which episodes need")
     base_dir = base_dir_of_task(task_cfg)
+    uses: list[object] = []
     if specs:
-        load_tools(specs, base_dir)
+        uses += [tool.fn for tool in load_tools(specs, base_dir).values()]
     if environment is not None:
-        load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)
+        factory = load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)
+        uses.append(getattr(factory, "func", factory))  # a node's class, its arguments bound
+    if any(getattr(fn, "uses_sandbox", False) for fn in uses):
+        require()

@@ -25,6 +25,10 @@ a factory's reward built from a `_target_` node, is per worker, as under TRL wit
 not count toward the time limit (it has its own, LOAD_LIMIT_S). `callbacks` (TRL's log_extra and log_metric) are
 recorded in the worker and replayed, in order, in the caller when it reads the result.
 
+A worker is not dumpable (PR_SET_DUMPABLE 0: another process of the user cannot trace it or read its
+/proc/<pid>/environ), and what it starts gets no descriptor of its own (subprocess's close_fds): the `python` tool's
+programs (grpo_cli/tasks/sandbox.py) run in their own pid namespace, where the workers and the trainer do not exist.
+
 No worker outlives its parent: each asks the kernel for SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG,
 which also covers the parent being killed outright), and the pool kills them on close, when it is garbage
 collected and at exit. Each worker starts in its own session (so its own process group): a kill ends what the
@@ -67,6 +71,7 @@ STOP_GRACE_S = 5.0
 # The longest single wait, so a stop request is seen within it.
 _POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 # How a worker starts: read the caller's sys.path (so grpo_cli and the user's code are found as the caller finds
 # them), then serve. argv: the socket's file descriptor, the parent's pid.
 _BOOTSTRAP = """
@@ -145,6 +150,14 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def _not_dumpable() -> None:
+    """Linux: no process of this user may ptrace this worker or read its /proc/<pid>/environ, mem or fds (only
+    one with CAP_SYS_PTRACE may): the worker keeps the user's environment (rewards may need API keys) and holds the
+    socket the trainer unpickles replies from."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def _ignore(signum: int, frame: Any) -> None:
     """A stop signal sent to every process is the parent's to act on."""
 
@@ -152,6 +165,7 @@ def _ignore(signum: int, frame: Any) -> None:
 def worker_main(conn: Connection, parent_pid: int) -> None:
     """A worker's loop: one call per request, until the pool closes its end."""
     _die_with_parent(parent_pid)
+    _not_dumpable()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
     functions: dict[bytes, Callable[..., Any]] = {}

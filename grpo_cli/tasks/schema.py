@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
+from grpo_cli.tasks.sandbox import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
@@ -64,6 +65,52 @@ class RewardWeightsConfig:
         1.0,
         help="Multi-turn episodes with task.environment: the environment's step rewards summed over the episode "
         "(logged as train/reward/env).",
+    )
+
+
+@dataclass
+class SandboxConfig:
+    """task.sandbox: where model-written code runs (the `python` tool, and user tools through sandbox.run) and
+    what one program may use (docs/multi-turn.md#the-python-tools-sandbox). grpo-run task.sandbox.disk_mb=128"""
+
+    isolation: str = choice(
+        "bwrap",
+        ISOLATION_LEVELS,
+        help="bwrap: each program in bubblewrap's user, pid, network, ipc and uts namespaces as uid 1000 without "
+        "capabilities, seeing a read-only view of the interpreter and task.sandbox.packages, writing only its own "
+        "/tmp; it cannot see, signal or trace the run, reach the network or outlive the call (the run stops in one "
+        "line where namespaces cannot be made) | process: a plain subprocess with the limits below, which can read "
+        "what the run can read and reach its processes: unsafe for untrusted code.",
+    )
+    cpu_time_s: int = positive(DEFAULT_LIMITS.cpu_time_s, help="CPU seconds per process of a program (RLIMIT_CPU).")
+    wall_time_s: float = positive(
+        DEFAULT_LIMITS.wall_time_s, help="Wall-clock seconds per program, its start included; then it is killed."
+    )
+    memory_mb: int = positive(
+        DEFAULT_LIMITS.memory_mb,
+        help="Address space per process (RLIMIT_AS); with a memory cgroup (bwrap), also the memory of all its "
+        "processes together (plus disk_mb and shm_mb, whose files are memory).",
+    )
+    max_output_bytes: int = positive(
+        DEFAULT_LIMITS.max_output_bytes,
+        help="stdout and stderr together; past it the output is cut and the program stopped.",
+    )
+    max_file_mb: int = positive(
+        DEFAULT_LIMITS.max_file_mb, help="Size of any one file a program writes (RLIMIT_FSIZE)."
+    )
+    disk_mb: int = positive(
+        DEFAULT_LIMITS.disk_mb, help="bwrap: the size of the program's /tmp, all its files together (a tmpfs)."
+    )
+    shm_mb: int = positive(DEFAULT_LIMITS.shm_mb, help="bwrap: the size of the program's own /dev/shm.")
+    max_processes: int = positive(
+        DEFAULT_LIMITS.max_processes,
+        help="bwrap with a pids cgroup: processes and threads of one program together (the log says where no "
+        "cgroup can be made).",
+    )
+    packages: list[str] = any_value(
+        factory=lambda: list(DEFAULT_PACKAGES),
+        help="bwrap: the installed packages a program may import, bound read-only (with their vendored "
+        "libraries); nothing else of site-packages is visible.",
     )
 
 
@@ -168,6 +215,7 @@ class TaskConfig:
     max_turns: int = positive(
         4, help="Multi-turn episodes: at most this many model turns, each at most rollout.max_tokens tokens."
     )
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     max_episode_tokens: int | None = positive(
         None,
         help="Multi-turn episodes: at most this many tokens after the prompt, the model's and the tools' or "

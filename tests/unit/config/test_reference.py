@@ -115,12 +115,12 @@ def test_a_generated_table_is_rendered_between_its_markers_and_names_only_keys_t
 def test_each_choice_of_a_per_choice_group_lists_only_its_own_keys_after_the_common_ones():
     sections = group_sections("task", "custom")
     titles = [s.title for s in sections]
-    assert titles == ["task", "task=custom", "task.reward_model"]  # task.reward_weights is a dict under custom
-    custom_keys = {doc.key for doc in sections[1].keys}
+    assert titles == ["task", "task.sandbox", "task=custom", "task.reward_model"]  # reward_weights: a dict under custom
+    custom_keys = {doc.key for doc in sections[titles.index("task=custom")].keys}
     assert {"task.rewards", "task.reward_weights", "task.train_path"} <= custom_keys  # own or redeclared
     assert "task.n_train" not in custom_keys  # a common key, listed once under "task"
     keyword = group_sections("task", "keyword")
-    assert [s.title for s in keyword] == ["task", "task.reward_weights", "task=keyword"]
+    assert [s.title for s in keyword] == ["task", "task.reward_weights", "task.sandbox", "task=keyword"]
     assert [doc.key for doc in keyword[-1].keys] == ["task.keywords_per_prompt"]
 
 

@@ -343,7 +343,10 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
                 escape(" ".join(f"{name}={value:.3g}" for name, value in parts.items())),
             )
             if episode is not None:
-                ended = f"ended: {episode.stop_reason}" + (" (truncated)" if episode.truncated else "")
+                flags = [
+                    f for f, on in (("turn-limited", episode.turn_limited), ("truncated", episode.truncated)) if on
+                ]
+                ended = f"ended: {episode.stop_reason}" + (f" ({', '.join(flags)})" if flags else "")
                 transcripts.append((index, [*transcript(episode), ended]))
     finally:
         setup.close()

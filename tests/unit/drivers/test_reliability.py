@@ -67,3 +67,60 @@ def test_checkpoint_holds_what_resume_needs(tmp_path):
     state = json.loads((checkpoint / "state.json").read_text())
     assert state["step"] == 2 and state["sampler"]["position"] == 4  # 2 steps x 2 prompts
     assert {"python", "torch"} <= torch.load(checkpoint / "rng.pt", weights_only=False).keys()
+
+
+FLAKY_ENVIRONMENT = """
+import os
+
+
+class Flaky:
+    def step(self, messages):
+        if os.path.exists({marker!r}):
+            raise RuntimeError("the board broke")
+        return [{{"role": "user", "content": "Again."}}], float(len(messages[-1]["content"]) % 2), False
+"""
+
+
+@pytest.mark.parametrize("on_error", ["stop", "skip"])
+def test_an_environment_failing_at_step_2_stops_with_step_1_kept_or_is_skipped_and_counted(tmp_path, on_error):
+    # As a reward function failing at step 2 does (tests/e2e/test_custom_task_e2e.py): one line, step 1's update
+    # saved, how to resume; under skip the run goes on and counts the failed episodes.
+    marker = tmp_path / "broken"
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENVIRONMENT.format(marker=str(marker)))
+    loop = make_trainer(
+        tmp_path / "run",
+        [
+            "task=guess_number",
+            f"task.environment={tmp_path / 'flaky_env.py'}:Flaky",
+            "task.max_turns=2",
+            "task.reward_workers=0",
+            f"task.on_reward_error={on_error}",
+            "rollout.max_tokens=4",
+            "train.steps=2",
+            "train.eval_every=0",
+            "model.mixed_precision=no",
+        ],
+    )
+    real_step = loop.executor.step
+
+    def step(number: int):
+        if number == 2:
+            marker.touch()  # the environment breaks from step 2 on
+        return real_step(number)
+
+    loop.executor.step = step
+    if on_error == "skip":
+        loop.run()
+        rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r]
+        assert [r["train/skipped_episodes"] for r in rows] == [0.0, 1.0]
+        assert [r["train/reward_errors"] for r in rows] == [0, 4]
+        assert rows[1]["train/masked_frac"] == 1.0  # every episode of step 2 left the loss
+        return
+    with pytest.raises(RunStopped) as info:
+        loop.run()
+    line = str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in line
+    assert line.startswith("task.environment: the environment raised RuntimeError: the board broke on the row")
+    assert "step 1's update is saved in" in line and f"grpo-run resume={tmp_path / 'run'}" in line
+    (kept,) = list_checkpoints(tmp_path / "run")
+    assert kept.name == "step_000001" and verify_checkpoint(kept) is None

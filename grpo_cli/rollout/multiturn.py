@@ -22,18 +22,20 @@ and does:
                               the example's prompt (chat messages; text as one user message)
     run(examples, generate)   open, rollout.episodes.run_episodes, finish: the finished episodes in order
     finish(episodes)          the environment sessions closed; an episode the environment failed on (reset, step,
-                              a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed),
-                              and keeps no env reward under skip
+                              a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed);
+                              under skip the episode is skipped (Episode.skipped: no reward, out of the loss)
     close()                   stop the worker processes (a later call starts new ones)
 
 `score_episodes(reward_fn, episodes, env_weight, trainer_state)` scores finished episodes with the task's reward
 (make_reward_fn's): a built-in task's reward grades the episode's last model turn (its final answer), as it grades a
-single completion; task=custom's functions get the whole episode: completions= the episode's messages after the
-prompt (always messages), completion_ids= the model's sampled ids per turn (a list of lists per episode), and under
-per_sample the messages as the response. The environment's summed step rewards (Episode.step_reward) are the
-component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the others) and
-env_weight * it added to "reward". The overlong term reads the last model turn's token count (the turn that
-rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
+single completion (a turn-limited episode has none: an empty answer is graded); task=custom's functions get the
+whole episode: completions= the episode's messages after the prompt (always messages), prompts= its opening messages
+(what the environment's reset gave the model), completion_ids= the model's sampled ids per turn (a list of lists per
+episode), and under per_sample the messages as the response. The environment's summed step rewards
+(Episode.step_reward) are the component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the
+others) and env_weight * it added to "reward" (task=custom: one of its components, which task.answer_from may name).
+A skipped episode gets no reward at all (Scores.skipped). The overlong term reads the last model turn's token count
+(the turn that rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ process and each call runs under the in-process time limit (tasks/timelimit.py: 
 
 A failed call (raised, timed out, a malformed return) is the episode's `error` string: the episode ends and the
 caller applies task.on_reward_error to it (`check_error`: stop raises EnvironmentFailed, skip leaves the episode
-without its `env` reward).
+without any reward, out of the loss: `Episode.skipped`).
 
 Shipped: `SkyRLGymEnvironment`, an adapter that runs a skyrl_gym `BaseTextEnv` unchanged, and the built-in
 guess_number environment (tasks/guess_number.py). No torch.
@@ -336,13 +336,13 @@ def clipped(text: str, limit: int) -> str:
 
 def check_error(key: str, on_error: str, error: str | None, row: Mapping[str, Any]) -> None:
     """task.on_reward_error for an environment's failure on an episode: stop raises EnvironmentFailed (one line
-    naming the key, the failure and the row), skip returns (the episode gets no `env` reward)."""
+    naming the key, the failure and the row), skip returns (the episode is skipped: no reward, out of the loss)."""
     if error is None or on_error == "skip":
         return
     shown = ", ".join(f"{k}={clipped(repr(v), 40)}" for k, v in list(row.items())[:4])
     raise EnvironmentFailed(
-        f"{key}: the environment {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to leave "
-        "such episodes without an env reward"
+        f"{key}: the environment {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to skip "
+        "such episodes (no reward, out of the loss)"
     )
 
 

@@ -80,6 +80,7 @@ def compute_advantages(
     group_size: int,
     mode: str,
     advantage_eps: float = 1e-6,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages of one rollout batch by any of ``ADVANTAGE_NORMALIZATIONS``.
 
@@ -94,11 +95,17 @@ def compute_advantages(
 
     A group whose rewards are all equal gets advantages 0 under every mode.
 
+    ``keep`` leaves responses out (an episode skipped under task.on_reward_error=skip has no reward): each group's
+    statistics are those of its kept responses alone, as if the group held only them (G their number; a group with
+    fewer than 2 kept has no comparison and gets 0), batch_std's std is over every kept reward, and a response left
+    out gets advantage 0.
+
     Args:
         raw_rewards (torch.Tensor): (rollout_batch_size,), grouped contiguously by prompt.
         group_size (int): G.
         mode (str): one of ``ADVANTAGE_NORMALIZATIONS``.
         advantage_eps (float): added to the std of "std" and "batch_std".
+        keep (torch.Tensor | None): (rollout_batch_size,) bool, the responses in the statistics; None: all.
 
     Returns:
         torch.Tensor: (rollout_batch_size,), float.
@@ -108,6 +115,8 @@ def compute_advantages(
     """
     if mode not in ADVANTAGE_NORMALIZATIONS:
         raise ValueError(f"unknown advantage normalization {mode!r}; choose one of {list(ADVANTAGE_NORMALIZATIONS)}")
+    if keep is not None and not bool(keep.all()):
+        return _kept_advantages(raw_rewards, group_size, mode, advantage_eps, keep)
     if mode in ("std", "mean"):
         return normalize_group_rewards(raw_rewards, group_size, advantage_eps, normalize_by_std=mode == "std")
     if raw_rewards.dim() != 1:
@@ -124,19 +133,52 @@ def compute_advantages(
     return centered / (batch_std + advantage_eps)
 
 
-def fraction_of_zero_std_groups(raw_rewards: torch.Tensor, group_size: int) -> float:
+def _kept_advantages(
+    raw_rewards: torch.Tensor, group_size: int, mode: str, advantage_eps: float, keep: torch.Tensor
+) -> torch.Tensor:
+    """compute_advantages over the kept responses only (its docstring): each group as a group of its kept ones."""
+    if raw_rewards.dim() != 1 or keep.shape != raw_rewards.shape:
+        raise ValueError(
+            f"raw_rewards and keep must both be (rollout_batch_size,), got {tuple(raw_rewards.shape)} "
+            f"and {tuple(keep.shape)}"
+        )
+    _check_group_size(raw_rewards.numel(), group_size, normalize_by_std=False)
+    rewards = raw_rewards.float() if not raw_rewards.is_floating_point() else raw_rewards
+    keep = keep.bool()
+    advantages = torch.zeros_like(rewards)
+    per_group_mode = "mean" if mode == "batch_std" else mode
+    for start in range(0, rewards.numel(), group_size):
+        kept = torch.nonzero(keep[start : start + group_size]).flatten() + start  # (m,)
+        if kept.numel() >= 2:
+            advantages[kept] = compute_advantages(rewards[kept], kept.numel(), per_group_mode, advantage_eps)
+    if mode == "batch_std":
+        kept_rewards = rewards[keep]
+        scale = kept_rewards.std() if kept_rewards.numel() > 1 else kept_rewards.new_zeros(())
+        advantages = advantages / (scale + advantage_eps)
+    return advantages
+
+
+def fraction_of_zero_std_groups(raw_rewards: torch.Tensor, group_size: int, keep: torch.Tensor | None = None) -> float:
     """Fraction of groups whose rewards are all equal (their advantages are all 0: no learning signal).
 
     Args:
         raw_rewards (torch.Tensor): shape (rollout_batch_size,), grouped contiguously by prompt.
         group_size (int): G, responses per prompt; must divide the batch size.
+        keep (torch.Tensor | None): (rollout_batch_size,) bool, the responses compared (compute_advantages'
+            keep); a group with fewer than 2 kept has no signal. None: all.
 
     Returns:
         float: in [0, 1].
     """
     _check_group_size(raw_rewards.numel(), group_size, normalize_by_std=False)
     grouped = raw_rewards.reshape(-1, group_size)  # (n_prompts, G)
-    all_equal = grouped.amax(dim=1) == grouped.amin(dim=1)  # (n_prompts,)
+    if keep is None:
+        all_equal = grouped.amax(dim=1) == grouped.amin(dim=1)  # (n_prompts,)
+    else:
+        kept = keep.bool().reshape(-1, group_size)  # (n_prompts, G)
+        highest = grouped.float().masked_fill(~kept, float("-inf")).amax(dim=1)
+        lowest = grouped.float().masked_fill(~kept, float("inf")).amin(dim=1)
+        all_equal = (kept.sum(dim=1) < 2) | (highest == lowest)
     return all_equal.float().mean().item()
 
 

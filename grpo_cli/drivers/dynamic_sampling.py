@@ -36,10 +36,16 @@ def extra_round_batch_number(step: int, extra_round: int) -> int:
     return step + extra_round * EXTRA_ROUND_OFFSET
 
 
-def groups_with_signal(raw_rewards: torch.Tensor, group_size: int) -> list[int]:
-    """Indices of the groups whose rewards are not all equal (contiguous groups of group_size)."""
-    grouped = raw_rewards.reshape(-1, group_size)  # (n_groups, G)
-    return [int(g) for g in torch.nonzero(grouped.amax(dim=1) > grouped.amin(dim=1)).flatten()]
+def groups_with_signal(raw_rewards: torch.Tensor, group_size: int, scored: torch.Tensor | None = None) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (contiguous groups of group_size), among the
+    completions `scored` (RolloutData.scored: a skipped episode has no reward; None: all)."""
+    grouped = raw_rewards.float().reshape(-1, group_size)  # (n_groups, G)
+    if scored is None:
+        return [int(g) for g in torch.nonzero(grouped.amax(dim=1) > grouped.amin(dim=1)).flatten()]
+    kept = scored.bool().reshape(-1, group_size)  # (n_groups, G)
+    highest = grouped.masked_fill(~kept, float("-inf")).amax(dim=1)
+    lowest = grouped.masked_fill(~kept, float("inf")).amin(dim=1)
+    return [int(g) for g in torch.nonzero((kept.sum(dim=1) >= 2) & (highest > lowest)).flatten()]
 
 
 def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]:
@@ -82,7 +88,7 @@ class SignalBatch:
     def add(self, data: RolloutData) -> None:
         """One round's batch: keep its groups with signal."""
         self.rounds.append(data)
-        groups = groups_with_signal(data.raw_rewards, self.group_size)
+        groups = groups_with_signal(data.raw_rewards, self.group_size, data.scored)
         self.dropped += len(data.raw_rewards) // self.group_size - len(groups)
         if groups:
             g = self.group_size
@@ -105,9 +111,14 @@ class SignalBatch:
             data = self.rounds[0]
         else:
             data = select_completions(concat_rollouts(self.kept), list(range(groups * self.group_size)))
-            data.advantages = compute_advantages(data.raw_rewards, self.group_size, self.advantage, self.advantage_eps)
+            data.advantages = compute_advantages(
+                data.raw_rewards, self.group_size, self.advantage, self.advantage_eps, keep=data.scored
+            )
         data.metrics = {
-            **trained_reward_metrics(combine_rollout_metrics([r.metrics for r in self.rounds]), data.raw_rewards),
+            **trained_reward_metrics(
+                combine_rollout_metrics([r.metrics for r in self.rounds]),
+                data.raw_rewards if data.scored is None else data.raw_rewards[data.scored],
+            ),
             "train/groups_dropped": float(self.dropped),
             "train/extra_rounds": float(len(self.rounds) - 1),
             "train/groups_trained": float(groups),

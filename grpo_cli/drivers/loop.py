@@ -38,6 +38,7 @@ from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
 from grpo_cli.tasks.custom import RewardFunctionError
+from grpo_cli.tasks.environments import EnvironmentFailed
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
     StepProgress,
@@ -160,7 +161,8 @@ class TrainingLoop:
                     progress.advance()
                     summary.update(metrics)
                     self._stop_if_asked(step)
-        except RewardFunctionError as error:
+        except (RewardFunctionError, EnvironmentFailed) as error:
+            # task.on_reward_error=stop: a reward function or an environment failed on a row; the same stop
             raise self._stopped_by_reward(error) from None
         except reward_workers.RewardsAbandoned as error:
             # A reward without a time limit still ran STOP_GRACE_S after the signal: the step is dropped.
@@ -195,13 +197,17 @@ class TrainingLoop:
             ) from None
         return metrics
 
-    def _stopped_by_reward(self, error: RewardFunctionError) -> Exception:
-        """task.on_reward_error=stop: the user's reward failed. The last update is kept (saved now unless a
-        checkpoint of it exists; with several ranks the others are gone, so the completed checkpoints stand)."""
+    def _stopped_by_reward(self, error: RewardFunctionError | EnvironmentFailed) -> Exception:
+        """task.on_reward_error=stop: the user's reward or environment failed. The last update is kept (saved now
+        unless a checkpoint of it exists; with several ranks the others are gone, so the completed checkpoints
+        stand)."""
         version = self.executor.learner_version
         if version == 0 or version == self.last_saved_step or self.world.distributed:
             kept = (
-                f"; the checkpoints in {self.output_dir / 'checkpoints'} are kept" if self.last_saved_step > 0 else ""
+                f"; the checkpoints in {self.output_dir / 'checkpoints'} are kept; after fixing it continue with: "
+                f"grpo-run resume={self.output_dir}"
+                if self.last_saved_step > 0
+                else ""
             )
             return UserFacingError(f"{error}{kept}")
         path = self.executor.save_checkpoint(version)

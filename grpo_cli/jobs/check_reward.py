@@ -321,7 +321,9 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
                 episode = run_case_episode(setup, case, cfg.task.max_turns)
                 scores = score_episodes(reward_fn, [episode], setup.env_weight, state)
                 result, error = scores.rewards[0], ""
-                if scores.n_errors or scores.n_timeouts:
+                if scores.skipped:  # task.on_reward_error=skip: the environment failed on it, no reward
+                    error = f"the environment {episode.error}"
+                elif scores.n_errors or scores.n_timeouts:
                     error = "the reward raised or timed out"
             except UserFacingError as e:
                 episode, result, error = None, {}, str(e)
@@ -343,7 +345,10 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
                 escape(" ".join(f"{name}={value:.3g}" for name, value in parts.items())),
             )
             if episode is not None:
-                ended = f"ended: {episode.stop_reason}" + (" (truncated)" if episode.truncated else "")
+                flags = [
+                    f for f, on in (("turn-limited", episode.turn_limited), ("truncated", episode.truncated)) if on
+                ]
+                ended = f"ended: {episode.stop_reason}" + (f" ({', '.join(flags)})" if flags else "")
                 transcripts.append((index, [*transcript(episode), ended]))
     finally:
         setup.close()

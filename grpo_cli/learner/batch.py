@@ -51,7 +51,8 @@ class RolloutData:
     # The rollout engine's own log-probs of the sampled tokens (softmax(logits / T) over the full vocabulary), per
     # completion (len_i,): the sampler side of the importance correction; None when the engine gives none.
     sampler_log_probs: list[torch.Tensor] | None = None
-    # (n,) 1.0: the completion counts in the loss, 0.0: left out (train.mask_truncated); None: all count.
+    # (n,) 1.0: the completion counts in the loss, 0.0: left out (train.mask_truncated, a skipped episode); None:
+    # all count.
     loss_mask: torch.Tensor | None = None
     # Multi-turn episodes: per completion (len_i,), 1.0 at the model's sampled tokens, 0.0 at the tool/environment
     # tokens between its turns (the holes: scored as context, never in the loss or its token totals); None: every
@@ -60,7 +61,10 @@ class RolloutData:
     # Multi-turn episodes: one transcript per episode (rollout.episode_rollout.transcript), for the run's logs.
     transcripts: list[dict[str, Any]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
-    policy_version: int = 0  # the version of the weights that sampled it (the oldest, for a replay sample)
+    policy_version: int = 0
+    # (n,) bool: True the completion's reward is in its group's advantage statistics, False it has none (an episode
+    # skipped under task.on_reward_error=skip: compute_advantages' keep); None: every one has a reward.
+    scored: torch.Tensor | None = None  # the version of the weights that sampled it (the oldest, for a replay sample)
 
 
 def make_microbatch(
@@ -222,6 +226,7 @@ def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
         transcripts=rows_if_any(data.transcripts),
         metrics=dict(data.metrics),
         policy_version=data.policy_version,
+        scored=None if data.scored is None else data.scored[index],
     )
 
 
@@ -252,4 +257,9 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
         transcripts=joined("transcripts"),
         metrics=dict(parts[0].metrics),
         policy_version=min(part.policy_version for part in parts),
+        scored=None
+        if all(p.scored is None for p in parts)
+        else torch.cat(
+            [p.scored if p.scored is not None else torch.ones(len(p.completion_ids), dtype=torch.bool) for p in parts]
+        ),
     )

@@ -141,19 +141,33 @@ def episode_batch(episodes: Sequence[Episode]) -> EpisodeBatch:
 
 def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") -> dict[str, float]:
     """`<prefix>/turns`, `<prefix>/tool_calls`, `<prefix>/tool_errors`, `<prefix>/env_tokens`,
-    `<prefix>/truncated_episodes`, `<prefix>/rerendered_turns`: per-episode means over the batch
-    (`episodes.episode_metrics`); tool_calls and tool_errors are 0 for episodes without tools."""
+    `<prefix>/truncated_episodes` (last turn cut mid-generation), `<prefix>/turn_limited_episodes` (ended by
+    max_turns, max_episode_tokens or the context), `<prefix>/skipped_episodes` (the environment failed on them under
+    task.on_reward_error=skip: no reward, out of the loss), `<prefix>/rerendered_turns`: per-episode means over the
+    batch (`episodes.episode_metrics`); tool_calls and tool_errors are 0 for episodes without tools."""
     metrics = {"tool_calls": 0.0, "tool_errors": 0.0, **episode_metrics(episodes)}
+    if episodes:
+        metrics["skipped_episodes"] = sum(e.skipped for e in episodes) / len(episodes)
     return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}
 
 
 # The keys a transcript adds to an eval record (besides its rewards and truncated, which the record has already).
-TRANSCRIPT_COLUMNS = ("messages", "turns", "model_tokens", "env_tokens", "stop_reason", "error", "counts")
+TRANSCRIPT_COLUMNS = (
+    "messages",
+    "turns",
+    "model_tokens",
+    "env_tokens",
+    "turn_limited",
+    "stop_reason",
+    "error",
+    "counts",
+)
 
 
 def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One episode as a transcript record (a line of the per-step episodes file, an eval generations record):
-    its messages, reward components, turns, token counts, truncated and why it stopped."""
+    its messages, reward components, turns, token counts, truncated (its last turn cut mid-generation),
+    turn_limited (ended by a limit) and why it stopped."""
     return {
         "messages": [dict(m) for m in episode.messages],
         "rewards": dict(rewards or {}),
@@ -161,6 +175,7 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
         "model_tokens": episode.model_tokens,
         "env_tokens": episode.env_tokens,
         "truncated": episode.truncated,
+        "turn_limited": episode.turn_limited,
         "stop_reason": episode.stop_reason,
         "error": episode.error,
         **({"counts": dict(episode.counts)} if episode.counts else {}),

@@ -28,9 +28,11 @@ sampled each turn, which after a rule-2 turn is not what the template would rend
 Limits (`EpisodeLimits`): `max_turns` model turns, `max_tokens_per_turn` sampled tokens per turn, and
 `max_episode_tokens` tokens after the prompt in all (model and environment tokens). A turn is sampled with the
 smaller of the per-turn limit and what is left of the episode's; an episode the hook has not ended when a limit is
-reached stops with `truncated` set and `stop_reason` naming the limit. Messages that arrive when the episode ends
-(the hook's last answer) are kept in `messages` (transcripts and rewards see them) but not tokenized: no model
-turn would follow them.
+reached stops with `turn_limited` set and `stop_reason` naming the limit (TURN_LIMITED: the game ran out of room;
+it is an ended episode, scored as such). `truncated` is something else: the episode's last model turn was cut at
+its token limit mid-generation (no stop token), what train.mask_truncated leaves out of the loss, as a cut
+single-turn completion. Messages that arrive when the episode ends (the hook's last answer) are kept in
+`messages` (transcripts and rewards see them) but not tokenized: no model turn would follow them.
 
 The driver (`run_episodes`) runs a batch turn by turn: the unfinished episodes generate together through a
 `generate(prompts, max_tokens)` callable (bound to an engine by the caller), then the hook answers all of them
@@ -139,6 +141,9 @@ class TokenSpan:
 
 
 StopReason = Literal["", "done", "no_messages", "error", "max_turns", "max_episode_tokens"]
+# The stop reasons of an episode that ran out of room before its hook ended it: turn-limited (`Episode.turn_limited`;
+# "context": the model's context is full).
+TURN_LIMITED: frozenset[str] = frozenset({"max_turns", "max_episode_tokens", "context"})
 
 
 @dataclass
@@ -160,7 +165,10 @@ class Episode:
     step_rewards: list[float | None] = field(default_factory=list)  # the hook's reward after each model turn
     counts: dict[str, int] = field(default_factory=dict)  # the hook's counters, summed over the turns
     finished: bool = False
-    truncated: bool = False  # ended by max_turns or max_episode_tokens, or its last model turn was cut
+    # Its last model turn was cut at its token limit mid-generation (no stop token): train.mask_truncated's.
+    truncated: bool = False
+    # Ended by a limit (TURN_LIMITED: max_turns, max_episode_tokens, the context) before the hook ended it.
+    turn_limited: bool = False
     stop_reason: StopReason = ""
     error: str | None = None  # the hook's error that ended the episode
     rerendered_turns: int = 0  # turns whose delta needed rule 2 (the template altered the earlier conversation)
@@ -180,6 +188,13 @@ class Episode:
     @property
     def env_tokens(self) -> int:
         return len(self.ids) - sum(self.loss_mask)
+
+    @property
+    def skipped(self) -> bool:
+        """Its environment failed on it (`error`; a run gets this far with one only under
+        task.on_reward_error=skip): it gets no reward of any component and leaves the loss and its group's
+        advantage statistics (rollout/worker.py)."""
+        return self.error is not None
 
     @property
     def step_reward(self) -> float | None:
@@ -346,9 +361,12 @@ def _append_env(episode: Episode, new: list[Message], delta_ids: list[int], afte
 
 
 def _finish(episode: Episode, reason: StopReason, limit_hit: bool = False) -> None:
+    """The episode ends for `reason`: turn-limited when the reason is one of TURN_LIMITED (`limit_hit` says so
+    for a reason that is not), truncated when its last model turn was cut mid-generation."""
     episode.finished = True
     episode.stop_reason = reason
-    episode.truncated = limit_hit or bool(episode.turn_cut and episode.turn_cut[-1])
+    episode.turn_limited = limit_hit or reason in TURN_LIMITED
+    episode.truncated = bool(episode.turn_cut and episode.turn_cut[-1])
 
 
 def _turn_budget(episode: Episode, limits: EpisodeLimits) -> int:
@@ -383,13 +401,13 @@ def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome
         return
     if episode.n_turns >= limits.max_turns:
         episode.messages.extend(new)
-        _finish(episode, "max_turns", limit_hit=True)
+        _finish(episode, "max_turns")
         return
     delta_ids, after, rerendered = _env_delta(episode, template, new)
     # Room for the environment's tokens and at least one sampled token after them, or the episode ends here.
     if limits.max_episode_tokens is not None and len(episode.ids) + len(delta_ids) >= limits.max_episode_tokens:
         episode.messages.extend(new)
-        _finish(episode, "max_episode_tokens", limit_hit=True)
+        _finish(episode, "max_episode_tokens")
         return
     _append_env(episode, new, delta_ids, after, rerendered)
 
@@ -423,8 +441,9 @@ def run_episodes(
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Per-episode means over a batch: `turns` (model turns), `env_tokens` (tokens out of the loss after the
-    prompt), `truncated_episodes` (the fraction ended by a limit or on a cut turn), `rerendered_turns`, and each
-    of the hooks' counters (`tool_calls`, `tool_errors`, ...); {} for no episodes."""
+    prompt), `truncated_episodes` (the fraction whose last model turn was cut mid-generation),
+    `turn_limited_episodes` (the fraction ended by max_turns, max_episode_tokens or the context),
+    `rerendered_turns`, and each of the hooks' counters (`tool_calls`, `tool_errors`, ...); {} for no episodes."""
     if not episodes:
         return {}
     n = len(episodes)
@@ -432,6 +451,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "turns": sum(e.n_turns for e in episodes) / n,
         "env_tokens": sum(e.env_tokens for e in episodes) / n,
         "truncated_episodes": sum(e.truncated for e in episodes) / n,
+        "turn_limited_episodes": sum(e.turn_limited for e in episodes) / n,
         "rerendered_turns": sum(e.rerendered_turns for e in episodes) / n,
     }
     for name in sorted({name for e in episodes for name in e.counts}):

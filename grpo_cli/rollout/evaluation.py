@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,9 @@ from grpo_cli.tasks.custom import TrainerState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # the no-correctness lines already logged by this process
 
 # Held-out completions per generate() call: a progress bar can move between calls on large eval sets
 # (MATH-500), while the default 64-example set is still one call.
@@ -152,7 +156,14 @@ def summarize(
         for record, episode in zip(records, episodes, strict=True):
             record.update({k: v for k, v in transcript(episode).items() if k not in ("rewards", "truncated")})
     add_extra_columns(records, scores.extra_columns)
-    if n > 1:
+    for index in scores.no_correctness:
+        records[index]["correctness"] = None  # unknown, not 0
+    if n > 1 and scores.no_correctness:
+        why = scores.no_correctness[min(scores.no_correctness)]
+        if why not in _SAID:  # once per process and reason, not at every evaluation
+            _SAID.add(why)
+            log.warning(no_correctness_line(scores.no_correctness, len(records), n))
+    elif n > 1:
         voting = voting or Voting(normalized_text)
         correct, votes = [], []
         for start in range(0, len(records), n):
@@ -165,6 +176,16 @@ def summarize(
                 record["majority"] = j in winners
         metrics.update(multi_sample_metrics(correct, votes, default_pass_ks(n, pass_ks)))
     return with_logged_metrics(metrics, scores, "eval"), records
+
+
+def no_correctness_line(reasons: dict[int, str], n_samples: int, n: int) -> str:
+    """The one line that says why eval/mean@n, pass@k and maj@n are not logged: some samples' correctness cannot be
+    derived (`Scores.no_correctness`), and an average that counted them as wrong would be a silent 0."""
+    first = reasons[min(reasons)]
+    return (
+        f"eval/mean@{n}, eval/pass@k and eval/maj@{n} are not logged: {len(reasons)} of {n_samples} samples have no "
+        f"correctness ({first}); set task.answer_from to a reward that scores every sample (docs/evaluation.md)"
+    )
 
 
 # Columns of an eval record that log_extra may not take (besides the reward keys, which every record has).
@@ -236,7 +257,8 @@ def summarize_records(records: list[dict[str, Any]], n_examples_per_category: in
     n = max(len(records), 1)
     return {
         "n": len(records),
-        "accuracy": sum(r.get("correctness", r["reward"]) for r in records) / n,
+        # A record whose correctness is unknown (None: Scores.no_correctness) counts in none of them.
+        "accuracy": _mean_known([r.get("correctness", r["reward"]) for r in records]),
         "format_rate": sum(r["format_reward"] for r in records) / n,
         "answer_reward": sum(r["answer_reward"] for r in records) / n,
         "unparseable_rate": sum(r.get("unparseable", 0.0) for r in records) / n,
@@ -248,6 +270,12 @@ def summarize_records(records: list[dict[str, Any]], n_examples_per_category: in
             for name, rows in categories.items()
         },
     }
+
+
+def _mean_known(values: list[float | None]) -> float | None:
+    """The mean of the known values; None when every one is unknown (0.0 for none at all)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else (None if values else 0.0)
 
 
 def truncation_warning(metrics: dict[str, float], max_tokens: int) -> str | None:

@@ -22,18 +22,20 @@ and does:
                               the example's prompt (chat messages; text as one user message)
     run(examples, generate)   open, rollout.episodes.run_episodes, finish: the finished episodes in order
     finish(episodes)          the environment sessions closed; an episode the environment failed on (reset, step,
-                              a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed),
-                              and keeps no env reward under skip
+                              a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed);
+                              under skip the episode is skipped (Episode.skipped: no reward, out of the loss)
     close()                   stop the worker processes (a later call starts new ones)
 
 `score_episodes(reward_fn, episodes, env_weight, trainer_state)` scores finished episodes with the task's reward
 (make_reward_fn's): a built-in task's reward grades the episode's last model turn (its final answer), as it grades a
-single completion; task=custom's functions get the whole episode: completions= the episode's messages after the
-prompt (always messages), completion_ids= the model's sampled ids per turn (a list of lists per episode), and under
-per_sample the messages as the response. The environment's summed step rewards (Episode.step_reward) are the
-component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the others) and
-env_weight * it added to "reward". The overlong term reads the last model turn's token count (the turn that
-rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
+single completion (a turn-limited episode has none: an empty answer is graded); task=custom's functions get the
+whole episode: completions= the episode's messages after the prompt (always messages), prompts= its opening messages
+(what the environment's reset gave the model), completion_ids= the model's sampled ids per turn (a list of lists per
+episode), and under per_sample the messages as the response. The environment's summed step rewards
+(Episode.step_reward) are the component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the
+others) and env_weight * it added to "reward" (task=custom: one of its components, which task.answer_from may name).
+A skipped episode gets no reward at all (Scores.skipped). The overlong term reads the last model turn's token count
+(the turn that rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
 """
 
 from __future__ import annotations
@@ -229,13 +231,60 @@ def score_episodes(
     truths: Sequence[GroundTruth] | None = None,
 ) -> Scores:
     """The rewards of finished episodes (module docstring). `truths`: each episode's ground truth (default: its
-    EpisodeContext's example's)."""
+    EpisodeContext's example's). A skipped episode (`Episode.skipped`: its environment failed, under
+    task.on_reward_error=skip) is not scored: no reward of any component, listed in `Scores.skipped` and counted
+    in `n_errors`."""
     if truths is None:
         truths = [_truth_of(e) for e in episodes]
+    scored = [i for i, e in enumerate(episodes) if not e.skipped]
+    if scored:
+        part = _score_ended(
+            reward_fn, [episodes[i] for i in scored], [truths[i] for i in scored], env_weight, trainer_state
+        )
+    else:
+        part = Scores([], 0)
+    if len(scored) == len(episodes):
+        return part
+    # Spread the scored episodes' results back over the whole batch, a skipped episode's slot empty.
+    rewards: list[dict[str, float]] = [dict(SKIPPED_REWARD) for _ in episodes]
+    for slot, reward in zip(scored, part.rewards, strict=True):
+        rewards[slot] = reward
+    extra: dict[str, list[Any]] = {}
+    for column, values in part.extra_columns.items():
+        extra[column] = [None] * len(episodes)
+        for slot, value in zip(scored, values, strict=True):
+            extra[column][slot] = value
+    skipped = [i for i in range(len(episodes)) if i not in set(scored)]
+    return Scores(
+        rewards,
+        part.n_errors + len(skipped),
+        part.n_timeouts,
+        extra,
+        part.logged_metrics,
+        skipped=skipped,
+        no_correctness={scored[i]: why for i, why in part.no_correctness.items()}
+        | {i: "the environment failed on the episode (task.on_reward_error=skip: no reward)" for i in skipped},
+    )
+
+
+# A skipped episode's reward: placeholders no mean, loss or advantage statistic reads (Scores.skipped).
+SKIPPED_REWARD = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+
+
+def _score_ended(
+    reward_fn: RewardFn,
+    episodes: Sequence[Episode],
+    truths: Sequence[GroundTruth],
+    env_weight: float,
+    trainer_state: TrainerState | None,
+) -> Scores:
+    """score_episodes on episodes that ended without an error. A turn-limited episode (`Episode.turn_limited`: it
+    ran out of turns or tokens before its tools or environment ended it) has no final answer: a built-in task's
+    reward grades an empty answer (0 for its answer components); its `env` component is what its environment gave."""
     responses = [last_model_turn(e) for e in episodes]
     last_lengths = [len(e.model_turns[-1]) if e.model_turns else 0 for e in episodes]
     score_batch = getattr(reward_fn, "score_batch", None)
-    if score_batch is not None:
+    if score_batch is not None:  # task=custom: the functions get the whole episode, env among the components
         batch = score_batch(
             responses,
             list(truths),
@@ -243,12 +292,22 @@ def score_episodes(
             [[list(turn) for turn in e.model_turns] for e in episodes],
             trainer_state,
             completions=[e.completion_messages for e in episodes],
+            prompts=[[dict(m) for m in e.prompt_messages] for e in episodes],
+            env_rewards=[e.step_reward for e in episodes],
         )
-        scores = Scores([_kept(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts, batch.extra, batch.metrics)
-    elif uses_n_tokens(reward_fn):
-        scores = score_responses(reward_fn, responses, list(truths), last_lengths)
+        return Scores(
+            [_kept(r) for r in batch.rewards],
+            batch.n_errors,
+            batch.n_timeouts,
+            batch.extra,
+            batch.metrics,
+            no_correctness=dict(batch.no_correctness),
+        )
+    answers = ["" if e.turn_limited else text for e, text in zip(episodes, responses, strict=True)]
+    if uses_n_tokens(reward_fn):
+        scores = score_responses(reward_fn, answers, list(truths), last_lengths)
     else:
-        scores = score_responses(reward_fn, responses, list(truths))
+        scores = score_responses(reward_fn, answers, list(truths))
     for episode, reward in zip(episodes, scores.rewards, strict=True):
         value = episode.step_reward
         if value is None:

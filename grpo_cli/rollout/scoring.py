@@ -32,9 +32,17 @@ class Scores:
     # whatever the user's function logs) and log_metric values (TRL 1.16's logging callables).
     extra_columns: dict[str, list[Any]] = field(default_factory=dict)
     logged_metrics: dict[str, list[float]] = field(default_factory=dict)
+    # The samples that have no reward at all (an episode whose environment failed under task.on_reward_error=skip):
+    # their dicts hold 0.0 placeholders that no mean, loss or advantage statistic reads.
+    skipped: list[int] = field(default_factory=list)
+    # The samples whose correctness (eval/mean@n, pass@k, maj@n) cannot be derived, each with the reason why.
+    no_correctness: dict[int, str] = field(default_factory=dict)
 
     def mean(self, key: str) -> float:
-        return sum(r.get(key, 0.0) for r in self.rewards) / max(len(self.rewards), 1)
+        """The mean of `key` over the scored samples (the skipped ones left out); 0.0 when none is scored."""
+        left_out = set(self.skipped)
+        values = [r.get(key, 0.0) for i, r in enumerate(self.rewards) if i not in left_out]
+        return sum(values) / max(len(values), 1)
 
     def component_mean(self, key: str) -> float:
         """The mean of a "reward/<component>" key over the samples that have it: a task=custom reward that
@@ -75,7 +83,12 @@ def score_responses(
     if score_batch is not None:
         batch = score_batch(responses, ground_truths, n_tokens, completion_ids, trainer_state)
         return Scores(
-            [_kept_keys(r) for r in batch.rewards], batch.n_errors, batch.n_timeouts, batch.extra, batch.metrics
+            [_kept_keys(r) for r in batch.rewards],
+            batch.n_errors,
+            batch.n_timeouts,
+            batch.extra,
+            batch.metrics,
+            no_correctness=dict(batch.no_correctness),
         )
     lengths: list[int | None] = list(n_tokens) if n_tokens is not None else [None] * len(responses)
     with_length = n_tokens is not None and uses_n_tokens(reward_fn)

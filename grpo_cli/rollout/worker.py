@@ -151,17 +151,29 @@ class RolloutWorker:
                 assert run is not None and episodes is not None  # an EpisodeBatch comes from episodes only
                 scores = run.score(episodes, self.trainer_state(epoch))
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
+            # An episode skipped under task.on_reward_error=skip has no reward: out of its group's statistics.
+            scored = torch.ones(len(raw_rewards), dtype=torch.bool)
+            scored[scores.skipped] = False
             advantages = compute_advantages(
-                raw_rewards, shape.group_size, cfg.normalization.advantage, cfg.normalization.advantage_eps
+                raw_rewards,
+                shape.group_size,
+                cfg.normalization.advantage,
+                cfg.normalization.advantage_eps,
+                keep=scored if scores.skipped else None,
             )
         data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
+        if scores.skipped:
+            data.scored = scored
         data.policy_version = self.version
         if rollout.sampler_log_probs is not None:
             data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in rollout.sampler_log_probs]
         if cfg.train.mask_truncated:
             # DAPO's overlong filtering: a cut-off completion's reward says little about its tokens, so it stays
-            # in its group's advantage statistics but leaves the loss (an episode: ended by a limit).
+            # in its group's advantage statistics but leaves the loss (an episode: its last turn cut mid-generation;
+            # one that ran out of turns ended, and its environment scored it).
             data.loss_mask = torch.tensor([0.0 if cut else 1.0 for cut in rollout.truncated])
+        if scores.skipped:  # no reward: out of the loss too
+            data.loss_mask = (data.loss_mask if data.loss_mask is not None else torch.ones(len(raw_rewards))) * scored
         if isinstance(rollout, EpisodeBatch):
             # The episode's tool/environment tokens are scored as context but are holes in the loss.
             data.token_masks = [torch.tensor(m, dtype=torch.float32) for m in rollout.token_masks]
@@ -176,15 +188,20 @@ class RolloutWorker:
         lengths = (
             rollout.model_tokens if isinstance(rollout, EpisodeBatch) else [len(ids) for ids in rollout.completion_ids]
         )
+        kept_rewards = raw_rewards[scored]
         data.metrics = {
             **reward_metrics(scores, "train"),
-            "train/reward_std": raw_rewards.std().item() if len(raw_rewards) > 1 else 0.0,
-            "train/frac_zero_std_groups": fraction_of_zero_std_groups(raw_rewards, shape.group_size),
+            "train/reward_std": kept_rewards.std().item() if len(kept_rewards) > 1 else 0.0,
+            "train/frac_zero_std_groups": fraction_of_zero_std_groups(
+                raw_rewards, shape.group_size, scored if scores.skipped else None
+            ),
             "train/response_length_mean": sum(lengths) / len(lengths),
             "train/response_length_max": max(lengths),
             "train/truncated_frac": sum(rollout.truncated) / len(lengths),
-            # Completions left out of the loss (train.mask_truncated), as a fraction of the batch.
-            "train/masked_frac": sum(rollout.truncated) / len(lengths) if cfg.train.mask_truncated else 0.0,
+            # Completions left out of the loss (train.mask_truncated, skipped episodes), as a fraction of the batch.
+            "train/masked_frac": (
+                float((data.loss_mask == 0).sum()) / len(lengths) if data.loss_mask is not None else 0.0
+            ),
             **timings,
             "time/weight_load_s": self.load_s,
             "time/produce_s": time.perf_counter() - busy_start + self.load_s,
@@ -196,7 +213,8 @@ class RolloutWorker:
         # evaluation samples only (a training batch has no samples table).
         data.metrics = with_logged_metrics(data.metrics, scores, "train")
         if episodes is not None:
-            # train/turns, tool_calls, tool_errors, env_tokens, truncated_episodes; the transcripts for the run's logs.
+            # train/turns, tool_calls, tool_errors, env_tokens, truncated_episodes, turn_limited_episodes,
+            # skipped_episodes; the transcripts for the run's logs.
             data.metrics.update(episode_train_metrics(episodes))
             data.transcripts = [transcript(e, r) for e, r in zip(episodes, scores.rewards, strict=True)]
         self.load_s = 0.0

@@ -66,7 +66,7 @@ from grpo_cli.tasks.base import (
     TaskDataError,
     TaskSpec,
 )
-from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, environment_spec
+from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, environment_spec
 from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
 from grpo_cli.tasks.schema import TaskConfig
@@ -205,8 +205,9 @@ class CustomTaskConfig(TaskConfig):
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     answer_from: str | None = any_value(
         None,
-        help="The reward logged as answer_reward, whose value >= 1 marks an answer correct (eval/pass@k, maj@n); "
-        "null: the weighted total.",
+        help="The reward logged as answer_reward, whose value >= 1 marks an answer correct (eval/mean@n, pass@k, "
+        "maj@n): a name of task.rewards, or env (the environment's summed step rewards). null: env when the "
+        "environment's reward is the only weighted one (shaping terms aside), else the weighted total.",
     )
     format_from: str | None = any_value(None, help="The reward logged as format_reward; null: the weighted total.")
     cases_path: str | None = path(
@@ -645,6 +646,8 @@ class BatchScores:
     # log_extra's columns (one value per sample, None where none was logged) and log_metric's values.
     extra: dict[str, list[Any]] = field(default_factory=dict)
     metrics: dict[str, list[float]] = field(default_factory=dict)
+    # The samples whose correctness cannot be derived (task.answer_from's reward gave None), with the reason.
+    no_correctness: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -664,12 +667,25 @@ class CustomReward:
     model_factory: Callable[[str | None], Any] | None = None
     device: str | None = None
     workers: int = 0  # task.reward_workers (0: the functions run in this process)
+    # task.reward_weights.env when the task has an environment (its summed step rewards are the component `env`,
+    # given to score_batch as env_rewards); None: no environment.
+    env_weight: float | None = None
     _model: Any = field(default=None, repr=False)
     _pool: RewardWorkers | None = field(default=None, repr=False)
 
     @property
     def uses_n_tokens(self) -> bool:
         return self.weights.get("overlong", 0.0) != 0.0
+
+    @property
+    def answer_source(self) -> str | None:
+        """The reward whose value marks a sample correct (answer_reward, correctness): task.answer_from, else `env`
+        when the environment's reward is the only weighted component, else None (the weighted total)."""
+        if self.answer_from is not None:
+            return self.answer_from
+        if self.env_weight and not any(w for name, w in self.weights.items() if name not in SHAPING_COMPONENTS):
+            return ENV_COMPONENT
+        return None
 
     def for_run(self, max_tokens: int | None, device: str | None) -> CustomReward:
         """This reward with the run's generation limit (the overlong term) and the device of its reward model."""
@@ -702,13 +718,21 @@ class CustomReward:
         completion_ids: Sequence[list[Any]] | None = None,
         trainer_state: TrainerState | None = None,
         completions: Sequence[Any] | None = None,
+        prompts: Sequence[Any] | None = None,
+        env_rewards: Sequence[float | None] | None = None,
     ) -> BatchScores:
         """Every reward on the batch. `completion_ids` are the sampled token ids of each completion (what TRL's
         completion_ids= holds; their lengths stand in for `n_tokens` when it is not given). `completions`, when
         given, is what the functions get as the completions instead of the responses (a multi-turn episode's
         messages after the prompt, rollout/multiturn.py: trl's completions= and per_sample's response; its
         completion_ids are then the model's sampled ids per turn, and `responses` its last turn's text, which the
-        repetition term reads)."""
+        repetition term reads). `prompts`, when given, is trl's prompts= instead of the rows' prompts (an episode's
+        opening messages, what its environment's reset gave the model). `env_rewards` (a task with an environment:
+        each episode's summed step rewards, None where it gave none) are the component `env`, weighted by
+        `env_weight`.
+
+        Each sample's answer_reward and correctness are `answer_source`'s value (the weighted total, env included,
+        when it is None); a sample where that reward gave None has no correctness, said in `no_correctness`."""
         n = len(responses)
         ids = [list(c) for c in completion_ids] if completion_ids is not None else None
         if n_tokens is not None:
@@ -717,6 +741,7 @@ class CustomReward:
             lengths = [len(c) for c in ids] if ids is not None else [None] * n
         given = list(completions) if completions is not None else None
         batch = _Batch(list(responses), list(truths), ids, trainer_state or TrainerState(), RewardLog(n), given)
+        batch.prompts = list(prompts) if prompts is not None else None
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
         # Every function's calls first, then their results: with workers, the calls run in parallel.
@@ -731,16 +756,26 @@ class CustomReward:
             values["overlong"] = [overlong_penalty(k, *window) for k in known]
         if self.weights.get("repetition"):
             values["repetition"] = [repetition_penalty(r, self.shaping.repetition_ngram) for r in responses]
-        out = []
+        weights = dict(self.weights)
+        if self.env_weight is not None and env_rewards is not None:
+            values[ENV_COMPONENT] = list(env_rewards)
+            weights[ENV_COMPONENT] = self.env_weight
+        source, out, no_correctness = self.answer_source, [], {}
         for i in range(n):
             sample = {name: column[i] for name, column in values.items()}
-            total = sum(self.weights.get(name, 0.0) * v for name, v in sample.items() if v is not None)
-            answer = total if self.answer_from is None else (sample.get(self.answer_from) or 0.0)
+            total = sum(weights.get(name, 0.0) * v for name, v in sample.items() if v is not None)
+            answer = total if source is None else sample.get(source)
             fmt = total if self.format_from is None else (sample.get(self.format_from) or 0.0)
-            result = {"reward": total, "format_reward": fmt, "answer_reward": answer, "correctness": answer}
+            result = {"reward": total, "format_reward": fmt, "answer_reward": answer or 0.0}
+            if answer is None:  # never a silent 0: this sample's correctness is unknown
+                no_correctness[i] = _no_answer(source)
+            else:
+                result["correctness"] = answer
             result.update({f"reward/{name}": v for name, v in sample.items() if v is not None})
             out.append(result)
-        return BatchScores(out, counts["errors"], counts["timeouts"], batch.log.extra, batch.log.metrics)
+        return BatchScores(
+            out, counts["errors"], counts["timeouts"], batch.log.extra, batch.log.metrics, no_correctness
+        )
 
     def completions_of(self, responses: list[str], prompts: list[Any]) -> list[Any]:
         """completions= of a TRL-convention call: TRL's rule under task.completion_format=auto (messages exactly
@@ -806,7 +841,10 @@ class CustomReward:
     def _trl_payload(self, reward: NamedReward, batch: _Batch, rows: list[int]) -> dict[str, Any]:
         responses = [batch.responses[i] for i in rows]
         truths = [batch.truths[i] for i in rows]
-        prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
+        if batch.prompts is not None:  # an episode's opening messages
+            prompts = [batch.prompts[i] for i in rows]
+        else:
+            prompts = [t.get("prompt") if isinstance(t, dict) else None for t in truths]
         ids = [batch.completion_ids[i] for i in rows] if batch.completion_ids is not None else None
         if batch.completions is not None:  # an episode's messages: always messages
             completions = [batch.completions[i] for i in rows]
@@ -899,6 +937,13 @@ class CustomReward:
         return [float(v) for v in self._model(responses, truths)]
 
 
+def _no_answer(source: str | None) -> str:
+    """Why a sample has no correctness: the reward that decides it (`CustomReward.answer_source`) gave none."""
+    if source == ENV_COMPONENT:
+        return "the environment gave no reward in the episode (task.answer_from=env: its summed step rewards)"
+    return f"task.answer_from={source} gave no value (None) for the sample"
+
+
 @dataclass
 class _StartedCall:
     """One call of a user's function, started, and the log its log_extra and log_metric write to."""
@@ -917,6 +962,7 @@ class _Batch:
     trainer_state: TrainerState
     log: RewardLog
     completions: list[Any] | None = None  # given instead of the responses (episodes' messages)
+    prompts: list[Any] | None = None  # given instead of the rows' prompts (episodes' opening messages)
 
 
 # ------------------------------------------------------------------------------------------------ the task
@@ -1077,10 +1123,17 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
             "package.module.factory, <its arguments>}) or task.reward_model.path=<classifier>"
         )
     all_names = [r.name for r in rewards]
+    with_environment = environment_spec(task_cfg) is not None
     for key in ("answer_from", "format_from"):
         chosen = getattr(task_cfg, key)
-        if chosen is not None and chosen not in all_names:
-            raise UserFacingError(f"task.{key}={chosen}: there is no reward named {chosen}: use {', '.join(all_names)}")
+        allowed = [*all_names, ENV_COMPONENT] if with_environment and key == "answer_from" else all_names
+        if chosen is not None and chosen not in allowed:
+            if chosen == ENV_COMPONENT:
+                raise UserFacingError(
+                    f"task.{key}=env without task.environment: env is the environment's reward; use "
+                    f"{', '.join(all_names)}"
+                )
+            raise UserFacingError(f"task.{key}={chosen}: there is no reward named {chosen}: use {', '.join(allowed)}")
     template_columns(task_cfg.template)
     reward = CustomReward(
         rewards,
@@ -1092,6 +1145,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         format_from=task_cfg.format_from,
         shaping=Shaping(None, task_cfg.overlong_buffer, task_cfg.repetition_ngram),
         workers=task_cfg.reward_workers,
+        env_weight=env_weight(task_cfg) if with_environment else None,
     )
 
     def build(split: str, n: int | None = None, seed: int = 0, prompt_style: str = "chat", **_: Any) -> list[Example]:
@@ -1099,7 +1153,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         return build_examples(task_cfg, rewards, split)
 
     extra_names = [term for term in SHAPING_COMPONENTS if reward.weights.get(term)]
-    if environment_spec(task_cfg) is not None:
+    if with_environment:
         extra_names.append(ENV_COMPONENT)
     cases = read_cases(task_cfg, [*all_names, *extra_names])
     return dataclasses.replace(CUSTOM_TASK, reward_fn=reward, build=build, sanity_cases=cases)

@@ -25,7 +25,7 @@ process and each call runs under the in-process time limit (tasks/timelimit.py: 
 
 A failed call (raised, timed out, a malformed return) is the episode's `error` string: the episode ends and the
 caller applies task.on_reward_error to it (`check_error`: stop raises EnvironmentFailed, skip leaves the episode
-without its `env` reward).
+without any reward, out of the loss: `Episode.skipped`).
 
 Shipped: `SkyRLGymEnvironment`, an adapter that runs a skyrl_gym `BaseTextEnv` unchanged, and the built-in
 guess_number environment (tasks/guess_number.py). No torch.
@@ -159,11 +159,24 @@ def _messages(what: str, value: Any) -> list[Message] | None:
     return [dict(m) for m in value]
 
 
+def _python_scalar(value: Any) -> Any:
+    """A numpy or torch scalar (np.float32, np.bool_, a 0-d tensor) as the Python number or bool it holds; anything
+    else as it is (an array of several values keeps its type, and the check names it)."""
+    if isinstance(value, str | bytes | bool | int | float) or not callable(getattr(value, "item", None)):
+        return value
+    try:
+        return value.item()
+    except (TypeError, ValueError):
+        return value
+
+
 def check_step(value: Any) -> tuple[list[Message] | None, float | None, bool]:
-    """A step's return checked: (messages or None, a finite float or None, a bool), or BadEnvironmentReturn."""
+    """A step's return checked: (messages or None, a finite float or None, a bool), or BadEnvironmentReturn. numpy
+    scalars count as the Python numbers and bools they hold (an np.float32 reward, an np.bool_ done)."""
     if not isinstance(value, tuple | list) or len(value) != 3:
         raise BadEnvironmentReturn(f"step must return (observation, reward, done), not {value!r:.120}")
     observation, reward, done = value
+    reward, done = _python_scalar(reward), _python_scalar(done)
     messages = _messages("step's observation", observation)
     if reward is not None:
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
@@ -311,15 +324,25 @@ class EnvironmentRunner:
         return results
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text`, or when longer than `limit` its start cut at the last space before the limit (mid-word only when the
+    first word alone is longer than half of it), with "..." after it."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    return (cut[:space] if space >= limit // 2 else cut).rstrip(" ,") + "..."
+
+
 def check_error(key: str, on_error: str, error: str | None, row: Mapping[str, Any]) -> None:
     """task.on_reward_error for an environment's failure on an episode: stop raises EnvironmentFailed (one line
-    naming the key, the failure and the row), skip returns (the episode gets no `env` reward)."""
+    naming the key, the failure and the row), skip returns (the episode is skipped: no reward, out of the loss)."""
     if error is None or on_error == "skip":
         return
-    shown = ", ".join(f"{k}={v!r:.40}" for k, v in list(row.items())[:4])
+    shown = ", ".join(f"{k}={clipped(repr(v), 40)}" for k, v in list(row.items())[:4])
     raise EnvironmentFailed(
-        f"{key}: the environment {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to leave "
-        "such episodes without an env reward"
+        f"{key}: the environment {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to skip "
+        "such episodes (no reward, out of the loss)"
     )
 
 

@@ -177,7 +177,8 @@ class TaskConfig:
         ON_REWARD_ERROR,
         help="What a reward function (or an environment) that raises, hangs, returns NaN, a string or the wrong "
         "count does to the run: stop (one line naming it; checkpoints kept) or skip (no reward from it for that "
-        "sample, counted in train/reward_errors).",
+        "sample, counted in train/reward_errors; an environment's episode gets no reward at all and leaves the loss "
+        "and its group's advantages, train/skipped_episodes).",
     )
     reward_workers: int = non_negative(
         1,

@@ -136,15 +136,47 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat, schemas: Mapping[str, Mappi
     mistake, its message for the model) when the call is not a JSON object {"name": ..., "arguments": {...}}, names
     a tool that is not in `schemas` (tool name -> its JSON schema, transformers' get_json_schema form), or gives
     arguments the schema does not allow. No calls: an empty list (the episode's final answer)."""
-    return [_parse_one(raw, fmt, schemas) for raw in fmt.find(text)]
+    return [_parse_or_say_why(raw, fmt, schemas) for raw in fmt.find(text)]
+
+
+_EXAMPLE = '{"name": <function-name>, "arguments": <args-json-object>}'
+# Deeper JSON than this is refused as the model's mistake: json.loads raises RecursionError near 1,000 levels, and
+# pickling the arguments for a tool's worker process fails well before that (what a degenerate repetition writes).
+MAX_ARGUMENT_DEPTH = 64
+
+
+def _parse_or_say_why(raw: str, fmt: ToolCallFormat, schemas: Mapping[str, Mapping[str, Any]]) -> ParsedCall:
+    """`_parse_one`, with any exception while reading the call made the model's error text, never the run's."""
+    try:
+        return _parse_one(raw, fmt, schemas)
+    except RecursionError:
+        return ToolCallError(None, f"error: the tool call is nested too deeply to read: write {_EXAMPLE}")
+    except Exception as e:  # noqa: BLE001 - the model's text: whatever it makes the parser do is its mistake
+        what = " ".join(f"{type(e).__name__}: {e}".split())
+        return ToolCallError(None, f"error: the tool call could not be read ({what:.200}): write {_EXAMPLE}")
+
+
+def _depth(value: Any) -> int:
+    """How deeply a JSON value nests lists and objects (iterative: no recursion on the model's text)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _parse_one(raw: str, fmt: ToolCallFormat, schemas: Mapping[str, Mapping[str, Any]]) -> ParsedCall:
-    example = '{"name": <function-name>, "arguments": <args-json-object>}'
+    example = _EXAMPLE
     try:
         call = json.loads(raw)
     except json.JSONDecodeError as e:
         return ToolCallError(None, f"error: the tool call is not valid JSON ({e}): write {example}")
+    if _depth(call) > MAX_ARGUMENT_DEPTH:
+        return ToolCallError(
+            None, f"error: the tool call nests lists or objects more than {MAX_ARGUMENT_DEPTH} deep: write {example}"
+        )
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return ToolCallError(None, f"error: a tool call is a JSON object with a name: write {example}")
     name = call["name"]
@@ -158,6 +190,8 @@ def _parse_one(raw: str, fmt: ToolCallFormat, schemas: Mapping[str, Mapping[str,
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
             pass
+        if _depth(arguments) > MAX_ARGUMENT_DEPTH:
+            return ToolCallError(name, f"error: the arguments of tool {name} nest more than {MAX_ARGUMENT_DEPTH} deep")
     if not isinstance(arguments, dict):
         return ToolCallError(
             name, f"error: the arguments of tool {name} are a JSON object, not {_json_type(arguments)}"

@@ -115,4 +115,4 @@ def test_the_examples_own_environment_plays_its_cases_as_its_readme_says(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "all 4 cases agree with task=custom's reward rule" in result.stdout
-    assert "user: Higher." in result.stdout and "ended: max_turns (truncated)" in result.stdout
+    assert "user: Higher." in result.stdout and "ended: max_turns (turn-limited)\n" in result.stdout

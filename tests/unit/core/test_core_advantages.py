@@ -113,3 +113,37 @@ def test_group_normalized_rewards_takes_any_advantage_normalization() -> None:
         exact_match_reward, RESPONSES, GROUND_TRUTHS, 4, 1e-6, True, advantage_normalization="rloo"
     )
     torch.testing.assert_close(advantages, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("mode", ["std", "mean", "rloo", "batch_std"])
+def test_responses_left_out_leave_their_group_statistics(mode: str) -> None:
+    from grpo_cli.core import compute_advantages
+
+    # G = 4: group 0 keeps rows 0, 1, 3 (row 2 skipped, its placeholder reward 0 must not count); group 1 keeps
+    # one row (no comparison: 0); group 2 keeps all.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.25])
+    keep = torch.tensor([True, True, False, True, True, False, False, False, True, True, True, True])
+    got = compute_advantages(rewards, 4, mode, 1e-6, keep=keep)
+    # Independent: each group's kept rows alone, as a group of their own size (batch_std: one std of every kept
+    # reward, the groups centred on their own kept mean).
+    expected = torch.zeros(12)
+    for rows in ([0, 1, 3], [8, 9, 10, 11]):
+        index = torch.tensor(rows)
+        if mode == "batch_std":
+            centred = compute_advantages(rewards[index], len(rows), "mean")
+            expected[index] = centred / (rewards[keep].std() + 1e-6)
+        else:
+            expected[index] = compute_advantages(rewards[index], len(rows), mode, 1e-6)
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert not torch.allclose(got, compute_advantages(rewards, 4, mode, 1e-6), atol=1e-3)  # the mask matters
+    # all kept: exactly the unmasked computation
+    everyone = torch.ones(12, dtype=torch.bool)
+    assert torch.equal(compute_advantages(rewards, 4, mode, 1e-6, keep=everyone), compute_advantages(rewards, 4, mode))
+
+
+def test_zero_std_groups_among_the_kept_responses() -> None:
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0])
+    keep = torch.tensor([True, True, False, True, True, False, True, True])
+    # group 0: kept rewards all 1 (no signal, though the skipped placeholder differs); group 1: 2 vs 0, signal
+    assert fraction_of_zero_std_groups(rewards, 4, keep) == 0.5
+    assert fraction_of_zero_std_groups(rewards, 4) == 0.0

@@ -119,6 +119,27 @@ def test_signal_batch_fills_from_later_rounds_and_recomputes_advantages():
     assert batch.metrics["train/reward_all_sampled"] == pytest.approx(0.5)  # every round's: (.75 + .25) / 2
 
 
+def test_dynamic_sampling_reads_only_the_scored_rewards_of_a_group_with_skipped_episodes():
+    from grpo_cli.core import compute_advantages
+
+    # G = 3. Round 1: group 0's scored rewards are all 1 (its skipped episode's placeholder 0 is no signal), group 1
+    # differs among its scored ones. Round 2: group 0 differs.
+    first, second = rollout([1.0, 0.0, 1.0, 2.0, 0.0, 0.0]), rollout([0.5, 1.0, 0.0, 1.0, 1.0, 1.0], tag=1)
+    first.scored = torch.tensor([True, False, True, True, True, False])
+    signal = SignalBatch(group_size=3, target_groups=2, advantage="std", advantage_eps=1e-6)
+    signal.add(first)
+    assert signal.kept_groups == 1  # group 1 only (before: group 0 too, by its placeholder)
+    signal.add(second)
+    batch = signal.batch()
+    assert batch.scored is not None and batch.scored.tolist() == [True, True, False, True, True, True]
+    # Independent: each group's scored rewards alone through compute_advantages; the skipped one gets 0.
+    expected = torch.zeros(6)
+    expected[[0, 1]] = compute_advantages(torch.tensor([2.0, 0.0]), 2, "std", 1e-6)
+    expected[[3, 4, 5]] = compute_advantages(torch.tensor([0.5, 1.0, 0.0]), 3, "std", 1e-6)
+    torch.testing.assert_close(batch.advantages, expected)
+    assert batch.metrics["train/reward"] == pytest.approx((2.0 + 0.0 + 0.5 + 1.0 + 0.0) / 5)
+
+
 def test_signal_batch_trains_on_fewer_when_the_rounds_run_out():
     signal = SignalBatch(group_size=2, target_groups=2, advantage="std", advantage_eps=1e-6)
     signal.add(rollout([1.0, 0.0, 1.0, 1.0]))

@@ -67,3 +67,52 @@ def test_checkpoint_holds_what_resume_needs(tmp_path):
     state = json.loads((checkpoint / "state.json").read_text())
     assert state["step"] == 2 and state["sampler"]["position"] == 4  # 2 steps x 2 prompts
     assert {"python", "torch"} <= torch.load(checkpoint / "rng.pt", weights_only=False).keys()
+
+
+FLAKY_ENVIRONMENT = """
+import os
+
+
+class Flaky:
+    def step(self, messages):
+        if os.path.exists({marker!r}):
+            raise RuntimeError("the board broke")
+        return [{{"role": "user", "content": "Again."}}], float(len(messages[-1]["content"]) % 2), False
+"""
+
+
+def test_an_environment_failing_at_step_2_stops_the_run_with_step_1_kept(tmp_path):
+    # As a reward function failing at step 2 does (tests/e2e/test_custom_task_e2e.py): one line, step 1's update
+    # saved, how to resume (under skip the run goes on: test_episode_rollout.py's skipped-episode test).
+    marker = tmp_path / "broken"
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENVIRONMENT.format(marker=str(marker)))
+    loop = make_trainer(
+        tmp_path / "run",
+        [
+            "task=guess_number",
+            f"task.environment={tmp_path / 'flaky_env.py'}:Flaky",
+            "task.max_turns=2",
+            "task.reward_workers=0",
+            "task.on_reward_error=stop",
+            "rollout.max_tokens=4",
+            "train.steps=2",
+            "train.eval_every=0",
+            "model.mixed_precision=no",
+        ],
+    )
+    real_step = loop.executor.step
+
+    def step(number: int):
+        if number == 2:
+            marker.touch()  # the environment breaks from step 2 on
+        return real_step(number)
+
+    loop.executor.step = step
+    with pytest.raises(RunStopped) as info:
+        loop.run()
+    line = str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in line
+    assert line.startswith("task.environment: the environment raised RuntimeError: the board broke on the row")
+    assert "step 1's update is saved in" in line and f"grpo-run resume={tmp_path / 'run'}" in line
+    (kept,) = list_checkpoints(tmp_path / "run")
+    assert kept.name == "step_000001" and verify_checkpoint(kept) is None

@@ -67,7 +67,8 @@ def test_guess_number_runs_the_environment_and_shows_the_transcript(tmp_path):
     text = out.file.getvalue()
     # case 1: 50, 25, 37 against the target 37: the environment's own answers, then the win
     assert "assistant: 50\n  user: Lower.\n  assistant: 25\n  user: Higher.\n  assistant: 37\n  ended: done" in text
-    assert "ended: max_turns (truncated)" in text and "env=1" in text
+    # out of turns, each turn ended by the model: turn-limited, not truncated (no turn was cut mid-generation)
+    assert "ended: max_turns (turn-limited)\n" in text and "env=1" in text
 
 
 def test_a_multi_turn_case_that_disagrees_fails_the_job(monkeypatch, tmp_path):

@@ -278,3 +278,71 @@ def test_the_worker_produces_episodes_with_holes_and_the_learners_old_log_probs_
     # A data-parallel rank's share (examples[1:] at prompt index 1) samples the same episodes.
     share = worker.produce(examples[1:], batch_number=1, first_prompt_index=1)
     assert share.completion_ids == data.completion_ids[2:]
+
+
+class FailingGuessSetup(GuessSetup):
+    """GuessSetup whose environment ends each episode after its first turn, and fails on the episodes of `failing`
+    (their index in the batch) there, with a step reward, as task.on_reward_error=skip leaves them (finish does not
+    stop the run)."""
+
+    def __init__(self, template: ChatTemplate, failing: set[int]) -> None:
+        super().__init__(template)
+        self.failing = failing
+        self.opened: list[Episode] = []
+
+    def open(self, examples: Sequence[Example]) -> list[Episode]:
+        self.opened = super().open(examples)
+        return self.opened
+
+    @property
+    def on_turn(self):
+        def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
+            failed = TurnOutcome(None, 0.75, True, error="raised ValueError: the board")
+            return [failed if self.opened.index(e) in self.failing else TurnOutcome(None, 0.0, True) for e in episodes]
+
+        return hook
+
+
+def test_a_skipped_episode_leaves_the_loss_and_its_groups_advantage_statistics(worker) -> None:
+    from dataclasses import replace
+
+    from grpo_cli.core import compute_advantages
+    from grpo_cli.rollout.multiturn import score_episodes
+
+    def by_length(response: str, truth: object) -> dict[str, float]:  # rewards that differ between episodes
+        value = float(len(response) % 3)
+        return {"reward": value, "format_reward": 0.0, "answer_reward": value}
+
+    def score(episodes: Sequence[Episode], trainer_state: object) -> Scores:
+        return score_episodes(by_length, episodes, 1.0, None, truths=[e.context.ground_truth for e in episodes])
+
+    template = worker.episodes.setup.template
+    saved = worker.episodes, worker.shape
+    worker.episodes = EpisodeRun(FailingGuessSetup(template, failing={1, 6}), score)
+    worker.shape = replace(saved[1], group_size=4)
+    try:
+        data = worker.produce([Example("guess", 3), Example("guess", 5)], batch_number=2)
+    finally:
+        worker.episodes, worker.shape = saved
+    episodes = [t for t in data.transcripts]
+    assert [t["error"] is not None for t in episodes] == [i in {1, 6} for i in range(8)]
+    kept = torch.tensor([i not in {1, 6} for i in range(8)])
+    # Independent: each group's kept episodes' rewards, by the same reward function on their final answers (the
+    # last model turn; none for an episode that ran out of turns), through compute_advantages as a group of their
+    # own (3 each).
+    answers = ["" if t["turn_limited"] else [m for m in t["messages"] if m["role"] == "assistant"][-1]["content"]
+               for t in episodes]  # fmt: skip
+    rewards = torch.tensor([by_length(answer, 0)["reward"] for answer in answers])
+    expected = torch.zeros(8)
+    for rows in ([0, 2, 3], [4, 5, 7]):
+        expected[rows] = compute_advantages(rewards[rows], 3, worker.cfg.normalization.advantage)
+    torch.testing.assert_close(data.advantages, expected)
+    # ... which the skipped rows' placeholders would have changed: the check can fail
+    assert expected.abs().sum() > 0
+    with_placeholders = compute_advantages(data.raw_rewards, 4, worker.cfg.normalization.advantage)
+    assert not torch.allclose(with_placeholders, expected)
+    assert data.loss_mask is not None and data.loss_mask.tolist() == kept.float().tolist()
+    assert data.raw_rewards[kept].tolist() == rewards[kept].tolist()
+    assert data.metrics["train/skipped_episodes"] == 2 / 8 and data.metrics["train/reward_errors"] == 2
+    assert data.metrics["train/reward"] == pytest.approx(rewards[kept].mean().item())
+    assert all(not any(k.startswith("reward/") for k in episodes[i]["rewards"]) for i in (1, 6))

@@ -154,7 +154,7 @@ def test_a_template_that_alters_earlier_turns_keeps_the_sampled_ids(
     )
 
 
-def test_max_turns_ends_an_episode_truncated_with_the_last_answer_in_the_transcript_only(
+def test_max_turns_ends_an_episode_turn_limited_with_the_last_answer_in_the_transcript_only(
     tokenizer: transformers.PreTrainedTokenizerBase,
 ) -> None:
     template = chat_template(tokenizer, "qwen2_5_tools")
@@ -163,7 +163,13 @@ def test_max_turns_ends_an_episode_truncated_with_the_last_answer_in_the_transcr
     never_done = lambda episodes: [TurnOutcome([TOOL_RESULT], 0.25, False) for _ in episodes]  # noqa: E731
     run_episodes([episode], template, script, never_done, EpisodeLimits(max_turns=2, max_tokens_per_turn=8))
 
-    assert (episode.n_turns, episode.stop_reason, episode.truncated) == (2, "max_turns", True)
+    # Out of turns, not cut: turn-limited (an ended game), not truncated (its turns ended on their stop token).
+    assert (episode.n_turns, episode.stop_reason, episode.turn_limited, episode.truncated) == (
+        2,
+        "max_turns",
+        True,
+        False,
+    )
     assert [s.kind for s in episode.spans] == ["model", "env", "model"]
     assert episode.messages[-1] == TOOL_RESULT and episode.step_rewards == [0.25, 0.25] and episode.step_reward == 0.5
 
@@ -179,7 +185,8 @@ def test_max_episode_tokens_bounds_model_and_environment_tokens(
         limits = EpisodeLimits(max_turns=9, max_tokens_per_turn=8, max_episode_tokens=budget)
         run_episodes([episode], template, script, never_done, limits)
         assert len(episode.ids) <= budget
-        assert (episode.stop_reason, episode.truncated) == ("max_episode_tokens", True)
+        # Each turn was cut at its 8 tokens (no stop token): truncated too.
+        assert (episode.stop_reason, episode.turn_limited, episode.truncated) == ("max_episode_tokens", True, True)
         # A turn gets what is left of the episode's tokens, never more than the per-turn limit.
         assert all(len(t) <= 8 for t in episode.model_turns)
 
@@ -342,7 +349,8 @@ def test_guess_number_episodes_run_against_their_environment_in_a_worker(
     found, lost = episodes
     assert (found.stop_reason, found.truncated, found.step_rewards) == ("done", False, [0.0, 0.0, 1.0])
     assert [m["content"] for m in found.completion_messages if m["role"] == "user"] == ["Higher.", "Lower."]
-    assert (lost.stop_reason, lost.truncated, lost.step_reward) == ("max_turns", True, 0.0)
+    assert (lost.stop_reason, lost.turn_limited, lost.truncated, lost.step_reward) == ("max_turns", True, False, 0.0)
+    assert not found.turn_limited
     for episode in episodes:
         env_text = [template.decode(episode.ids[s.start : s.end]) for s in episode.spans if s.kind == "env"]
         assert all(t.startswith("\n<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in env_text)
@@ -386,6 +394,7 @@ def test_episode_metrics_are_per_episode_means(tokenizer: transformers.PreTraine
         "turns": 1.5,
         "env_tokens": episodes[0].env_tokens / 2,
         "truncated_episodes": 0.0,
+        "turn_limited_episodes": 0.0,
         "rerendered_turns": 0.0,
         "tool_calls": 1.0,
         "tool_errors": 0.5,

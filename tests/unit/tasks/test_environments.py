@@ -198,3 +198,34 @@ def test_a_skyrl_gym_environment_runs_in_the_workers_from_a_target_node(tmp_path
         assert (step.messages, step.reward, step.done, step.error) == (None, 1.0, True, None)
     finally:
         runner.shutdown()
+
+
+def test_numpy_scalars_are_taken_where_python_numbers_are() -> None:
+    import numpy as np
+
+    from grpo_cli.tasks.environments import check_step
+
+    observation = [{"role": "user", "content": "Higher."}]
+    # As the SkyRL adapter casts them: an np.float32 reward and an np.bool_ done are the numbers they hold.
+    assert check_step((observation, np.float32(0.5), np.bool_(False))) == (observation, 0.5, False)
+    assert check_step((None, np.int64(1), np.bool_(True))) == (None, 1.0, True)
+    messages, reward, done = check_step((None, np.float64(0.25), True))
+    assert (reward, done) == (0.25, True) and type(reward) is float and type(done) is bool
+    # What is not a number still is not: an array of several values, a bool reward, NaN.
+    for bad in ((None, np.array([1.0, 2.0]), True), (None, np.bool_(True), True), (None, np.float32("nan"), True)):
+        with pytest.raises(Exception, match="step's reward must be a finite number or None"):
+            check_step(bad)
+    with pytest.raises(Exception, match="step's done must be True or False"):
+        check_step((None, 1.0, np.array([True, False])))
+
+
+def test_the_environment_failure_line_cuts_the_row_between_words() -> None:
+    row = {"question": "How many clips did Natalia sell altogether in April and May this year?", "id": 7}
+    with pytest.raises(EnvironmentFailed) as excinfo:
+        check_error("task.environment", "stop", "raised ValueError: x", row)
+    line = str(excinfo.value)
+    # the question is shown up to a whole word, then "...": 'How many clips did Natalia sell...'
+    shown = line.split("question=", 1)[1].split(", id=")[0]
+    assert shown.endswith("...") and row["question"].startswith(shown.removesuffix("...").removeprefix("'"))
+    assert row["question"][len(shown.removesuffix("...").removeprefix("'"))] == " "  # the cut falls on a space
+    assert "id=7" in line and len(shown) <= 43

@@ -271,3 +271,164 @@ def test_python_math_grades_the_boxed_answer_of_the_last_turn():
     ep = episode([USER, code, {"role": "tool", "content": "55"}, boxed], 1, [[5], [6]])
     ep.context = EpisodeContext(Example([USER], "55"), {})
     assert score_episodes(reward_fn, [ep]).rewards[0]["reward"] == 1.0
+
+
+# ------------------------------------------------------------------ episodes scored as documented (issue #39)
+
+GUESS_PY = Path(__file__).parents[3] / "examples" / "multiturn_guess" / "guess.py"
+
+
+def guess8_cfg(tmp_path: Path, **keys) -> CustomTaskConfig:
+    """examples/multiturn_guess's layout: task=custom, its GuessNumber environment the only reward."""
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"target": t}) + "\n" for t in (5, 3)))
+    cfg = CustomTaskConfig(
+        name="custom", train_path="train.jsonl", eval_path="train.jsonl", prompt="chat", reward_workers=0,
+        template="Guess my number.", environment=f"{GUESS_PY}:GuessNumber", max_turns=3,
+    )  # fmt: skip
+    for key, value in keys.items():
+        setattr(cfg, key, value)
+    absolutize_paths(cfg, tmp_path)
+    validate(cfg)
+    return cfg
+
+
+def played(example: Example, guesses: list[str]) -> Episode:
+    """An episode of examples/multiturn_guess's GuessNumber, played for real on `guesses`: its messages and step
+    rewards are the environment's own (a direct call of the user's class on the same messages)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("guess_for_test", GUESS_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = module.GuessNumber()
+    row = episode_row(example)
+    messages = env.reset(row)
+    opening, rewards, turns, ended = list(messages), [], [], ""
+    for index, guess in enumerate(guesses):
+        messages.append({"role": "assistant", "content": guess})
+        turns.append([10 + index])
+        observation, reward, done = env.step(messages)
+        rewards.append(reward)
+        messages.extend(observation or [])
+        if done:
+            ended = "done"
+            break
+    ep = episode(messages, len(opening), turns, rewards, example.ground_truth)
+    ep.context = EpisodeContext(example, row)
+    ep.stop_reason = ended or "max_turns"
+    ep.turn_limited = not ended
+    return ep
+
+
+def test_correctness_of_an_environment_only_task_is_the_environments_reward(tmp_path):
+    from grpo_cli.rollout.evaluation import summarize
+
+    cfg = guess8_cfg(tmp_path)
+    five, three = load_examples(cfg, "eval")
+    episodes = [
+        played(five, ["4", "5"]),  # found: the environment's reward 1
+        played(five, ["1", "2", "3"]),  # out of turns: 0
+        played(three, ["3"]),
+        played(three, ["8", "7", "6"]),
+    ]
+    env = [sum(r for r in e.step_rewards if r is not None) for e in episodes]
+    assert env == [1.0, 0.0, 1.0, 0.0]  # the environment's own answers on these messages
+    scores = score_episodes(make_reward_fn(cfg), episodes, env_weight(cfg))
+    texts = [e.messages[-1]["content"] for e in episodes]
+    metrics, records = summarize(
+        ["p5", "p3"], texts, [e.context.example.ground_truth for e in episodes], scores, [1] * 4, [False] * 4, 2,
+        episodes=episodes,
+    )  # fmt: skip
+    # eval/reward is the environment's mean, and so are mean@2, pass@1 (each prompt won 1 of 2) and the correctness
+    # of each record; before, correctness was the custom rewards' total without env: 0 everywhere.
+    assert metrics["eval/reward"] == sum(env) / 4 == 0.5
+    assert metrics["eval/mean@2"] == metrics["eval/pass@1"] == 0.5 and metrics["eval/pass@2"] == 1.0
+    assert [r["correctness"] for r in records] == env == [r["answer_reward"] for r in records]
+
+
+def test_answer_from_env_is_a_choice_beside_the_rewards_and_needs_an_environment(tmp_path):
+    (tmp_path / "r.py").write_text("def short(completions, **kw):\n    return [0.5 for _ in completions]\n")
+    cfg = guess8_cfg(tmp_path, rewards={"short": f"{tmp_path / 'r.py'}:short"})
+    five, _ = load_examples(cfg, "eval")
+    won, lost = played(five, ["5"]), played(five, ["1", "2", "3"])
+    # two weighted rewards: the default is the weighted total (env included), so correctness is 1.5 and 0.5
+    total = score_episodes(make_reward_fn(cfg), [won, lost], env_weight(cfg)).rewards
+    assert [r["reward"] for r in total] == [1.5, 0.5] and [r["correctness"] for r in total] == [1.5, 0.5]
+    chosen = guess8_cfg(tmp_path, rewards={"short": f"{tmp_path / 'r.py'}:short"}, answer_from="env")
+    scores = score_episodes(make_reward_fn(chosen), [won, lost], env_weight(chosen)).rewards
+    assert [r["correctness"] for r in scores] == [1.0, 0.0] and [r["reward/short"] for r in scores] == [0.5, 0.5]
+    with pytest.raises(UserFacingError, match=r"^task.answer_from=env without task.environment: "):
+        guess8_cfg(tmp_path, rewards={"short": f"{tmp_path / 'r.py'}:short"}, answer_from="env", environment=None)
+
+
+def test_no_correctness_is_never_a_silent_zero_the_metrics_are_not_logged_and_one_line_says_why(tmp_path, caplog):
+    from grpo_cli.rollout.evaluation import summarize
+
+    rewards = "def some(completions, **kw):\n    return [None if len(c) > 2 else 1.0 for c in completions]\n"
+    (tmp_path / "r.py").write_text(rewards)
+    cfg = guess8_cfg(tmp_path, rewards={"some": f"{tmp_path / 'r.py'}:some"}, answer_from="some")
+    five, _ = load_examples(cfg, "eval")
+    episodes = [played(five, ["5"]), played(five, ["1", "2", "3"])]  # the second: `some` gives None
+    scores = score_episodes(make_reward_fn(cfg), episodes, env_weight(cfg))
+    assert scores.rewards[0]["correctness"] == 1.0 and "correctness" not in scores.rewards[1]
+    with caplog.at_level("WARNING"):
+        metrics, records = summarize(["p"], ["5", "3"], [five.ground_truth] * 2, scores, [1, 1], [False] * 2, 2)
+    assert not any(key.startswith(("eval/mean@", "eval/pass@", "eval/maj@")) for key in metrics)
+    assert [r["correctness"] for r in records] == [1.0, None]
+    (line,) = [r.getMessage() for r in caplog.records if "not logged" in r.getMessage()]
+    assert "1 of 2 samples have no correctness (task.answer_from=some gave no value (None)" in line
+
+
+def test_a_skipped_episode_gets_no_reward_of_any_component(tmp_path):
+    cfg = guess8_cfg(tmp_path, on_reward_error="skip")
+    five, three = load_examples(cfg, "eval")
+    failed = played(five, ["1", "5"])
+    failed.step_rewards = [0.5]  # what its first step earned before the second failed
+    failed.error, failed.stop_reason = "raised ValueError: the board", "error"
+    kept = played(three, ["3"])
+    scores = score_episodes(make_reward_fn(cfg), [failed, kept], env_weight(cfg))
+    assert scores.skipped == [0] and scores.n_errors == 1
+    assert not any(k.startswith("reward/") for k in scores.rewards[0]) and "correctness" not in scores.rewards[0]
+    assert scores.rewards[1]["reward/env"] == 1.0
+    # the means are over the scored episode alone (before: the failed episode kept its 0.5 and counted)
+    assert scores.mean("reward") == 1.0 and scores.component_mean("reward/env") == 1.0
+
+
+def test_a_turn_limited_episode_has_no_final_answer_even_with_a_call_pending():
+    reward_fn = make_reward_fn(task_cfg("gsm8k_tools"))
+    pending = {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "72"}}'}
+    cut = episode([USER, CALL, TOOL, pending, TOOL], 1, [[5], [6]])
+    cut.context = EpisodeContext(Example([USER], "72"), {})
+    cut.stop_reason, cut.turn_limited = "max_turns", True
+    assert reward_fn(pending["content"], "72")["reward"] == 1.0  # the last number of the call: before, it scored 1
+    assert score_episodes(reward_fn, [cut]).rewards[0]["reward"] == reward_fn("", "72")["reward"] == 0.0
+
+
+TRL_PROMPTS_PY = """
+import json, os
+
+def opening_length(prompts, completions, **kwargs):
+    with open(os.environ["SEEN_FILE"], "a") as f:
+        f.write(json.dumps(prompts) + "\\n")
+    return [float(len(p[0]["content"])) for p in prompts]
+"""
+
+
+def test_trl_rewards_get_the_opening_the_environment_gave_as_prompts(tmp_path, monkeypatch):
+    seen = tmp_path / "seen.jsonl"
+    monkeypatch.setenv("SEEN_FILE", str(seen))
+    (tmp_path / "p.py").write_text(TRL_PROMPTS_PY)
+    cfg = guess8_cfg(tmp_path, rewards={"opening": f"{tmp_path / 'p.py'}:opening_length"})
+    five, _ = load_examples(cfg, "eval")
+    ep = played(five, ["5"])
+    assert ep.prompt_messages != five.prompt  # reset() gave its own opening, not the row's "Guess my number."
+    scores = score_episodes(make_reward_fn(cfg), [ep], env_weight(cfg))
+    assert json.loads(seen.read_text()) == [ep.prompt_messages]
+    # a direct call of the user's function on the same messages gives the same reward
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("p_direct", tmp_path / "p.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    direct = module.opening_length(prompts=[ep.prompt_messages], completions=[ep.completion_messages])
+    assert scores.rewards[0]["reward/opening"] == direct[0] == len(ep.prompt_messages[0]["content"])

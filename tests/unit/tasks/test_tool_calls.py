@@ -145,3 +145,35 @@ def test_a_format_added_to_the_registry_is_found_by_its_marker_and_used(monkeypa
     assert fmt is bracketed
     text = 'ok\n[CALL]{"name": "calculator", "arguments": {"expression": "7"}}'
     assert parse_tool_calls(text, fmt, SCHEMAS) == [ToolCall("calculator", {"expression": "7"})]
+
+
+def test_a_call_nested_past_what_python_can_read_is_the_models_error_not_the_runs() -> None:
+    # What a degenerate repetition writes: ~1,000 nested brackets. json.loads raises RecursionError on it, which
+    # reached the rollout before; now it is the model's error text, and the next call of the turn still reads.
+    deep = "<tool_call>" + '{"name": "calculator", "arguments": ' + "[" * 1000 + "]" * 1000 + "}</tool_call>"
+    with pytest.raises(RecursionError):
+        json.loads(deep.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+    first, second = parse_tool_calls(deep + call("calculator", expression="1+1"), HERMES, SCHEMAS)
+    assert isinstance(first, ToolCallError) and first.message.startswith("error: the tool call is nested too deeply")
+    assert second == ToolCall("calculator", {"expression": "1+1"})
+    # Shallower, json reads it, but its worker could not be sent it (pickle recurses): refused as too deep too,
+    # for an argument whose schema takes any value.
+    untyped = {"anything": {"type": "function", "function": {"name": "anything", "parameters": {
+        "type": "object", "properties": {"value": {}}, "required": ["value"]}}}}  # fmt: skip
+    nested = '<tool_call>{"name": "anything", "arguments": {"value": ' + "[" * 900 + "]" * 900 + "}}</tool_call>"
+    [refused] = parse_tool_calls(nested, HERMES, untyped)
+    assert isinstance(refused, ToolCallError) and "more than 64 deep" in refused.message
+    ok = '<tool_call>{"name": "anything", "arguments": {"value": ' + "[" * 10 + "]" * 10 + "}}</tool_call>"
+    assert parse_tool_calls(ok, HERMES, untyped) == [ToolCall("anything", {"value": json.loads("[" * 10 + "]" * 10)})]
+
+
+def test_any_exception_while_reading_a_call_is_the_models_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import grpo_cli.tasks.tool_calls as module
+
+    def broken(value: object, schema: object) -> bool:
+        raise TypeError("unhashable type: 'dict'")  # e.g. an enum check on a value the schema did not foresee
+
+    monkeypatch.setattr(module, "_matches", broken)
+    [error] = parse_tool_calls(call("search", query="x"), HERMES, SCHEMAS)
+    assert isinstance(error, ToolCallError)
+    assert error.message.startswith("error: the tool call could not be read (TypeError: unhashable type: 'dict')")

@@ -1,0 +1,73 @@
+"""A chat template without a system role (Gemma-2's: it raises on one) gets the system text in the first user turn,
+wherever a system message comes from: the data, task.system_prompt, the default tool prompt (issue #39 part 6).
+The real SmolLM2 tokenizer with Gemma-2's template (tests/fixtures/chat_templates/no_system_role.jinja)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+import transformers
+
+from grpo_cli.models import embedded_model_dir
+from grpo_cli.rollout.base import render_prompts
+from grpo_cli.rollout.episodes import ChatTemplate, start_episode
+from grpo_cli.tasks.chat_roles import fold_system
+from grpo_cli.tasks.tools import load_tools, tool_prompt
+
+TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
+CONVERSATION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 6 times 7?"}]
+
+
+@pytest.fixture(scope="module")
+def gemma_like() -> transformers.PreTrainedTokenizerBase:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(embedded_model_dir())
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = (TEMPLATES / "no_system_role.jinja").read_text()
+    return tokenizer
+
+
+def test_the_fixture_refuses_a_system_message(gemma_like: transformers.PreTrainedTokenizerBase) -> None:
+    with pytest.raises(Exception, match="System role not supported"):
+        gemma_like.apply_chat_template(CONVERSATION, tokenize=False)
+
+
+def test_fold_puts_the_system_text_before_the_first_user_turn() -> None:
+    assert fold_system(CONVERSATION) == [{"role": "user", "content": "Answer briefly.\n\nWhat is 6 times 7?"}]
+    assert fold_system([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+    assert fold_system(CONVERSATION[1:]) == CONVERSATION[1:]
+
+
+def test_a_system_message_of_the_data_is_folded_into_the_first_user_turn(
+    gemma_like: transformers.PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        (ids,) = render_prompts([CONVERSATION], gemma_like)
+    # What the template renders for the folded conversation, computed here by hand.
+    expected = gemma_like.apply_chat_template(
+        [{"role": "user", "content": "Answer briefly.\n\nWhat is 6 times 7?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert gemma_like.decode(ids) == expected
+    assert any("has no system role" in r.getMessage() for r in caplog.records)
+    episode = start_episode(ChatTemplate(gemma_like), CONVERSATION)
+    assert episode.rendered == expected and episode.prompt_messages == CONVERSATION  # the transcript keeps it
+
+
+def test_the_default_tool_prompt_is_folded_into_the_first_user_turn(
+    gemma_like: transformers.PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    tools = load_tools({"calculator": "grpo_cli.tasks.builtin_tools:calculator"}, tmp_path)
+    prompt = tool_prompt(gemma_like, tools)
+    text = prompt.render(gemma_like, CONVERSATION[1:], tokenize=False, add_generation_prompt=True)
+    assert (
+        text.startswith(f"{gemma_like.bos_token}<start_of_turn>user\n# Tools")
+        and '"calculator"' in text
+        and "What is 6 times 7?" in text
+    )
+    assert "<start_of_turn>system" not in text

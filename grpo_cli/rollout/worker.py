@@ -93,6 +93,12 @@ class RolloutWorker:
         if tokenizer is None:
             raise ValueError("RolloutWorker: a given model needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
+        if cfg.task.prompt == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise UserFacingError(
+                f"model.name_or_path={cfg.model.name_or_path} has no chat template, and task.prompt=chat renders "
+                "every prompt (and every multi-turn episode) with it: use task.prompt=question_only with a base "
+                "model, or a chat model (an -Instruct checkpoint)"
+            )
         # A reward model (task=custom) runs on the policy's device.
         self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens, device=str(self.device))
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)

@@ -71,3 +71,27 @@ def test_the_default_tool_prompt_is_folded_into_the_first_user_turn(
         and "What is 6 times 7?" in text
     )
     assert "<start_of_turn>system" not in text
+
+
+def test_a_model_without_a_chat_template_under_task_prompt_chat_is_one_line(
+    gemma_like: transformers.PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """A base model's tokenizer has no template: one line before the engine is built, not a ValueError from
+    transformers at the first prompt."""
+    from grpo_cli.errors import UserFacingError
+    from grpo_cli.rollout.worker import RolloutWorker
+    from tests.conftest import compose_config
+
+    base = copy.copy(gemma_like)
+    base.chat_template = None
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=len(base), hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1
+        )
+    )
+    cfg = compose_config(["debug=smoke", "model.mixed_precision=no"], output_dir=str(tmp_path))
+    assert cfg.task.prompt == "chat"
+    with pytest.raises(
+        UserFacingError, match=r"has no chat template, and task.prompt=chat .* task.prompt=question_only"
+    ):
+        RolloutWorker(cfg, model, base)

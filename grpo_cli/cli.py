@@ -147,13 +147,20 @@ def task(dict_cfg: DictConfig) -> float | None:
     except UserFacingError as e:
         _stop(f"grpo-run: error: {e}", str(e), EXIT_USER_ERROR, multirun)
     except RunStopped as e:
-        _stop(f"grpo-run: {e}", str(e), e.exit_code, multirun)
+        _stop(stop_line(e), str(e), e.exit_code, multirun)
     except Exception as e:
         if multirun or _full_error_asked:  # a sweep job's process prints it; or asked for in full
             raise
         log = write_traceback(e, job_log_file() or Path(hydra_cfg.runtime.output_dir) / "grpo-run.log")
         _stop(internal_error_line(e, log), str(e), EXIT_INTERNAL_ERROR, multirun)
     return run_objective(cfg.job.objective, output_dir, summary)
+
+
+def stop_line(stopped: RunStopped) -> str:
+    """The line a run that stopped after saving its work ends with: `grpo-run: error: ...` when bad input stopped
+    it (a reward or an environment that failed under task.on_reward_error=stop, exit code 2), as every user error
+    reads; `grpo-run: ...` for a signal, diverging numbers or a failed weight sync."""
+    return f"grpo-run: error: {stopped}" if stopped.exit_code == EXIT_USER_ERROR else f"grpo-run: {stopped}"
 
 
 def job_log_file() -> Path | None:

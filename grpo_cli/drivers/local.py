@@ -30,6 +30,11 @@ class InProcessExecutor:
         self.learner = Learner(cfg, output_dir)
         # The worker samples from the learner's weights: the policy itself, or its full copy under FSDP2.
         self.worker = RolloutWorker(cfg, self.learner.inference_model, self.learner.tokenizer)
+        try:
+            self.worker.check_prompts_fit(sampler.examples)  # before the first step, not at the prompt's turn
+        except BaseException:
+            self.worker.close()
+            raise
         self.prompts_per_step = self.learner.shape.prompts_per_rollout_batch
         self.world = parallel.world()
         self.load_s = self.learner.load_s

@@ -292,7 +292,7 @@ class TrainingLoop:
             progress.print(line)
         else:
             self.console.print(line, highlight=False)
-        warning = truncation_warning(metrics, self.cfg.rollout.max_tokens)
+        warning = truncation_warning(metrics, self.cfg.rollout.max_tokens, records, self.cfg.task)
         if warning is not None and not self.warned_truncation:
             self.warned_truncation = True  # once a run: the eval line shows the fraction every time
             if progress is not None and progress.enabled:

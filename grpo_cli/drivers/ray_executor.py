@@ -212,6 +212,7 @@ class RayExecutor:
             ]
         )
         self.load_s = time.perf_counter() - t0
+        self.get(self.generator_actor.call.remote("check_prompts_fit", self.sampler.examples))
         return device_text, ray_s
 
     @property

@@ -39,7 +39,7 @@ def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     finally:
         worker.close()
     metrics.update(timings)
-    warning = truncation_warning(metrics, cfg.rollout.max_tokens)
+    warning = truncation_warning(metrics, cfg.rollout.max_tokens, records, cfg.task)
     if warning is not None:
         console.print(f"warning: {warning}", highlight=False, markup=False)
     write_jsonl(output_dir / "baseline_eval.jsonl", records)

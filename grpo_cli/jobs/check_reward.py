@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, Generate, SampledTurn, run_episodes
+from grpo_cli.rollout.episodes import ChatTemplate, Episode, Generate, SampledTurn, run_episodes
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.base import Example
@@ -261,7 +261,7 @@ def run_case_episode(setup: EpisodeSetup, case: SanityCase, max_turns: int) -> E
     turns = case.turns or (case.response,)
     example = Example(case.prompt if case.prompt is not None else [{"role": "user", "content": ""}], case.ground_truth)
     longest = max(len(setup.template.encode(turn)) for turn in turns) + 1
-    limits = EpisodeLimits(min(max_turns, len(turns)), longest, setup.limits.max_episode_tokens)
+    limits = dataclasses.replace(setup.limits, max_turns=min(max_turns, len(turns)), max_tokens_per_turn=longest)
     scripted = dataclasses.replace(setup, limits=limits)
     episodes = run_episodes(
         scripted.open([example]), setup.template, scripted_turns(setup.template, turns), setup.on_turn, limits

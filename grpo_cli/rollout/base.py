@@ -9,10 +9,11 @@ sampled rather than with a re-tokenization of the text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.chat_roles import renderable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -64,15 +65,31 @@ class RolloutBatch:
     # Per completion, one per completion id: log-prob of the sampled token under the sampler's softmax(logits / T)
     # over the full vocabulary (before top-p truncation).
     sampler_log_probs: list[list[float]] | None = None
+    # Per completion: True when it was cut because its prompt and it filled the model's context (then truncated too);
+    # empty when no completion was (engines fill it only then).
+    context_limited: list[bool] = field(default_factory=list)
 
     @property
     def n_generated_tokens(self) -> int:
         return sum(len(ids) for ids in self.completion_ids)
 
+    @property
+    def n_context_limited(self) -> int:
+        return sum(self.context_limited)
+
 
 class RolloutEngine(Protocol):
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens a sequence (its prompt and its completion together) may hold on this engine: vLLM's
+        max_model_len, the transformers model's max_position_embeddings; None when the model does not say. No
+        completion is sampled past it: each row's new tokens are at most context_length - its prompt's length."""
+        ...
+
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
-        """Sample settings.n completions for every prompt."""
+        """Sample settings.n completions for every prompt, each at most settings.max_tokens tokens and never past
+        `context_length` (a completion cut there is truncated and marked in `context_limited`; a prompt that fills
+        the context gets empty completions)."""
         ...
 
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
@@ -94,7 +111,36 @@ def render_prompts(prompts: Sequence[Prompt], tokenizer: PreTrainedTokenizerBase
         if isinstance(prompt, str):
             rendered.append(tokenizer(prompt, add_special_tokens=True)["input_ids"])
         else:
-            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            messages = renderable(tokenizer, prompt)  # the system text in the first user turn if it must be
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # The template already holds the special tokens; adding BOS again would duplicate it.
             rendered.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return rendered
+
+
+def context_room(prompt_ids: Sequence[Sequence[int]], max_tokens: int, context_length: int | None) -> list[int]:
+    """Per prompt, the most tokens a completion may have: `max_tokens`, or what the context leaves after the prompt
+    (context_length - its length, at least 0) when that is less."""
+    if context_length is None:
+        return [max_tokens] * len(prompt_ids)
+    return [max(0, min(max_tokens, context_length - len(ids))) for ids in prompt_ids]
+
+
+def first_prompt_past_context(
+    prompts: Sequence[Prompt], tokenizer: PreTrainedTokenizerBase, context_length: int
+) -> tuple[int, int] | None:
+    """(index, token count) of the first prompt whose tokens (as `render_prompts` makes them) leave no room in a
+    context of `context_length` tokens for one sampled token; None when every prompt fits. A prompt rendered to
+    fewer UTF-8 bytes than the context is not tokenized (a token holds at least one byte; one BOS may be added)."""
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            text, extra = prompt, 1
+        else:
+            messages = renderable(tokenizer, prompt)
+            text, extra = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)), 0
+        if len(text.encode()) + extra < context_length:
+            continue
+        length = len(render_prompts([prompt], tokenizer)[0])
+        if length >= context_length:
+            return index, length
+    return None

@@ -142,10 +142,12 @@ def episode_batch(episodes: Sequence[Episode]) -> EpisodeBatch:
 def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") -> dict[str, float]:
     """`<prefix>/turns`, `<prefix>/tool_calls`, `<prefix>/tool_errors`, `<prefix>/env_tokens`,
     `<prefix>/truncated_episodes` (last turn cut mid-generation), `<prefix>/turn_limited_episodes` (ended by
-    max_turns, max_episode_tokens or the context), `<prefix>/skipped_episodes` (the environment failed on them under
-    task.on_reward_error=skip: no reward, out of the loss), `<prefix>/rerendered_turns`: per-episode means over the
-    batch (`episodes.episode_metrics`); tool_calls and tool_errors are 0 for episodes without tools."""
-    metrics = {"tool_calls": 0.0, "tool_errors": 0.0, **episode_metrics(episodes)}
+    max_turns, max_episode_tokens or the context), `<prefix>/context_limited` (ended because the model's context was
+    full), `<prefix>/skipped_episodes` (the environment failed on them under task.on_reward_error=skip: no reward,
+    out of the loss), `<prefix>/truncated_observations`, `<prefix>/rerendered_turns`: per-episode means over the
+    batch (`episodes.episode_metrics`); tool_calls, tool_errors and truncated_observations are 0 where no episode
+    had one."""
+    metrics = {"tool_calls": 0.0, "tool_errors": 0.0, "truncated_observations": 0.0, **episode_metrics(episodes)}
     if episodes:
         metrics["skipped_episodes"] = sum(e.skipped for e in episodes) / len(episodes)
     return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}
@@ -234,14 +236,10 @@ class EpisodeRun:
         rank's share), so episode j of prompt p is episode p * n + j of the step (its random streams')."""
         n = settings.n
         episodes = self.setup.open([example for example in examples for _ in range(n)])
+        # Each episode's budget: task.max_episode_tokens or what the model's context leaves after its prompt.
+        limits = replace(self.setup.limits, context_length=engine.context_length)
         run_on_engine(
-            engine,
-            settings,
-            episodes,
-            self.setup.template,
-            self.setup.on_turn,
-            self.setup.limits,
-            first_prompt_index * n,
+            engine, settings, episodes, self.setup.template, self.setup.on_turn, limits, first_prompt_index * n
         )
         self.setup.finish(episodes)
         return episodes

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.chat_roles import renderable
 
 if TYPE_CHECKING:
     from grpo_cli.tasks.environments import EnvironmentRunner
@@ -61,6 +62,21 @@ Message = dict[str, Any]
 
 # What stands in for the last assistant content under rule 2: plain text no template alters.
 _SENTINEL = "\u2063GRPO_CLI_ASSISTANT_TURN\u2063"
+
+
+class ContextFullError(UserFacingError):
+    """An episode's opening leaves no room in the model's context for one sampled token."""
+
+
+def _opening_too_long(episode: Episode, limits: EpisodeLimits) -> str:
+    first = next((str(m.get("content", "")) for m in episode.prompt_messages), "")
+    shown = " ".join(first.split())
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return (
+        f"an episode's opening ({shown!r}) is {len(episode.prompt_ids)} tokens and the model's context is "
+        f"{limits.context_length}: shorten the opening messages, or raise the context (rollout.max_model_len for "
+        "rollout.engine=vllm, else a model with a longer max_position_embeddings)"
+    )
 
 
 class ChatTemplateError(UserFacingError):
@@ -122,12 +138,31 @@ class EpisodeLimits:
     max_turns: int  # model turns per episode
     max_tokens_per_turn: int  # sampled tokens per model turn (rollout.max_tokens)
     max_episode_tokens: int | None = None  # tokens after the prompt, model and environment ones together
+    # The model's context (the engine's `context_length`): the prompt and every token after it, all together.
+    context_length: int | None = None
+    # Tokens of one observation's content (a tool result, an environment message) kept; the rest is cut, with a
+    # marker the model reads (`cut_observation`). None: not cut.
+    max_observation_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_tokens_per_turn < 1:
             raise ValueError(f"an episode needs max_turns >= 1 and max_tokens_per_turn >= 1, not {self}")
-        if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
-            raise ValueError(f"max_episode_tokens must be >= 1 (or None), not {self.max_episode_tokens}")
+        for name in ("max_episode_tokens", "context_length", "max_observation_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None), not {value}")
+
+    def room(self, episode: Episode) -> tuple[int | None, StopReason]:
+        """Tokens the episode may still add after its ids (None: unbounded), and the limit that binds: its own
+        max_episode_tokens or the model's context less the prompt (the smaller; max_episode_tokens on a tie)."""
+        bounds: list[tuple[int, StopReason]] = []
+        if self.max_episode_tokens is not None:
+            bounds.append((self.max_episode_tokens - len(episode.ids), "max_episode_tokens"))
+        if self.context_length is not None:
+            bounds.append((self.context_length - len(episode.prompt_ids) - len(episode.ids), "context"))
+        if not bounds:
+            return None, "max_episode_tokens"
+        return min(bounds, key=lambda bound: bound[0])
 
 
 @dataclass(frozen=True)
@@ -140,9 +175,9 @@ class TokenSpan:
     end: int
 
 
-StopReason = Literal["", "done", "no_messages", "error", "max_turns", "max_episode_tokens"]
-# The stop reasons of an episode that ran out of room before its hook ended it: turn-limited (`Episode.turn_limited`;
-# "context": the model's context is full).
+# "context": the model's context is full (EpisodeLimits.context_length): no room for one more sampled token.
+StopReason = Literal["", "done", "no_messages", "error", "max_turns", "max_episode_tokens", "context"]
+# The stop reasons of an episode that ran out of room before its hook ended it: turn-limited (`Episode.turn_limited`).
 TURN_LIMITED: frozenset[str] = frozenset({"max_turns", "max_episode_tokens", "context"})
 
 
@@ -242,7 +277,7 @@ class ChatTemplate:
         if self.renderer is not None:
             return self.renderer(messages, add_generation_prompt)
         text = self.tokenizer.apply_chat_template(
-            list(messages),
+            renderable(self.tokenizer, messages, self.chat_template),  # a template without a system role: folded
             tools=self.tools,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
@@ -370,9 +405,26 @@ def _finish(episode: Episode, reason: StopReason, limit_hit: bool = False) -> No
 
 
 def _turn_budget(episode: Episode, limits: EpisodeLimits) -> int:
-    if limits.max_episode_tokens is None:
-        return limits.max_tokens_per_turn
-    return min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(episode.ids))
+    """The next turn's most sampled tokens: the per-turn limit, or what the episode's limits leave if less."""
+    room, _ = limits.room(episode)
+    return limits.max_tokens_per_turn if room is None else min(limits.max_tokens_per_turn, room)
+
+
+# What the model reads after an observation cut at task.max_observation_tokens.
+OBSERVATION_CUT = "\n[... observation cut: its first {kept} of {total} tokens shown]"
+
+
+def cut_observation(template: ChatTemplate, message: Message, max_tokens: int) -> tuple[Message, bool]:
+    """`message` with its text content cut to its first `max_tokens` tokens and a marker the model reads saying
+    so (a tool result or an environment message); whether it was cut. Other content (a list of parts) is kept."""
+    content = message.get("content")
+    if not isinstance(content, str) or len(content.encode()) <= max_tokens:  # a token holds at least one byte
+        return message, False
+    ids = template.encode(content)
+    if len(ids) <= max_tokens:
+        return message, False
+    kept = str(template.tokenizer.decode(ids[:max_tokens], skip_special_tokens=False))
+    return {**message, "content": kept + OBSERVATION_CUT.format(kept=max_tokens, total=len(ids))}, True
 
 
 def _cut(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) -> SampledTurn:
@@ -394,6 +446,12 @@ def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome
     for name, count in outcome.counts.items():
         episode.counts[name] = episode.counts.get(name, 0) + int(count)
     new = [dict(m) for m in outcome.messages or []]
+    if limits.max_observation_tokens is not None:
+        cuts = [cut_observation(template, m, limits.max_observation_tokens) for m in new]
+        new = [m for m, _ in cuts]
+        cut = sum(was_cut for _, was_cut in cuts)
+        if cut:
+            episode.counts["truncated_observations"] = episode.counts.get("truncated_observations", 0) + cut
     if outcome.error is not None or outcome.done or not new:
         episode.messages.extend(new)
         episode.error = outcome.error
@@ -405,9 +463,10 @@ def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome
         return
     delta_ids, after, rerendered = _env_delta(episode, template, new)
     # Room for the environment's tokens and at least one sampled token after them, or the episode ends here.
-    if limits.max_episode_tokens is not None and len(episode.ids) + len(delta_ids) >= limits.max_episode_tokens:
+    room, limit = limits.room(episode)
+    if room is not None and len(delta_ids) >= room:
         episode.messages.extend(new)
-        _finish(episode, "max_episode_tokens")
+        _finish(episode, limit)
         return
     _append_env(episode, new, delta_ids, after, rerendered)
 
@@ -422,6 +481,9 @@ def run_episodes(
     """Run `episodes` (from `start_episode`) to their end, turn by turn: each round the unfinished ones generate
     together (one `generate` call, `max_tokens` the largest budget among them, each turn then cut to its own),
     and `on_turn` answers all of them at once. Returns the episodes, finished, in their order."""
+    for episode in episodes:
+        if not episode.ids and _turn_budget(episode, limits) < 1:
+            raise ContextFullError(_opening_too_long(episode, limits))
     while True:
         active = [e for e in episodes if not e.finished]
         if not active:
@@ -443,7 +505,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Per-episode means over a batch: `turns` (model turns), `env_tokens` (tokens out of the loss after the
     prompt), `truncated_episodes` (the fraction whose last model turn was cut mid-generation),
     `turn_limited_episodes` (the fraction ended by max_turns, max_episode_tokens or the context),
-    `rerendered_turns`, and each of the hooks' counters (`tool_calls`, `tool_errors`, ...); {} for no episodes."""
+    `context_limited` (the fraction ended because the model's context was full), `rerendered_turns`, and each of
+    the hooks' counters (`tool_calls`, `tool_errors`, `truncated_observations`, ...); {} for no episodes."""
     if not episodes:
         return {}
     n = len(episodes)
@@ -453,6 +516,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "truncated_episodes": sum(e.truncated for e in episodes) / n,
         "turn_limited_episodes": sum(e.turn_limited for e in episodes) / n,
         "rerendered_turns": sum(e.rerendered_turns for e in episodes) / n,
+        "context_limited": sum(e.stop_reason == "context" for e in episodes) / n,
     }
     for name in sorted({name for e in episodes for name in e.counts}):
         metrics[name] = sum(e.counts.get(name, 0) for e in episodes) / n

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ from grpo_cli.tasks.custom import TrainerState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from grpo_cli.tasks.schema import TaskConfig
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()  # the no-correctness lines already logged by this process
@@ -278,13 +281,37 @@ def _mean_known(values: list[float | None]) -> float | None:
     return sum(known) / len(known) if known else (None if values else 0.0)
 
 
-def truncation_warning(metrics: dict[str, float], max_tokens: int) -> str | None:
-    """One warning line when over half of the evaluated answers were cut at rollout.max_tokens (a reasoning task
-    at a CPU-sized limit scores 0 on every cut answer, and nothing else would say why)."""
-    fraction = metrics.get("eval/truncated_frac", 0.0)
+def truncation_warning(
+    metrics: dict[str, float],
+    max_tokens: int,
+    records: Sequence[Mapping[str, Any]] = (),
+    task: TaskConfig | None = None,
+) -> str | None:
+    """One warning line when over half of the evaluated answers were cut before they ended (a reasoning task at a
+    CPU-sized limit scores 0 on every cut answer, and nothing else would say why), naming the limit that cut most
+    of them: rollout.max_tokens for single completions; for episodes (their `records` carry `stop_reason`) the
+    limit their stop reason names, `task` giving its value."""
+    episode_records = [r for r in records if "stop_reason" in r]
+    # An episode ends before it ended when its last turn was cut (truncated) or a limit ended it (turn_limited).
+    cut = [r for r in episode_records if r.get("truncated") or r.get("turn_limited")]
+    fraction = len(cut) / len(episode_records) if episode_records else metrics.get("eval/truncated_frac", 0.0)
     if fraction <= 0.5:
         return None
+    reasons = Counter(str(r["stop_reason"]) for r in cut)
+    if not reasons:
+        return (
+            f"{fraction:.0%} of the evaluation's answers hit rollout.max_tokens={max_tokens} before they ended: "
+            "raise rollout.max_tokens, or their rewards measure the limit rather than the policy"
+        )
+    reason, count = reasons.most_common(1)[0]
+    limits = {
+        "max_turns": f"task.max_turns={task.max_turns if task else '?'}",
+        "max_episode_tokens": f"task.max_episode_tokens={task.max_episode_tokens if task else '?'}",
+        "context": "the model's context (train/context_limited; rollout.max_model_len with rollout.engine=vllm)",
+    }
+    # Any other stop reason of a truncated episode: its last model turn was cut at the per-turn limit.
+    limit = limits.get(reason, f"rollout.max_tokens={max_tokens} (the per-turn limit)")
     return (
-        f"{fraction:.0%} of the evaluation's answers hit rollout.max_tokens={max_tokens} before they ended: "
-        "raise rollout.max_tokens, or their rewards measure the limit rather than the policy"
+        f"{fraction:.0%} of the evaluation's episodes were cut before they ended, {count} of {len(records)} by "
+        f"{limit}: raise it, or their rewards measure the limit rather than the policy"
     )

@@ -6,12 +6,13 @@ where `rollout.hf_internals` supports the model and the loop's greedy tokens on 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 import grpo_cli.rollout.hf_internals as hf_internals
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, context_room
 from grpo_cli.rollout.decode import Decoder
 from grpo_cli.rollout.hf_generate import GenerateDecoder
 from grpo_cli.rollout.loop_check import CHECK_TOKENS, loop_disagreement
@@ -105,6 +106,13 @@ class HFRolloutEngine:
         # Why the loop does not sample here, once its check has run (None: it does, or has not been checked yet).
         self.loop_problem: str | None = None
         self._loop_checked = False
+        limit = getattr(hf_internals.base_model(model).config, "max_position_embeddings", None)
+        self._context_length = limit if isinstance(limit, int) and limit > 0 else None
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's max_position_embeddings (None when its config has none): no row samples past it."""
+        return self._context_length
 
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         return {"time/sync_s": 0.0}  # the loop runs on the trained model itself
@@ -117,12 +125,55 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        """settings.n completions per prompt; a prompt the model's context leaves fewer than settings.max_tokens
+        tokens after is sampled apart, with what is left (prompts of one length together: positions past the
+        context never run), and a prompt that fills the context gets empty completions (both context_limited)."""
+        rooms = context_room(prompt_ids, settings.max_tokens, self.context_length)
+        if all(room == settings.max_tokens for room in rooms):
+            return self._generate_rows(prompt_ids, settings)
+        by_room: dict[int, list[int]] = {}
+        for index, room in enumerate(rooms):
+            by_room.setdefault(room, []).append(index)
+        n = settings.n
+        parts: dict[int, tuple[RolloutBatch, int, bool]] = {}  # prompt index -> (its batch, its first row, limited)
+        for room, indices in by_room.items():
+            prompts = [prompt_ids[i] for i in indices]
+            if room == 0:  # the prompt fills the context: nothing is sampled
+                rows = [p for p in prompts for _ in range(n)]
+                part = RolloutBatch(
+                    rows, [[] for _ in rows], ["" for _ in rows], [True for _ in rows], [[] for _ in rows]
+                )
+            else:
+                part = self._generate_rows(
+                    prompts,
+                    replace(
+                        settings,
+                        max_tokens=room,
+                        min_tokens=min(settings.min_tokens, room),
+                        prompt_indices=tuple(settings.prompt_index(i) for i in indices),
+                    ),
+                )
+            for k, index in enumerate(indices):
+                parts[index] = (part, k * n, room < settings.max_tokens)
+        out = RolloutBatch([], [], [], [], sampler_log_probs=[], context_limited=[])
+        for index in range(len(prompt_ids)):
+            part, first, limited = parts[index]
+            for row in range(first, first + n):
+                out.prompt_ids.append(part.prompt_ids[row])
+                out.completion_ids.append(part.completion_ids[row])
+                out.texts.append(part.texts[row])
+                out.truncated.append(part.truncated[row])
+                out.sampler_log_probs.append(part.sampler_log_probs[row])  # type: ignore[union-attr, index]
+                out.context_limited.append(limited and part.truncated[row])
+        return out
+
+    def _generate_rows(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
         chunk = self.max_batch_prompts or len(prompt_ids)
         out = RolloutBatch([], [], [], [], sampler_log_probs=[])
         was_training = self.model.training
         self.model.eval()
         try:
-            if isinstance(self.decoder, Decoder) and not self._loop_checked:
+            if isinstance(self.decoder, Decoder) and not self._loop_checked and settings.max_tokens >= CHECK_TOKENS:
                 self._check_loop(self.decoder, prompt_ids[:chunk])
             for start in range(0, len(prompt_ids), chunk):
                 # Each completion's stream depends on its prompt's index in the step, so chunks change nothing.

@@ -10,7 +10,8 @@
 `EpisodeSetup` holds, built from task.* (tasks/multiturn_config.py reads and checks the keys):
     template    the ChatTemplate episodes render with (ChatTemplate.for_tools when the task has tools: the tools in
                 the template's own way or the default tool prompt)
-    limits      EpisodeLimits(task.max_turns, rollout.max_tokens per turn, task.max_episode_tokens)
+    limits      EpisodeLimits(task.max_turns, rollout.max_tokens per turn, task.max_episode_tokens,
+                task.max_observation_tokens); the engine's context_length is added where the episodes run
     on_turn     the TurnHook answering each model turn: tools_hook (task.tools, run in task.reward_workers worker
                 processes, each call limited to task.tool_timeout_s) or the environment's (task.environment, one
                 instance per episode, each call limited to task.reward_timeout_s)
@@ -199,7 +200,12 @@ def episode_setup(
     environment = environment_spec(task_cfg)
     if not specs and environment is None:
         return None
-    limits = EpisodeLimits(task_cfg.max_turns, max_tokens_per_turn, task_cfg.max_episode_tokens)
+    limits = EpisodeLimits(
+        task_cfg.max_turns,
+        max_tokens_per_turn,
+        task_cfg.max_episode_tokens,
+        max_observation_tokens=task_cfg.max_observation_tokens,
+    )
     base_dir = base_dir_of_task(task_cfg)
     weight, on_error = env_weight(task_cfg), task_cfg.on_reward_error
     if specs:

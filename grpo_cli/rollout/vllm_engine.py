@@ -41,7 +41,7 @@ from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prom
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models.runtime import compute_dtype
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, render_prompts
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, WeightSyncError, context_room, render_prompts
 from grpo_cli.rollout.hf import cut_completion
 from grpo_cli.rollout.hf_internals import base_model
 
@@ -181,6 +181,15 @@ def sampled_log_probs(completion: Any, length: int) -> list[float]:  # Any: vllm
     return [float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)]
 
 
+def _max_model_len(llm: Any, model: torch.nn.Module) -> int | None:  # Any: vllm.LLM
+    """The started engine's max_model_len (what vLLM settled on), else the model's max_position_embeddings."""
+    model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    length = getattr(model_config, "max_model_len", None)
+    if not isinstance(length, int):
+        length = getattr(base_model(model).config, "max_position_embeddings", None)
+    return length if isinstance(length, int) and length > 0 else None
+
+
 class VLLMRolloutEngine:
     """The RolloutEngine contract on vLLM, sampling from `model`'s weights as of the last `sync_weights()`."""
 
@@ -264,8 +273,14 @@ class VLLMRolloutEngine:
                 f"vLLM could not start ({type(error).__name__}: {first_line}): check the rollout.* settings "
                 "(gpu_memory_utilization, kv_cache_memory_gb, max_model_len, vllm_kwargs)"
             ) from error
+        self._context_length = _max_model_len(self.llm, model)
         self.probe_ids = self._render_probe()
         self.sync_weights()  # the policy's real weights replace the dummy ones
+
+    @property
+    def context_length(self) -> int | None:
+        """vLLM's max_model_len (rollout.max_model_len, or what vLLM derived from the model's config)."""
+        return self._context_length
 
     @classmethod
     def from_config(
@@ -291,33 +306,44 @@ class VLLMRolloutEngine:
         # One request per completion, each with its own seed (vLLM would seed the n samples of one request seed,
         # seed + 1, ...): a completion's stream is fixed by its prompt's index in the step, not by its batch.
         n = settings.n
-        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids for _ in range(n)]
-        one = replace(settings, n=1)
+        # Each row's new tokens stop where the model's context does (vLLM would refuse a longer request); a prompt
+        # that fills it is not sent and gets empty completions.
+        rooms = context_room(prompt_ids, settings.max_tokens, self.context_length)
+        sent = [i for i, room in enumerate(rooms) if room > 0]
+        requests = [TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in sent for _ in range(n)]
         # logprobs=0: the sampled token's own log-prob (the engine runs in processed_logprobs mode: after
         # temperature), the sampler side of rollout.importance_correction and train/sampler_kl.
         params = [
-            self._sampling_params(one, seed=completion_seed(settings.seed, settings.prompt_index(i), j), logprobs=0)
-            for i in range(len(prompt_ids))
+            self._sampling_params(
+                replace(settings, n=1, max_tokens=rooms[i], min_tokens=min(settings.min_tokens, rooms[i])),
+                seed=completion_seed(settings.seed, settings.prompt_index(i), j),
+                logprobs=0,
+            )
+            for i in sent
             for j in range(n)
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)  # in request order
+        outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []  # in request order
         self.release_memory()
+        completions = {(i, j): outputs[k * n + j].outputs[0] for k, i in enumerate(sent) for j in range(n)}
         # With top_p < 1 vLLM's processed log-probs are renormalized over the nucleus, not the full vocabulary the
         # RolloutBatch contract (and the learner's scoring) speaks of: then there are none.
         full_vocabulary = settings.top_p >= 1.0
         kept_log_probs: list[list[float]] = []
         batch = RolloutBatch([], [], [], [], sampler_log_probs=kept_log_probs if full_vocabulary else None)
-        for index, output in enumerate(outputs):
-            completion = output.outputs[0]
-            ids, finished = cut_completion(
-                list(completion.token_ids), self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens
-            )
-            batch.prompt_ids.append(list(prompt_ids[index // n]))
-            batch.completion_ids.append(ids)
-            if full_vocabulary:
-                kept_log_probs.append(sampled_log_probs(completion, len(ids)))
-            batch.texts.append(decoded(self.tokenizer, ids, skip_special_tokens=True))
-            batch.truncated.append(not finished)
+        for i, prompt in enumerate(prompt_ids):
+            for j in range(n):
+                completion = completions.get((i, j))
+                sampled = list(completion.token_ids) if completion is not None else []
+                ids, finished = cut_completion(
+                    sampled, self.eos_ids, settings.stop, self.tokenizer, settings.min_tokens
+                )
+                batch.prompt_ids.append(list(prompt))
+                batch.completion_ids.append(ids)
+                if full_vocabulary:
+                    kept_log_probs.append(sampled_log_probs(completion, len(ids)) if completion is not None else [])
+                batch.texts.append(decoded(self.tokenizer, ids, skip_special_tokens=True))
+                batch.truncated.append(not finished)
+                batch.context_limited.append(not finished and rooms[i] < settings.max_tokens)
         return batch
 
     def _sampling_params(self, settings: SamplingSettings, seed: int, **extra: Any) -> SamplingParams:

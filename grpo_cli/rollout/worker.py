@@ -20,11 +20,18 @@ from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
+from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
 from grpo_cli.learner.settings import scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.base import (
+    RolloutBatch,
+    RolloutEngine,
+    SamplingSettings,
+    first_prompt_past_context,
+    render_prompts,
+)
 from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.episode_rollout import (
     EpisodeBatch,
@@ -86,6 +93,12 @@ class RolloutWorker:
         if tokenizer is None:
             raise ValueError("RolloutWorker: a given model needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
+        if cfg.task.prompt == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise UserFacingError(
+                f"model.name_or_path={cfg.model.name_or_path} has no chat template, and task.prompt=chat renders "
+                "every prompt (and every multi-turn episode) with it: use task.prompt=question_only with a base "
+                "model, or a chat model (an -Instruct checkpoint)"
+            )
         # A reward model (task=custom) runs on the policy's device.
         self.reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens, device=str(self.device))
         self.autocast = autocast_factory(self.device, cfg.model.mixed_precision)
@@ -198,6 +211,11 @@ class RolloutWorker:
             "train/response_length_mean": sum(lengths) / len(lengths),
             "train/response_length_max": max(lengths),
             "train/truncated_frac": sum(rollout.truncated) / len(lengths),
+            # Completions cut because the model's context was full (the engine's context_length); an episode's
+            # count replaces it below (episode_train_metrics).
+            "train/context_limited": (
+                rollout.n_context_limited / len(lengths) if isinstance(rollout, RolloutBatch) else 0.0
+            ),
             # Completions left out of the loss (train.mask_truncated, skipped episodes), as a fraction of the batch.
             "train/masked_frac": (
                 float((data.loss_mask == 0).sum()) / len(lengths) if data.loss_mask is not None else 0.0
@@ -219,6 +237,27 @@ class RolloutWorker:
             data.transcripts = [transcript(e, r) for e, r in zip(episodes, scores.rewards, strict=True)]
         self.load_s = 0.0
         return data
+
+    def check_prompts_fit(self, examples: list[Example]) -> None:
+        """Stop the run (one line naming the example) when a single-turn training prompt leaves no room in the
+        model's context for one sampled token: the engine would sample nothing after it. A multi-turn task's
+        openings are checked as its episodes open (rollout.episodes)."""
+        context = self.engine.context_length
+        if context is None or self.episodes is not None:
+            return
+        found = first_prompt_past_context([e.prompt for e in examples], self.tokenizer, context)
+        if found is None:
+            return
+        index, length = found
+        prompt = examples[index].prompt
+        text = prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in prompt)
+        shown = " ".join(text.split())
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        where = "rollout.max_model_len" if self.cfg.rollout.engine == "vllm" else "the model's max_position_embeddings"
+        raise UserFacingError(
+            f"training example {index} ({shown!r}) is a {length}-token prompt and the model's context is {context} "
+            f"tokens ({where}): drop or shorten the long examples of the data, or use a model with a longer context"
+        )
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """In-process: the engine picks up the learner's updated weights (nothing to copy for rollout=hf)."""

@@ -45,6 +45,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import math
 import numbers
 import string
@@ -650,6 +651,24 @@ class BatchScores:
     no_correctness: dict[int, str] = field(default_factory=dict)
 
 
+logger = logging.getLogger(__name__)
+_WARNED_NONE: set[str] = set()  # the functions warned about (once each per process)
+
+
+def warn_if_no_reward(key: str, values: Sequence[float | None]) -> None:
+    """One warning line, once per function, when it returned None for every completion of a batch: no sample got a
+    reward from it (TRL's convention for rows it does not apply to, and TRL warns too; a function that forgot its
+    `return` reads the same)."""
+    if values and all(v is None for v in values) and key not in _WARNED_NONE:
+        _WARNED_NONE.add(key)
+        logger.warning(
+            "reward %s returned None for all %d completions of a batch, so none got a reward from it (None: the "
+            "function does not apply to that row): if it should score them, check that it returns a number",
+            key,
+            len(values),
+        )
+
+
 @dataclass
 class CustomReward:
     """The reward of a custom task: every named reward on a batch, combined with the weights (None: no reward from
@@ -747,7 +766,10 @@ class CustomReward:
         # Every function's calls first, then their results: with workers, the calls run in parallel.
         calls = {reward.name: self._start_batch(reward, batch) for reward in self.rewards}
         for reward in self.rewards:
+            failed = counts["errors"] + counts["timeouts"]
             values[reward.name] = self._values(reward, batch, counts, calls[reward.name])
+            if n > 1 and counts["errors"] + counts["timeouts"] == failed:
+                warn_if_no_reward(reward.key, values[reward.name])
         if self.weights.get("overlong"):
             known = [length for length in lengths if length is not None]
             if self.shaping.max_tokens is None or len(known) != len(lengths):

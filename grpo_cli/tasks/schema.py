@@ -220,7 +220,15 @@ class TaskConfig:
     max_episode_tokens: int | None = positive(
         None,
         help="Multi-turn episodes: at most this many tokens after the prompt, the model's and the tools' or "
-        "environment's together (null: only task.max_turns and rollout.max_tokens limit an episode).",
+        "environment's together (null: only task.max_turns, rollout.max_tokens and the model's context limit an "
+        "episode). Whatever it says, an episode ends when the model's context is full (rollout.max_model_len for "
+        "rollout.engine=vllm, else the model's max_position_embeddings), counted in train/context_limited.",
+    )
+    max_observation_tokens: int | None = positive(
+        1024,
+        help="Multi-turn episodes: a tool result or environment message longer than this many tokens is cut to its "
+        "first max_observation_tokens, with a line the model reads saying so (counted in "
+        "train/truncated_observations; verl's max_tool_response_length). null: never cut.",
     )
 
 

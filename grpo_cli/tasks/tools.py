@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.tasks.chat_roles import renderable
 from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardCallFailed, RewardWorkers, describe_error
 from grpo_cli.tasks.timelimit import RewardTimeout
 from grpo_cli.tasks.tool_calls import ParsedCall, ToolCall, ToolCallError, ToolCallFormat, parse_tool_calls
@@ -189,7 +190,8 @@ class ToolPrompt:
         """tokenizer.apply_chat_template of the conversation with the tools (kwargs: tokenize,
         add_generation_prompt, ...)."""
         tools = list(self.schemas) if self.native else None
-        return tokenizer.apply_chat_template(self.messages(messages), tools=tools, **kwargs)
+        shown = renderable(tokenizer, self.messages(messages))  # a template without a system role: folded
+        return tokenizer.apply_chat_template(shown, tools=tools, **kwargs)
 
     def parse(self, text: str) -> list[ParsedCall]:
         """The tool calls of an assistant turn's text (tool_calls.parse_tool_calls in this prompt's format)."""

@@ -143,6 +143,7 @@ def test_grpo_run_stops_on_a_failing_reward_with_the_last_update_kept_and_skips_
     stopped = run_grpo([*base, "output_dir=stop"], cwd=folder)
     assert stopped.returncode == 2, stopped.stderr[-2000:]
     line = stopped.stderr.strip().splitlines()[-1]
+    assert line.startswith("grpo-run: error: reward task.rewards.flaky=")  # as docs/custom-tasks.md shows it
     assert "reward task.rewards.flaky=" in line and "raised ValueError: the third batch on a batch of 4 rows" in line
     assert "step 1's update is saved in" in line and "grpo-run resume=" in line
     assert (folder / "stop" / "checkpoints" / "step_000001" / "COMPLETE").is_file()

@@ -391,3 +391,17 @@ def test_an_internal_error_prints_one_line_with_the_log_holding_the_traceback(tm
     assert stderr.startswith("grpo-run: internal error: RuntimeError: boom (full traceback in ")
     log = Path(stderr.rpartition("full traceback in ")[2].rstrip(")"))
     assert log.parent == run_dir and "Traceback" in log.read_text() and "boom" in log.read_text()
+
+
+def test_a_run_stopped_by_bad_input_ends_with_the_error_prefix_the_docs_show():
+    """A reward (or environment) failing under task.on_reward_error=stop after step 1 stops the run with its update
+    saved (RunStopped, exit code 2): its line reads `grpo-run: error: ...` as docs/custom-tasks.md shows; a stop by a
+    signal is not an error (issue #39)."""
+    from grpo_cli.errors import EXIT_DIVERGED, EXIT_USER_ERROR, RunStopped
+
+    failed = RunStopped("reward task.rewards.r=r.py:reward raised ValueError: x on row {}: fix it", EXIT_USER_ERROR)
+    assert cli.stop_line(failed) == f"grpo-run: error: {failed}"
+    assert (
+        cli.stop_line(RunStopped("stopped by SIGTERM after step 2", 143)) == "grpo-run: stopped by SIGTERM after step 2"
+    )
+    assert cli.stop_line(RunStopped("loss was not finite", EXIT_DIVERGED)).startswith("grpo-run: loss")

@@ -396,6 +396,7 @@ def test_episode_metrics_are_per_episode_means(tokenizer: transformers.PreTraine
         "truncated_episodes": 0.0,
         "turn_limited_episodes": 0.0,
         "rerendered_turns": 0.0,
+        "context_limited": 0.0,
         "tool_calls": 1.0,
         "tool_errors": 0.5,
     }

@@ -267,3 +267,23 @@ def test_most_answers_cut_at_max_tokens_give_one_warning_naming_the_key():
     assert truncation_warning({"eval/truncated_frac": 0.5}, 48) is None
     warning = truncation_warning({"eval/truncated_frac": 0.9}, 48)
     assert warning is not None and "rollout.max_tokens=48" in warning and "\n" not in warning
+
+
+def test_episodes_cut_by_a_task_limit_are_not_said_to_hit_rollout_max_tokens():
+    """A multi-turn evaluation whose episodes ran out of task.max_episode_tokens names that key, not the per-turn
+    rollout.max_tokens (issue #39: the warning named a key that did not apply)."""
+    from grpo_cli.rollout.evaluation import truncation_warning
+    from grpo_cli.tasks.schema import TaskConfig
+
+    task = TaskConfig(name="custom", max_turns=4, max_episode_tokens=256)
+    records = [
+        {"truncated": True, "stop_reason": "max_episode_tokens"},
+        {"truncated": True, "stop_reason": "max_episode_tokens"},
+        {"truncated": True, "stop_reason": "done"},  # its last turn was cut at rollout.max_tokens
+        {"truncated": False, "stop_reason": "done"},
+    ]
+    warning = truncation_warning({"eval/truncated_frac": 0.75}, 48, records, task)
+    assert warning is not None and "rollout.max_tokens" not in warning and "\n" not in warning
+    assert "2 of 4 by task.max_episode_tokens=256" in warning
+    records = [{"truncated": True, "stop_reason": "context"}] * 3
+    assert "the model's context" in str(truncation_warning({"eval/truncated_frac": 1.0}, 48, records, task))

@@ -133,6 +133,17 @@ def test_tiny_model_greedy_parity_and_sampling_contract(monkeypatch):
         monkeypatch.setattr(evaluation, "EVAL_CHUNK_PROMPTS", 6)
         settings = SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5)
         assert evaluation.generate_in_chunks(engine, prompts, settings).completion_ids == sampled.completion_ids
+        # Neither engine samples past the model's context (issue #39): a prompt 5 tokens short of it gets 5 new
+        # tokens, one past it none (vLLM would refuse it), both counted as context-limited.
+        context = engine.context_length
+        assert context == model.config.max_position_embeddings
+        near, past = [*prompts[0], *[prompts[1][-2]] * (context - 5 - len(prompts[0]))], [7] * (context + 3)
+        for batch in (
+            engine.generate([near, past], greedy),
+            HFRolloutEngine(model, tokenizer).generate([near, past], greedy),
+        ):
+            assert [len(ids) for ids in batch.completion_ids] == [5, 0]
+            assert batch.truncated == [True, True] and batch.context_limited == [True, True]
     finally:
         engine.close()
 

@@ -510,3 +510,27 @@ def test_check_reward_cases_may_expect_each_reward_or_the_total(folder, tmp_path
 
 
 # ------------------------------------------------------------------------------------------- end to end
+
+
+def test_a_reward_that_returns_none_for_every_row_of_a_batch_is_said_once(tmp_path, caplog):
+    """TRL warns when no function gave a row a reward; here a helper that forgot its `return` gives none."""
+    write(
+        tmp_path,
+        {
+            "train.jsonl": jsonl([{"q": "x", "answer": "1"}, {"q": "y", "answer": "2"}]),
+            "forgot.py": (
+                "def score(completion):\n    value = float(len(completion) > 0)  # and no return\n\n\n"
+                "def reward(completions, **kwargs):\n    return [score(c) for c in completions]\n"
+            ),
+            "some.py": "def reward(completions, **kwargs):\n    return [None, 1.0][: len(completions)]\n",
+        },
+    )
+    cfg = custom_cfg(tmp_path, template="{q}", rewards={"forgot": "forgot.py:reward", "some": "some.py:reward"})
+    truths = [e.ground_truth for e in load_examples(cfg, "train")]
+    reward_fn = make_reward_fn(cfg)
+    with caplog.at_level("WARNING", logger="grpo_cli.tasks.custom"):
+        for _ in range(2):
+            scores = score_responses(reward_fn, ["a", "b"], truths)
+    assert [r["reward"] for r in scores.rewards] == [0.0, 1.0]  # the direct sum: forgot gives none, some one row
+    said = [r.getMessage() for r in caplog.records if "returned None" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("reward task.rewards.forgot=") and "all 2 completions" in said[0]

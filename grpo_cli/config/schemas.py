@@ -384,6 +384,18 @@ class TrainConfig:
     gradient_accumulation_steps: int = positive(
         2, help="Microbatches per optimizer step (train_batch_size / this = microbatch size)."
     )
+    microbatch_tokens: int | None = positive(
+        None,
+        hint="null: train_batch_size / gradient_accumulation_steps completions per microbatch",
+        help="Token-budget microbatches: each optimizer step's completions (and the old/reference log-prob passes') "
+        "cut into microbatches of at most this many positions processed (rows x the longest row, padding included; "
+        "a completion longer than this is a microbatch of its own), runs of alike lengths, instead of "
+        "gradient_accumulation_steps runs of equal row counts; with the shared-prompt forward, a prompt's "
+        "completions are kept together where that processes fewer positions (logged once). Under distributed=ddp|"
+        "fsdp the step's completions are also exchanged after generation and spread over the ranks by tokens. The "
+        "gradients are the same (exact step totals); perf/padding_frac shows the padding left. null: the fixed "
+        "row count.",
+    )
     max_grad_norm: float = positive(1.0, help="Clip the gradients' global norm to this before each optimizer step.")
     share_prompt_forward: bool = flag(
         True,

@@ -536,6 +536,14 @@ class JobConfig:
         factory=lambda: [32, 64, 128, 256], help="benchmark with job.scaling: the completion lengths measured."
     )
     scaling_steps: int = positive(2, help="benchmark with job.scaling: steps measured per batch size and per length.")
+    length_profile: str = choice(
+        "none",
+        ("none", "long_tail"),
+        help="benchmark: long_tail: instead of the engines, time the learner's microbatch layouts (today's fixed "
+        "rows, train.microbatch_tokens' token budget, and the same tokens at equal lengths) on one forced batch "
+        "whose completion lengths follow p(L) ~ 1/L on 16..512 tokens, job.steps updates each; on "
+        "distributed.nproc_per_node gloo ranks under distributed=ddp|fsdp (docs/performance.md).",
+    )
     objective: str = choice(
         "final_eval_reward",
         ("final_eval_reward", "best_eval_reward"),

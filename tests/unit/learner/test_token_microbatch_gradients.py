@@ -1,9 +1,9 @@
 """train.microbatch_tokens keeps the gradient exact: the learner's accumulated gradient before clipping over
 token-budget microbatches of unequal token counts equals the gradient of the whole step in one microbatch (fp32,
-1e-5), for every loss and length normalization, with a KL penalty, old log-probs and an importance correction; and
-on 2 gloo ranks (DDP) balanced by tokens, one rank running a dummy microbatch. The model is the tiny random Llama of
-debug=smoke; the optimizer's step is replaced by a copy of the gradients (compared, not parameters after AdamW,
-whose first step is about lr x sign(g) and hides a scale error)."""
+1e-5), for every loss and length normalization, with a KL penalty, old log-probs and an importance correction;
+and on 2 gloo ranks (DDP and FSDP2) balanced by tokens, one rank running a dummy microbatch. The model is the
+tiny random Llama of debug=smoke; the optimizer's step is replaced by a copy of the gradients (compared, not
+parameters after AdamW, whose first step is about lr x sign(g) and hides a scale error)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from grpo_cli.core import POLICY_GRADIENT_LOSS_TYPES
+from grpo_cli.distributed.parallel import full_tensor
 from grpo_cli.learner.batch import RolloutData
 from tests.conftest import compose_config
 
@@ -60,7 +61,9 @@ def learner_for(overrides: list[str], output_dir: Path):  # -> Learner
     captured: list[dict[str, torch.Tensor]] = []
 
     def capture() -> None:  # the optimizer's step: keep the gradients, leave the weights
-        captured.append({n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None})
+        captured.append(
+            {n: full_tensor(p.grad).clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+        )
 
     learner.optimizer.step = capture
     learner.captured = captured
@@ -112,12 +115,12 @@ def test_token_budget_microbatches_give_the_whole_step_gradient(one_process, los
     assert budgeted["perf/padding_frac"] < whole["perf/padding_frac"]
 
 
-def _two_ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
+def _two_ranks(rank: int, port: int, output_dir: str, strategy: str, results: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         learner = learner_for(
-            [*OVERRIDES, "distributed=ddp", "distributed.nproc_per_node=2", "train.microbatch_tokens=30"],
+            [*OVERRIDES, f"distributed={strategy}", "distributed.nproc_per_node=2", "train.microbatch_tokens=30"],
             Path(output_dir) / f"rank{rank}",
         )
         assert learner.balance_ranks
@@ -142,7 +145,8 @@ def _two_ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_balanced_by_tokens_give_the_one_process_gradient(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gloo_ranks_balanced_by_tokens_give_the_one_process_gradient(tmp_path, strategy):
     reference = learner_for(OVERRIDES, tmp_path / "one")
     metrics, _ = reference.learn(batch(), step=1)  # its reference log-probs from its own frozen copy, as each rank's
     expected = reference.captured[0]
@@ -151,7 +155,7 @@ def test_two_gloo_ranks_balanced_by_tokens_give_the_one_process_gradient(tmp_pat
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_two_ranks, args=(port, str(tmp_path), results), nprocs=2)
+        mp.spawn(_two_ranks, args=(port, str(tmp_path), strategy, results), nprocs=2)
         results = dict(results)
     plans = [results[rank][1][0] for rank in (0, 1)]
     assert sorted(r for plan in plans for mb in plan for r in mb) == list(range(8))  # every row once

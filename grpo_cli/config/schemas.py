@@ -382,7 +382,9 @@ class TrainConfig:
     group_size: int = positive(4, help="Completions sampled per prompt (G).")
     train_batch_size: int = positive(16, help="Completions per optimizer step.")
     gradient_accumulation_steps: int = positive(
-        2, help="Microbatches per optimizer step (train_batch_size / this = microbatch size)."
+        2,
+        help="Microbatches per optimizer step (train_batch_size / this = microbatch size); with "
+        "train.microbatch_tokens the microbatches are cut by tokens instead.",
     )
     microbatch_tokens: int | None = positive(
         None,

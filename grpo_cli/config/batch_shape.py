@@ -28,6 +28,8 @@ class BatchShape:
     max_new_tokens: int
     # sync.strategy
     sync_strategy: str
+    # train.microbatch_tokens: microbatches of at most this many positions (None: of microbatch_size rows).
+    microbatch_tokens: int | None = None
     # Data-parallel ranks sharing each step (1 without distributed.*): the sizes above stay global, each rank
     # takes an equal share of the prompts (whole groups) and of every train batch.
     ranks: int = 1
@@ -50,6 +52,7 @@ class BatchShape:
             optimizer_steps_per_rollout_batch=epochs * t.rollout_batch_size // t.train_batch_size,
             max_new_tokens=cfg.rollout.max_tokens,
             sync_strategy=cfg.sync.strategy,
+            microbatch_tokens=t.microbatch_tokens,
         )
 
     @property
@@ -79,8 +82,12 @@ class BatchShape:
             ("completions per rollout batch", self.completions_per_rollout_batch),
             ("completions per optimizer step", self.train_batch_size),
             (
-                "microbatch size (x gradient accumulation)",
-                f"{self.microbatch_size} (x{self.gradient_accumulation_steps})",
+                ("microbatch (token budget)", f"<= {self.microbatch_tokens} positions")
+                if self.microbatch_tokens is not None
+                else (
+                    "microbatch size (x gradient accumulation)",
+                    f"{self.microbatch_size} (x{self.gradient_accumulation_steps})",
+                )
             ),
             ("epochs per rollout batch", self.epochs_per_rollout_batch),
             ("optimizer steps per rollout batch", self.optimizer_steps_per_rollout_batch),

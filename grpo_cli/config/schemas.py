@@ -382,7 +382,21 @@ class TrainConfig:
     group_size: int = positive(4, help="Completions sampled per prompt (G).")
     train_batch_size: int = positive(16, help="Completions per optimizer step.")
     gradient_accumulation_steps: int = positive(
-        2, help="Microbatches per optimizer step (train_batch_size / this = microbatch size)."
+        2,
+        help="Microbatches per optimizer step (train_batch_size / this = microbatch size); with "
+        "train.microbatch_tokens the microbatches are cut by tokens instead.",
+    )
+    microbatch_tokens: int | None = positive(
+        None,
+        hint="null: train_batch_size / gradient_accumulation_steps completions per microbatch",
+        help="Token-budget microbatches: each optimizer step's completions (and the old/reference log-prob passes') "
+        "cut into microbatches of at most this many positions processed (rows x the longest row, padding included; "
+        "a completion longer than this is a microbatch of its own), runs of alike lengths, instead of "
+        "gradient_accumulation_steps runs of equal row counts; with the shared-prompt forward, a prompt's "
+        "completions are kept together where that processes fewer positions (logged once). Under distributed=ddp|"
+        "fsdp the step's completions are also exchanged after generation and spread over the ranks by tokens. The "
+        "gradients are the same (exact step totals); perf/padding_frac shows the padding left. null: the fixed "
+        "row count.",
     )
     max_grad_norm: float = positive(1.0, help="Clip the gradients' global norm to this before each optimizer step.")
     share_prompt_forward: bool = flag(
@@ -524,6 +538,14 @@ class JobConfig:
         factory=lambda: [32, 64, 128, 256], help="benchmark with job.scaling: the completion lengths measured."
     )
     scaling_steps: int = positive(2, help="benchmark with job.scaling: steps measured per batch size and per length.")
+    length_profile: str = choice(
+        "none",
+        ("none", "long_tail"),
+        help="benchmark: long_tail: instead of the engines, time the learner's microbatch layouts (today's fixed "
+        "rows, train.microbatch_tokens' token budget, and the same tokens at equal lengths) on one forced batch "
+        "whose completion lengths follow p(L) ~ 1/L on 16..512 tokens, job.steps updates each; on "
+        "distributed.nproc_per_node gloo ranks under distributed=ddp|fsdp (docs/performance.md).",
+    )
     objective: str = choice(
         "final_eval_reward",
         ("final_eval_reward", "best_eval_reward"),

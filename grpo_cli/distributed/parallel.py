@@ -8,6 +8,7 @@ MASTER_PORT), whether `grpo-run` started the ranks itself (grpo_cli/distributed/
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -100,6 +101,26 @@ def any_rank(flag: bool) -> bool:
     value = torch.tensor([1.0 if flag else 0.0])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
+
+
+def all_gather_objects(value: T) -> list[T]:
+    """Every rank's `value`, in rank order (picklable objects: a rollout batch, log-probs by row); [value] outside
+    a process group."""
+    if not world().distributed:
+        return [value]
+    gathered: list[object] = [None] * world().size
+    dist.all_gather_object(gathered, value)
+    return gathered  # type: ignore[return-value]
+
+
+def wait_for_ranks() -> float:
+    """Seconds this rank waits for the slowest one at a barrier (0 outside a process group): its idle time before
+    a synchronizing step."""
+    if not world().distributed:
+        return 0.0
+    started = time.perf_counter()
+    dist.barrier()
+    return time.perf_counter() - started
 
 
 def sum_over_ranks(values: list[float]) -> list[float]:

@@ -170,6 +170,14 @@ def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.devic
 
 
 def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
+    if cfg.job.length_profile != "none":  # the learner's microbatch layouts, no generation
+        from grpo_cli.jobs.benchmark_layouts import compare_layouts, layouts_table
+
+        figures = compare_layouts(cfg, output_dir, console)
+        (output_dir / "benchmark.json").write_text(json.dumps({"layouts": figures}, indent=2) + "\n")
+        console.print(layouts_table(figures, cfg))
+        console.print(f"wrote {output_dir / 'benchmark.json'}", highlight=False)
+        return {"layouts": figures}
     engines = resolve_engines(list(cfg.job.engines))
     if cfg.sync.strategy not in ("on_policy", "multi_epoch"):
         raise UserFacingError(

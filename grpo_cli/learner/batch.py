@@ -14,6 +14,7 @@ import torch
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
+from grpo_cli.learner.microbatches import TokenCounts, fixed_microbatches, token_microbatches
 
 log = logging.getLogger(__name__)
 _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
@@ -36,6 +37,8 @@ class ScoringSettings:
     # Completions per forward pass of the no-grad passes (the training microbatch).
     microbatch_size: int
     pad_token_id: int
+    # Positions per forward pass of the no-grad passes instead (train.microbatch_tokens; None: microbatch_size rows).
+    microbatch_tokens: int | None = None
 
 
 @dataclass
@@ -142,18 +145,40 @@ def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: b
     return completions + sum(len(data.prompt_ids[i]) for i in indices)
 
 
-@torch.inference_mode()
+def scoring_microbatches(data: RolloutData, scoring: ScoringSettings) -> list[list[int]]:
+    """The microbatches (row indices) the no-grad passes score `data` in: runs of scoring.microbatch_size rows, or
+    with scoring.microbatch_tokens token-budget microbatches (learner.microbatches.token_microbatches)."""
+    rows = list(range(len(data.completion_ids)))
+    if scoring.microbatch_tokens is None:
+        return fixed_microbatches(rows, scoring.microbatch_size)
+    counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
+    return token_microbatches(counts, rows, scoring.microbatch_tokens, scoring.share_prompts).microbatches
+
+
 def per_completion_log_probs(
     model: torch.nn.Module, data: RolloutData, device: torch.device, scoring: ScoringSettings
 ) -> list[torch.Tensor]:
     """Response-token log-probs of every completion under `model` (old or reference policy), no grad, scored as
-    `scoring` says (at the sampling temperature). Eval mode for the pass: these are fixed targets, not samples of
-    dropout noise."""
+    `scoring` says (at the sampling temperature, in scoring_microbatches)."""
+    rows = log_probs_of_rows(model, data, device, scoring, scoring_microbatches(data, scoring))
+    return [rows[i] for i in range(len(data.completion_ids))]
+
+
+@torch.inference_mode()
+def log_probs_of_rows(
+    model: torch.nn.Module,
+    data: RolloutData,
+    device: torch.device,
+    scoring: ScoringSettings,
+    microbatches: list[list[int]],
+) -> dict[int, torch.Tensor]:
+    """per_completion_log_probs of the rows of `microbatches` only (an empty one runs a dummy row), by row.
+    Eval mode for the pass: these are fixed targets, not samples of dropout noise."""
 
     def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return score_microbatch(model, batch, scoring, return_token_entropy=False)["log_probs"]
 
-    return per_completion_rows(score, model, data, scoring.microbatch_size, scoring.pad_token_id, device)
+    return per_completion_rows(score, model, data, microbatches, scoring.pad_token_id, device)
 
 
 def score_microbatch(
@@ -176,28 +201,34 @@ def score_microbatch(
     )
 
 
+def shortest_row(data: RolloutData) -> int:
+    """The completion whose forward is cheapest: what a dummy microbatch runs."""
+    return min(range(len(data.completion_ids)), key=lambda i: len(data.prompt_ids[i]) + len(data.completion_ids[i]))
+
+
 def per_completion_rows(
     score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
     model: torch.nn.Module,
     data: RolloutData,
-    microbatch_size: int,
+    microbatches: list[list[int]],
     pad_token_id: int,
     device: torch.device,
-) -> list[torch.Tensor]:
-    """`score`'s (B, T) values of each microbatch of `data` (make_microbatch's tensors, in order), cut back into
-    one (len_i,) tensor of response tokens per completion, on the CPU. `model`, the module `score` runs, is in eval
-    mode meanwhile. The caller picks the grad mode (no_grad, or inference_mode where nothing reuses the module's
-    tensors in autograd later)."""
-    result: list[torch.Tensor] = []
+) -> dict[int, torch.Tensor]:
+    """`score`'s (B, T) values of each microbatch of `data` (make_microbatch's tensors of each list of row indices
+    of `microbatches`), cut back into one (len_i,) tensor of response tokens per completion, on the CPU, by row. An
+    empty microbatch runs `score` on one dummy row and keeps nothing (under FSDP every rank makes as many calls).
+    `model`, the module `score` runs, is in eval mode meanwhile. The caller picks the grad mode (no_grad, or
+    inference_mode where nothing reuses the module's tensors in autograd later)."""
+    result: dict[int, torch.Tensor] = {}
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(data.completion_ids), microbatch_size):
-            indices = list(range(start, min(start + microbatch_size, len(data.completion_ids))))
-            batch = make_microbatch(data, indices, pad_token_id, device)
+        for indices in microbatches:
+            batch = make_microbatch(data, indices or [shortest_row(data)], pad_token_id, device)
             mask = batch["response_mask"].bool()
             values = score(batch)
-            result.extend(row[row_mask].cpu() for row, row_mask in zip(values, mask, strict=True))
+            for row, values_row, row_mask in zip(indices, values, mask, strict=False):
+                result[row] = values_row[row_mask].cpu()
     finally:
         model.train(was_training)
     return result

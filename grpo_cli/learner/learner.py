@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -38,12 +40,15 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.batch import (
     RolloutData,
     ScoringSettings,
+    concat_rollouts,
+    log_probs_of_rows,
     make_microbatch,
     model_token_mask,
     model_tokens,
-    per_completion_log_probs,
     per_completion_rows,
     score_microbatch,
+    scoring_microbatches,
+    shortest_row,
     tokens_through_model,
 )
 from grpo_cli.learner.checkpoint import (
@@ -56,6 +61,15 @@ from grpo_cli.learner.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from grpo_cli.learner.microbatches import (
+    StepLayout,
+    TokenCounts,
+    equalize,
+    fixed_microbatches,
+    positions_processed,
+    rank_shares,
+    token_microbatches,
+)
 from grpo_cli.learner.settings import loss_settings, scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import (
@@ -66,6 +80,9 @@ from grpo_cli.models.runtime import (
     seed_everything,
     timed,
 )
+
+log = logging.getLogger(__name__)
+_LAYOUTS_LOGGED: set[bool] = set()  # train.microbatch_tokens: each layout choice once per process
 
 if TYPE_CHECKING:  # the types the wrapped modules are at run time (casts only: no import of peft here)
     from peft import PeftModel
@@ -157,6 +174,53 @@ def optimizer_step_totals(
 
 # Per microbatch: its KL summed over its responses in the loss, and their number (update() pops both).
 _KL_SUM, _KL_RESPONSES = "kl_sum", "kl_responses"
+# Per microbatch: its token entropy summed over the model's tokens, and their number (update() pops both).
+_ENTROPY_SUM, _ENTROPY_TOKENS = "entropy_sum", "entropy_tokens"
+
+
+def log_layout_choice(layout: StepLayout) -> None:
+    """train.microbatch_tokens with the shared-prompt forward: which layout a step took and the positions each
+    would process, once per choice and process."""
+    if layout.positions_by_groups is None or layout.keeps_groups in _LAYOUTS_LOGGED:
+        return
+    _LAYOUTS_LOGGED.add(layout.keeps_groups)
+    kept = "keeping each prompt's completions together" if layout.keeps_groups else "sorting completions by length"
+    log.info(
+        "train.microbatch_tokens: %s (positions processed per step: %d with groups kept together, %d sorted by "
+        "length; the shared-prompt forward runs a prompt once per microbatch that holds several of its completions)",
+        kept,
+        layout.positions_by_groups,
+        layout.positions_by_rows,
+    )
+
+
+@dataclass
+class PaddingTotals:
+    """What the update's forward passes processed on this rank (perf/* metrics): positions (padding included) and
+    the real tokens among them, microbatches (dummies left out) and the largest, each optimizer step's positions
+    per rank's imbalance, and the time spent waiting for the other ranks."""
+
+    positions: int = 0
+    real: int = 0
+    microbatches: int = 0
+    largest: int = 0
+    imbalances: list[float] = field(default_factory=list)
+    idle_s: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """perf/*: the padding fraction and the mean microbatch of every rank's microbatches together; the largest
+        microbatch, this rank's idle time (combined over ranks by parallel.reduce_metrics). Every rank calls it."""
+        positions, real, microbatches = parallel.sum_over_ranks(
+            [float(self.positions), float(self.real), float(self.microbatches)]
+        )
+        return {
+            "perf/padding_frac": 1.0 - real / positions if positions else 0.0,
+            "perf/microbatch_tokens_mean": positions / microbatches if microbatches else 0.0,
+            "perf/microbatch_tokens_max": float(self.largest),
+            "perf/rank_token_imbalance": sum(self.imbalances) / len(self.imbalances) if self.imbalances else 1.0,
+            "perf/rank_idle_s": self.idle_s,
+            "perf/rank_idle_s_max": self.idle_s,
+        }
 
 
 def kl_over_responses(kl_sum: float, responses: float) -> float | None:
@@ -203,6 +267,10 @@ class Learner:
         self.reference = frozen_copy(self.model) if self.needs_reference and not lora else None
         self.world = parallel.world()
         self.strategy = cfg.distributed.strategy if self.world.distributed else "none"
+        # train.microbatch_tokens under data parallelism: the ranks' rows are exchanged after generation and each
+        # step's rows spread over the ranks by tokens (every rank then holds the whole batch).
+        self.balance_ranks = self.strategy != "none" and cfg.train.microbatch_tokens is not None
+        self.scoring_idle_s = 0.0  # this step's wait for the other ranks in the old/reference passes
         # What samples: the policy itself, except under FSDP2, whose sharded parameters every forward must gather
         # collectively (ranks stop generating at different tokens): there a full copy, refreshed after every update
         # and after a resume. It does not compute the old log-probs (the sharded training forward does).
@@ -316,6 +384,11 @@ class Learner:
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}
+        self.scoring_idle_s = 0.0
+        if self.balance_ranks:
+            # Every rank's rows, in rank order: the one-process batch, whose steps every rank then splits by tokens.
+            # (The caller's `data` keeps this rank's own rows for its step metrics.)
+            data = concat_rollouts(parallel.all_gather_objects(data))
         # Both in the training forward's numerics (the policy itself, or under FSDP2 its sharded scorer with the
         # mixed-precision policy, never the sampling copy): on the batch's own weights the ratio is 1.
         if self.needs_old_log_probs and data.old_log_probs is None:
@@ -328,6 +401,8 @@ class Learner:
         with timed(timings, "time/training_s"):
             metrics = self.update(data, step)
             self.refresh_inference_copy()
+        metrics["perf/rank_idle_s"] += self.scoring_idle_s
+        metrics["perf/rank_idle_s_max"] += self.scoring_idle_s
         self.version = step
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
@@ -336,16 +411,46 @@ class Learner:
         self, model: torch.nn.Module, data: RolloutData, fsdp_scorer: torch.nn.Module | None = None
     ) -> list[torch.Tensor]:
         """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
-        sampling temperature; under FSDP2 through `fsdp_scorer`, `model`'s sharded PolicyScorer."""
+        sampling temperature; under FSDP2 through `fsdp_scorer`, `model`'s sharded PolicyScorer. With ranks
+        balanced by tokens each rank scores its share and the ranks exchange the results."""
+        microbatches = self._scoring_microbatches(data)
         if fsdp_scorer is not None:
-            return self._sharded_log_probs(fsdp_scorer, data)
-        with self.autocast():
-            return per_completion_log_probs(model, data, self.device, self.scoring)
+            rows = self._sharded_log_probs(fsdp_scorer, data, microbatches)
+        else:
+            with self.autocast():
+                rows = log_probs_of_rows(model, data, self.device, self.scoring, microbatches)
+        if self.balance_ranks:
+            self.scoring_idle_s += parallel.wait_for_ranks()
+            for other in parallel.all_gather_objects(rows):
+                rows.update(other)
+        return [rows[i] for i in range(len(data.completion_ids))]
 
-    def _sharded_log_probs(self, scorer: torch.nn.Module, data: RolloutData) -> list[torch.Tensor]:
+    def _scoring_microbatches(self, data: RolloutData) -> list[list[int]]:
+        """This rank's microbatches of the old/reference passes: the whole batch's (scoring_microbatches), or with
+        ranks balanced by tokens its share's, as many on every rank under FSDP (each call is a collective)."""
+        if not self.balance_ranks:
+            return scoring_microbatches(data, self.scoring)
+        counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
+        per_rank = self._per_rank_microbatches(counts, list(range(len(data.completion_ids))))
+        return (equalize(per_rank) if self.strategy == "fsdp" else per_rank)[self.world.rank]
+
+    def _per_rank_microbatches(self, counts: TokenCounts, rows: list[int]) -> list[list[list[int]]]:
+        """train.microbatch_tokens: `rows` spread over the ranks by tokens (whole groups where the one-process
+        layout keeps them together), then each rank's share cut into its token-budget microbatches."""
+        budget, share = cast(int, self.shape.microbatch_tokens), self.scoring.share_prompts
+        whole = token_microbatches(counts, rows, budget, share)
+        log_layout_choice(whole)
+        if not self.balance_ranks:
+            return [whole.microbatches]
+        shares = rank_shares(counts, rows, self.world.size, whole.keeps_groups, share)
+        return [token_microbatches(counts, mine, budget, share, whole.keeps_groups).microbatches for mine in shares]
+
+    def _sharded_log_probs(
+        self, scorer: torch.nn.Module, data: RolloutData, microbatches: list[list[int]]
+    ) -> dict[int, torch.Tensor]:
         """log_probs_under through an FSDP2 module: its bf16 parameters under model.mixed_precision=bf16, as in
         training (the fp32 sampling copy under autocast gave on-policy ratios of 0.90 to 1.15). Each microbatch is
-        a collective: every rank holds as many completions, so all make the same calls."""
+        a collective: every rank makes as many calls (equal shares, or `microbatches` equalized)."""
 
         def score(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             return scorer(batch["input_ids"], batch["labels"], batch["response_mask"], return_token_entropy=False)[
@@ -355,9 +460,7 @@ class Learner:
         # no_grad, not inference_mode: FSDP2 reuses the tensors it gathers parameters into, and training's next
         # gather into an inference tensor fails ("Inplace update to inference tensor outside InferenceMode").
         with torch.no_grad(), self.autocast():
-            rows = per_completion_rows(
-                score, scorer, data, self.scoring.microbatch_size, self.scoring.pad_token_id, self.device
-            )
+            rows = per_completion_rows(score, scorer, data, microbatches, self.scoring.pad_token_id, self.device)
         # A forward without a backward leaves FSDP2's iteration half done: the root's parameters stay gathered
         # (a backward would need them) and its post-forward trackers grow until a backward clears them, which a
         # frozen reference never runs. End the iteration: no gathered root outlives an optimizer step, no list
@@ -376,23 +479,33 @@ class Learner:
         computed_tokens = 0
         rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
         step_loss = self.loss.at_step(step)  # this step's KL coefficient (kl.beta_schedule)
+        counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
+        perf = PaddingTotals()
+        response_tokens = 0
+        # Rows per optimizer step in `data`: this rank's share of each train batch (the whole batch in one process),
+        # or with ranks balanced by tokens the whole step's, which every rank holds and splits the same way.
+        step_rows = shape.train_batch_size if self.balance_ranks else shape.train_batch_per_rank
         with timed(timings, "time/update_s"):
             for _epoch in range(shape.epochs_per_rollout_batch):
                 order = list(range(n))
                 if shape.optimizer_steps_per_rollout_batch > 1:
                     rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
-                # This rank's share of each train batch (the whole batch in one process).
-                for batch_start in range(0, n, shape.train_batch_per_rank):
-                    batch_indices = order[batch_start : batch_start + shape.train_batch_per_rank]
+                for batch_start in range(0, n, step_rows):
+                    mine, microbatches = self._step_microbatches(counts, order[batch_start : batch_start + step_rows])
                     computed_tokens += sum(
-                        tokens_through_model(
-                            data, batch_indices[i : i + shape.microbatch_size], self.scoring.share_prompts
-                        )
-                        for i in range(0, len(batch_indices), shape.microbatch_size)
+                        tokens_through_model(data, indices, self.scoring.share_prompts) for indices in microbatches
                     )
-                    finite = self._optimizer_step(data, batch_indices, step_loss, totals, timings, rejected)
+                    response_tokens += sum(counts.completion_lengths[i] for i in mine)
+                    finite = self._optimizer_step(
+                        data, mine, microbatches, step_loss, totals, timings, rejected, counts, perf
+                    )
                     skipped += not finite
         # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+        entropy_sum, entropy_tokens = parallel.sum_over_ranks(
+            [sum(totals.pop(_ENTROPY_SUM, [])), sum(totals.pop(_ENTROPY_TOKENS, []))]
+        )
+        if entropy_tokens:  # the mean over every token of the model's in the update, on every rank
+            totals["train/entropy"] = [entropy_sum / entropy_tokens]
         if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
             kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
             if kl is not None:
@@ -409,26 +522,42 @@ class Learner:
         # Tokens the model actually ran forward+backward on (all epochs; a shared prompt counts once per
         # microbatch) and response tokens scored, for throughput and FLOP accounting (job=benchmark).
         metrics["throughput/train_tokens"] = computed_tokens
-        metrics["throughput/response_tokens"] = shape.epochs_per_rollout_batch * sum(
-            len(c) for c in data.completion_ids
-        )
+        metrics["throughput/response_tokens"] = response_tokens
+        metrics.update(perf.metrics())
         return metrics
+
+    def _step_microbatches(self, counts: TokenCounts, rows: list[int]) -> tuple[list[int], list[list[int]]]:
+        """One optimizer step's `rows`: (this rank's rows, its microbatches). Fixed runs of microbatch_size rows, or
+        train.microbatch_tokens' token-budget microbatches; with ranks balanced by tokens this rank's share of the
+        whole step's rows, its microbatches padded with empty ones (dummies) to the most any rank has."""
+        if self.shape.microbatch_tokens is None:
+            return rows, fixed_microbatches(rows, self.shape.microbatch_size)
+        per_rank = equalize(self._per_rank_microbatches(counts, rows))
+        mine = per_rank[self.world.rank] if self.balance_ranks else per_rank[0]
+        return [row for indices in mine for row in indices], mine
 
     def _optimizer_step(
         self,
         data: RolloutData,
         batch_indices: list[int],
+        microbatches: list[list[int]],
         step_loss: LossSettings,
         totals: dict[str, list[float]],
         timings: dict[str, float],
         rejected: list[int] | None = None,
+        counts: TokenCounts | None = None,
+        perf: PaddingTotals | None = None,
     ) -> bool:
         """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step, with
         `step_loss`, the loss's settings at this step (LossSettings.at_step: its scheduled KL coefficient).
         Returns False when the loss or the gradients were not finite (the step is skipped and counted).
         `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
-        which leave the step's token total."""
+        which leave the step's token total. `batch_indices`: this rank's rows of the step, in `microbatches` (lists
+        of row indices; an empty one is a dummy: one row's forward and backward with its loss x 0, so every rank makes
+        as many collective calls). `perf` gathers the positions processed (perf/* metrics)."""
         cfg, shape = self.cfg, self.shape
+        counts = counts or TokenCounts.of(data.prompt_ids, data.completion_ids)
+        perf = perf or PaddingTotals()
 
         def record(key: str, value: float | torch.Tensor) -> None:
             totals.setdefault(key, []).append(float(value))
@@ -436,14 +565,23 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
         step_sequences, step_tokens = optimizer_step_totals(data, batch_indices, rejected)
-        starts = range(0, len(batch_indices), shape.microbatch_size)
-        for mb_start in starts:
-            indices = batch_indices[mb_start : mb_start + shape.microbatch_size]
-            mb = make_microbatch(data, indices, self.pad_token_id, self.device)
+        step_positions = 0
+        for position, indices in enumerate(microbatches):
+            dummy = not indices
+            mb = make_microbatch(data, indices or [shortest_row(data)], self.pad_token_id, self.device)
+            if not dummy:
+                processed, real = positions_processed(counts, indices, self.scoring.share_prompts)
+                step_positions += processed
+                perf.positions, perf.real, perf.microbatches = (
+                    perf.positions + processed,
+                    perf.real + real,
+                    perf.microbatches + 1,
+                )
+                perf.largest = max(perf.largest, processed)
             scored_mask = mb["response_mask"]  # every completion token goes through the forward (as context)
             mask = model_token_mask(mb)  # the model's own tokens: an episode's tool/environment tokens are holes
             # DDP averages gradients across ranks once, after the last microbatch (the sums in between are local).
-            last = mb_start == starts[-1]
+            last = position == len(microbatches) - 1
             no_sync = (
                 cast("DistributedDataParallel", self.scorer).no_sync
                 if self.strategy == "ddp" and not last
@@ -452,7 +590,14 @@ class Learner:
             with no_sync():  # forward and backward (grpo_microbatch_train_step runs it)
                 with self.autocast():
                     scored = self.scorer(mb["input_ids"], mb["labels"], scored_mask)
+                if last and self.world.distributed:
+                    # The gradients' reduction (DDP: in the last backward) waits for the slowest rank: time the
+                    # wait here, at a barrier before it (perf/rank_idle_s).
+                    perf.idle_s += parallel.wait_for_ranks()
                 policy_log_probs = scored["log_probs"]
+                if dummy:  # this rank has no rows left: the same collective calls, no contribution
+                    (policy_log_probs.sum() * 0.0).backward()
+                    continue
                 old = mb.get("old_log_probs")
                 if old is not None:
                     # k1 estimate of KL(old || current) on the old policy's samples: how off-policy this is.
@@ -477,7 +622,8 @@ class Learner:
                     step_tokens=step_tokens,
                 )
             batch_loss += float(loss)
-            record("train/entropy", scored["token_entropy"][mask.bool()].mean())
+            record(_ENTROPY_SUM, float((scored["token_entropy"].detach() * mask).sum()))
+            record(_ENTROPY_TOKENS, float(mask.sum()))
             for key in LOGGED_STEP_METRICS:
                 if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
                     record(f"train/{key}", meta[key])
@@ -485,6 +631,9 @@ class Learner:
                 responses = float((loss_mask.sum(dim=-1) > 0).sum())
                 record(_KL_SUM, float(meta["kl"]) * responses if responses else 0.0)
                 record(_KL_RESPONSES, responses)
+        if self.world.distributed:  # the step's positions on each rank: the largest over the mean
+            per_rank = parallel.all_gather_objects(step_positions)
+            perf.imbalances.append(max(per_rank) * len(per_rank) / max(sum(per_rank), 1))
         with timed(timings, "time/optimizer_s"):
             grad_norm = parallel.full_tensor(
                 torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)

@@ -70,5 +70,6 @@ def scoring_settings(cfg: GRPOConfig, model: torch.nn.Module, pad_token_id: int,
         share_prompts=not sharded and shares_prompts(model, cfg.train.share_prompt_forward),
         logits_chunk_tokens=cfg.train.logits_chunk_tokens,
         microbatch_size=BatchShape.from_config(cfg).microbatch_size,
+        microbatch_tokens=cfg.train.microbatch_tokens,
         pad_token_id=pad_token_id,
     )

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.packing import packing_problem
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ class ScoringSettings:
     # Completions per forward pass of the no-grad passes (the training microbatch).
     microbatch_size: int
     pad_token_id: int
+    # Run a microbatch's sequences packed into a few rows, without padding (train.pack_sequences, where the
+    # model's probe passed: packs_sequences).
+    pack_sequences: bool = False
 
 
 @dataclass
@@ -128,6 +132,39 @@ def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
     return False
 
 
+def packs_sequences(
+    model: torch.nn.Module, wanted: bool, temperature: float = 1.0, logits_chunk_tokens: int = 0
+) -> bool:
+    """Whether the forward passes run packed rows: `train.pack_sequences` asked for it and the probe
+    (core.packing.packing_problem: packed against separate log-probs, through response_log_probs as scored here)
+    passed on `model`; a model it fails keeps the padded layout, said in one log line."""
+    if not wanted:
+        return False
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, packed: bool) -> torch.Tensor:
+        return response_log_probs(
+            model,
+            input_ids,
+            labels,
+            mask,
+            temperature=temperature,
+            logits_chunk_tokens=logits_chunk_tokens,
+            pack_sequences=packed,
+        )["log_probs"][mask]
+
+    problem = packing_problem(model, score)
+    if problem is None:
+        return True
+    if problem not in _REFUSALS_LOGGED:
+        _REFUSALS_LOGGED.add(problem)
+        log.warning(
+            "train: no packed rows for this model (%s); its microbatches stay padded (train.pack_sequences: same "
+            "log-probs, more compute)",
+            problem,
+        )
+    return False
+
+
 def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
     """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
@@ -169,6 +206,7 @@ def score_microbatch(
         temperature=scoring.temperature,
         share_prompts=scoring.share_prompts,
         logits_chunk_tokens=scoring.logits_chunk_tokens,
+        pack_sequences=scoring.pack_sequences,
     )
 
 

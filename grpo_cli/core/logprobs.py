@@ -21,8 +21,13 @@ from grpo_cli.core.chunked_logprobs import (
     chunked_label_log_probs,
     linear_head_label_log_probs,
 )
-from grpo_cli.core.packing import packed_hidden
-from grpo_cli.core.prompt_sharing import prompt_sharing_problem, shared_prompt_response_hidden, worth_sharing
+from grpo_cli.core.packing import packed_hidden, packing_beats_sharing
+from grpo_cli.core.prompt_sharing import (
+    distinct_prompts,
+    prompt_sharing_problem,
+    shared_prompt_response_hidden,
+    worth_sharing,
+)
 
 
 def _in_float32(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor) -> torch.Tensor:
@@ -166,7 +171,8 @@ def response_log_probs(
             tokens at once (the unchunked path, kept for comparison).
         pack_sequences (bool): with a response_mask, run the rows' sequences packed, without their padding
             (grpo_cli/core/packing.py: same numbers where the model packs, which core.packing.packing_problem
-            checks; the caller's decision). A batch the shared-prompt forward takes goes that way instead.
+            checks; the caller's decision). With share_prompts too, each batch takes the layout that processes
+            fewer positions (core.packing.packing_beats_sharing): the two do not combine.
 
     Returns:
         dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq).
@@ -250,11 +256,19 @@ def _hidden_at(
         and not _recomputes_activations(model)
         and prompt_sharing_problem(model) is None
         and worth_sharing(input_ids, mask)
+        and not (pack_sequences and _packing_beats_sharing(input_ids, mask))
     ):
         return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     if pack_sequences:
         return packed_hidden(decoder, model, input_ids, mask)  # (N, H)
     return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
+
+
+def _packing_beats_sharing(input_ids: torch.Tensor, mask: torch.Tensor) -> bool:
+    """core.packing.packing_beats_sharing on a right-padded batch: the layout that processes fewer positions."""
+    prompts, _, prompt_lengths = distinct_prompts(input_ids, mask)
+    completion_lengths = mask.sum(dim=1).tolist()
+    return packing_beats_sharing(prompt_lengths, completion_lengths, [len(p) for p in prompts])
 
 
 def _decoder(model: nn.Module) -> nn.Module:

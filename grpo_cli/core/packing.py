@@ -138,6 +138,23 @@ def packed_hidden(
     return unpack_at(hidden, packed, mask)
 
 
+def packing_beats_sharing(
+    prompt_lengths: list[int], completion_lengths: list[int], distinct_prompt_lengths: list[int]
+) -> bool:
+    """Whether a microbatch processes fewer positions packed than through the shared-prompt forward, the two
+    layouts that cannot be combined (transformers' packed detection has no "attend to my prompt and to myself"):
+    packed, every sequence once without padding (sum of prompt + completion - 1); shared, each distinct prompt
+    once, left-padded to the longest, then every completion padded to the longest (core/prompt_sharing.py).
+    Long-tailed completions make the shared layout mostly padding; equal ones with long prompts make it cheaper.
+
+    Args: per row, its prompt's and completion's lengths; the lengths of the distinct prompts."""
+    packed = sum(p + c - 1 for p, c in zip(prompt_lengths, completion_lengths, strict=True) if c > 0)
+    shared = len(distinct_prompt_lengths) * max(distinct_prompt_lengths, default=0) + len(completion_lengths) * max(
+        max(completion_lengths, default=0) - 1, 0
+    )
+    return packed < shared
+
+
 # The probe's longest window: a model whose attention declares a longer sliding window or chunk is not packed
 # (the probe must cross every window to see it; its two forwards cost about 2 x this many tokens).
 PROBE_MAX_WINDOW = 8192

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
-from grpo_cli.core.packing import packing_problem
+from grpo_cli.core.packing import packing_beats_sharing, packing_problem
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
 
 log = logging.getLogger(__name__)
@@ -165,14 +165,23 @@ def packs_sequences(
     return False
 
 
-def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
-    """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
+def tokens_through_model(
+    data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool = False
+) -> int:
+    """Tokens one forward pass over the microbatch `indices` processes (without padding): a shared prompt once,
+    unless packing processes fewer positions (core.packing.packing_beats_sharing, as response_log_probs decides)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
+    prompts = sum(len(data.prompt_ids[i]) for i in indices)
     if share_prompts:
         distinct = {tuple(data.prompt_ids[i]) for i in indices}
-        if len(distinct) < len(indices):  # response_log_probs shares only then
+        packs = pack_sequences and packing_beats_sharing(
+            [len(data.prompt_ids[i]) for i in indices],
+            [len(data.completion_ids[i]) for i in indices],
+            [len(p) for p in distinct],
+        )
+        if len(distinct) < len(indices) and not packs:  # response_log_probs shares only then
             return completions + sum(len(p) for p in distinct)
-    return completions + sum(len(data.prompt_ids[i]) for i in indices)
+    return completions + prompts
 
 
 @torch.inference_mode()

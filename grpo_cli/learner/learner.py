@@ -386,7 +386,10 @@ class Learner:
                     batch_indices = order[batch_start : batch_start + shape.train_batch_per_rank]
                     computed_tokens += sum(
                         tokens_through_model(
-                            data, batch_indices[i : i + shape.microbatch_size], self.scoring.share_prompts
+                            data,
+                            batch_indices[i : i + shape.microbatch_size],
+                            self.scoring.share_prompts,
+                            self.scoring.pack_sequences,
                         )
                         for i in range(0, len(batch_indices), shape.microbatch_size)
                     )

@@ -12,6 +12,7 @@ from grpo_cli.core.packing import (
     pack_rows,
     packed_hidden,
     packed_row_tokens,
+    packing_beats_sharing,
     packing_problem,
     probe_lengths,
     sequence_lengths,
@@ -206,3 +207,28 @@ def test_a_forward_without_position_ids_is_refused_not_raised():
 def test_half_precision_weights_are_compared_at_their_own_rounding():
     model = build_tiny(*MODELS["llama"]).to(torch.bfloat16)
     assert packing_problem(model, scorer(model)) is None
+
+
+def test_packing_beats_sharing_by_the_positions_each_layout_computes():
+    # Long-tailed completions under one prompt: shared = 40 + 4 x 59 = 276 positions, packed = 4 x 40 + 63 = 223.
+    assert packing_beats_sharing([40] * 4, [60, 2, 3, 2], [40])
+    # Equal completions under a long prompt: shared = 40 + 4 x 5 = 60, packed = 4 x 45 = 180.
+    assert not packing_beats_sharing([40] * 4, [6] * 4, [40])
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral"])
+def test_pack_and_share_together_score_like_one_unpadded_forward_per_sequence(architecture):
+    """Both asked for: each batch takes one of the two layouts, and either scores exactly: group_batch shares
+    (54 positions against 61 packed), a long-tailed batch packs (29 positions against 60 shared)."""
+    model = build_tiny(*MODELS[architecture])
+    assert_scored_like_one_unpadded_forward_per_sequence(model, share_prompts=True, pack_sequences=True)
+    prompt_ids, completions = [[5, 6, 7]] * 3, [[8], [9, 10], list(range(11, 31))]
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    assert packing_beats_sharing([3] * 3, [1, 2, 20], [3])
+    with torch.no_grad():
+        scored = response_log_probs(
+            model, batch["input_ids"], batch["labels"], mask, share_prompts=True, pack_sequences=True
+        )["log_probs"][mask]
+        expected = one_row_log_probs(model, prompt_ids, completions)
+    torch.testing.assert_close(scored, expected, atol=1e-5, rtol=1e-5)

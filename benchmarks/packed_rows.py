@@ -3,6 +3,7 @@ grpo_cli.core.response_log_probs, a non-uniform loss of them, backward), on a lo
 turn, alternating their order every round (the first round is a warm-up and not counted).
 
     python benchmarks/packed_rows.py [--model embedded:smollm2-135m-instruct] [--rounds 3] [--prompt 60]
+        [--layers N] [--layouts padded,packed]
 
 Layouts: padded (one row per completion, right-padded), padded+shared (train.share_prompt_forward's shared
 prompt pass, the default), packed (train.pack_sequences: rows as long as the longest sequence), packed one row
@@ -37,8 +38,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=60, help="prompt tokens")
     parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=0, help="keep the model's first N layers (0: all)")
+    parser.add_argument(
+        "--layouts", default="padded,padded+shared,packed,packed one row,pack+share", help="comma-separated"
+    )
     args = parser.parse_args()
     model, _ = load_policy(args.model, torch.device("cpu"), torch.float32)
+    if args.layers:  # every layer costs the same per position in every layout: fewer layers, the same ratios
+        model.model.layers = model.model.layers[: args.layers]
+        model.config.num_hidden_layers = args.layers
     model.train()
     rng = random.Random(0)
     lengths = long_tail_lengths(2 * args.group)
@@ -59,6 +67,7 @@ def main() -> None:
         "packed one row": (dict(pack_sequences=True, one_row=True), sum(sequence)),
         "pack+share": (dict(pack_sequences=True, share_prompts=True), None),
     }
+    layouts = {name: layouts[name] for name in args.layouts.split(",")}
     print(f"completion lengths {lengths}, prompts {args.prompt} tokens, {torch.get_num_threads()} threads")
     row_tokens = packing.packed_row_tokens
 

@@ -397,7 +397,8 @@ class TrainConfig:
         "restarting per sequence and attention within each, so the forward computes no padding (same log-probs; "
         "one row on flash-attention's variable-length path). A probe at start checks the model scores packed rows "
         "like separate sequences; one that does not (recurrent or chunked layers, ...) stays padded, said in one "
-        "log line. A batch the shared-prompt forward serves takes it instead (docs/performance.md).",
+        "log line. With share_prompt_forward on too, each microbatch takes whichever of the two layouts computes "
+        "fewer positions: they do not combine (docs/performance.md#packed-rows).",
     )
     logits_chunk_tokens: int = non_negative(
         1024,

@@ -21,7 +21,7 @@ from grpo_cli.core.chunked_logprobs import (
     chunked_label_log_probs,
     linear_head_label_log_probs,
 )
-from grpo_cli.core.packing import packed_hidden, packing_beats_sharing
+from grpo_cli.core.packing import pack_rows, packed_row_tokens, packing_beats_sharing, sequence_lengths, unpack_at
 from grpo_cli.core.prompt_sharing import (
     distinct_prompts,
     prompt_sharing_problem,
@@ -260,7 +260,13 @@ def _hidden_at(
     ):
         return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     if pack_sequences:
-        return packed_hidden(decoder, model, input_ids, mask)  # (N, H)
+        # Exactly attention_mask=None and use_cache=False: only then does transformers build each sequence's own
+        # causal mask from the restarting position ids (core/packing.py); a mask or a cache mixes the sequences.
+        packed = pack_rows(input_ids, mask, packed_row_tokens(model, sequence_lengths(mask)))
+        hidden = decoder(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+        ).last_hidden_state  # (R, L, H)
+        return unpack_at(hidden, packed, mask)  # (N, H)
     return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
 
 

@@ -11,9 +11,11 @@ microbatch is one row (:func:`packed_row_tokens`). Where the architecture does s
 packed forward scores wrong: the probe (:func:`packing_problem`) compares packed against separate log-probs on
 the model itself before training, and such a model keeps the padded layout.
 
-The layout changes, never the scores: :func:`unpack_at` hands back the hidden states of the padded layout's
-response positions in its row-major order, so the one log-prob computation (core/logprobs.py, core/
-chunked_logprobs.py) and everything after it (losses, masks, step totals) see the same tensors as unpacked.
+The layout changes, never the scores: the model is called where it always is (core/logprobs.py), on the packed
+rows, and :func:`unpack_at` hands back the last hidden states at the padded layout's response positions in its
+row-major order, so the one log-prob computation (core/logprobs.py, core/chunked_logprobs.py) fills the same
+(rows x response) log-probs and entropies as without packing, and the losses, masks and step totals after it are
+untouched.
 """
 
 from __future__ import annotations
@@ -103,16 +105,6 @@ def unpack_at(values: torch.Tensor, packed: PackedRows, mask: torch.Tensor) -> t
     return values.flatten(0, 1)[where]
 
 
-def unpack(values: torch.Tensor, packed: PackedRows, fill: float = 0.0) -> torch.Tensor:
-    """`values` of the packed rows, (R, L, ...), back in the padded (B, T, ...) layout, `fill` where nothing was
-    packed."""
-    flat = values.flatten(0, 1)
-    out = flat.new_full((*packed.index.shape, *values.shape[2:]), fill)
-    inside = packed.index >= 0
-    out[inside] = flat[packed.index[inside]]
-    return out
-
-
 def packed_row_tokens(model: torch.nn.Module, lengths: list[int]) -> int | None:
     """How long a packed row may be for `model`'s attention: one row for flash-attention (its variable-length
     path reads packed position ids only in a batch of one row, and costs each sequence its own length squared);
@@ -122,20 +114,6 @@ def packed_row_tokens(model: torch.nn.Module, lengths: list[int]) -> int | None:
     if "flash" in implementation:
         return None
     return max(lengths, default=1)
-
-
-def packed_hidden(
-    decoder: torch.nn.Module, model: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Last hidden states at the response positions `mask` ((B, T) bool) of a right-padded batch, (N, H) in the
-    row-major order of `mask`, from one forward of its sequences packed (equal, up to float rounding, to
-    ``decoder(input_ids=input_ids).last_hidden_state[mask]`` where the model packs: :func:`packing_problem`).
-    Exactly attention_mask=None and use_cache=False: transformers builds the per-sequence mask only then."""
-    packed = pack_rows(input_ids, mask, packed_row_tokens(model, sequence_lengths(mask)))
-    hidden = decoder(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
-    ).last_hidden_state  # (R, L, H)
-    return unpack_at(hidden, packed, mask)
 
 
 def packing_beats_sharing(

@@ -10,13 +10,11 @@ from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core.packing import (
     assign_rows,
     pack_rows,
-    packed_hidden,
     packed_row_tokens,
     packing_beats_sharing,
     packing_problem,
     probe_lengths,
     sequence_lengths,
-    unpack,
     unpack_at,
 )
 from tests.unit.core.test_prompt_sharing_architectures import LLAMA4, REFUSED
@@ -69,12 +67,10 @@ def test_packing_concatenates_sequences_with_restarting_positions_and_unpacks_ba
         assert (packed.input_ids.flatten()[where] == batch["input_ids"][row, : lengths[row]]).all()
         assert packed.position_ids.flatten()[where].tolist() == list(range(lengths[row]))
         assert (packed.index[row, lengths[row] :] == -1).all()
-    # Un-packing: a value per packed position comes back at its padded position (and in mask order).
-    values = torch.arange(packed.input_ids.numel(), dtype=torch.float32).reshape(packed.input_ids.shape)
-    padded = unpack(values, packed, fill=-1.0)
-    assert (padded[packed.index >= 0] == packed.index[packed.index >= 0].float()).all()
-    assert (padded[packed.index < 0] == -1).all()
-    torch.testing.assert_close(unpack_at(values, packed, mask), padded[mask])
+    # Un-packing: the values of the packed positions come back in the padded mask's row-major order.
+    values = packed.input_ids[..., None].float() * torch.tensor([1.0, -1.0])  # (R, L, 2)
+    expected = batch["input_ids"][..., None].float() * torch.tensor([1.0, -1.0])
+    torch.testing.assert_close(unpack_at(values, packed, mask), expected[mask])
     with pytest.raises(ValueError, match="outside the packed sequences"):
         unpack_at(values, packed, torch.ones_like(mask))
 
@@ -108,10 +104,11 @@ def test_flash_attention_gets_one_row_that_transformers_reads_as_packed_varlen_s
     class Decoder(torch.nn.Module):  # records the call instead of running kernels this machine lacks
         def forward(self, **kwargs):
             calls.append(kwargs)
-            hidden = torch.zeros((*kwargs["input_ids"].shape, 4))
+            hidden = torch.zeros((*kwargs["input_ids"].shape, model.config.hidden_size))
             return type("Output", (), {"last_hidden_state": hidden})()
 
-    packed_hidden(Decoder(), model, batch["input_ids"], mask)
+    model.get_decoder = lambda: Decoder()
+    response_log_probs(model, batch["input_ids"], batch["labels"], mask, pack_sequences=True)
     (call,) = calls
     assert call["attention_mask"] is None and call["use_cache"] is False
     positions = call["position_ids"]

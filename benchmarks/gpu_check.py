@@ -15,6 +15,9 @@ Rows:
   embedded SmolLM2-135M (needs bitsandbytes).
 - rollout=vllm: a 2-step run with the sync probe after every push (needs the vllm extra).
 - DDP and FSDP over NCCL: `grpo-run debug=smoke distributed=ddp|fsdp` on every GPU present.
+- packed rows on flash-attention (train.pack_sequences): the microbatch is one row, the packing probe passes on
+  flash-attention's variable-length path (packed against separate log-probs, bf16), and the training forward +
+  backward of a long-tailed batch packed against padded, in seconds (needs the flash_attn package).
 """
 
 from __future__ import annotations
@@ -142,6 +145,53 @@ def check_decode_against_generate() -> list[Row]:
     return rows
 
 
+def check_packed_rows_on_flash_attention() -> Row:
+    check = "packed rows on flash-attention (varlen)"
+    if not cuda() or importlib.util.find_spec("flash_attn") is None:
+        reason = "needs CUDA and flash_attn; tests/unit/core/test_packing.py checks the one-row decision on the CPU"
+        return Row(check, "skipped", detail=reason)
+    from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.core.packing import packed_row_tokens, packing_problem, sequence_lengths
+    from grpo_cli.models import load_policy
+
+    device = _device()
+    model, _ = load_policy(
+        "embedded:smollm2-135m-instruct", device, torch.bfloat16, attn_implementation="flash_attention_2"
+    )
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, packed: bool) -> torch.Tensor:
+        return response_log_probs(model, input_ids, labels, mask, pack_sequences=packed)["log_probs"][mask]
+
+    problem = packing_problem(model, score)
+    # A long-tailed batch: 2 prompts of 60 tokens x 4 completions of 16 to 512 tokens.
+    generator = torch.Generator().manual_seed(0)
+    lengths = [36, 19, 52, 22, 16, 27, 512, 94]
+    prompts = [torch.randint(100, 20000, (60,), generator=generator).tolist() for _ in range(2)]
+    completions = [torch.randint(100, 20000, (n,), generator=generator).tolist() for n in lengths]
+    batch = tokenize_prompt_and_output_ids([prompts[i // 4] for i in range(8)], completions, pad_token_id=0)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    mask = batch["response_mask"].bool()
+    one_row = packed_row_tokens(model, sequence_lengths(mask)) is None
+    seconds = {}
+    model.train()
+    _reset_peak()
+    for _ in range(2):  # the second round is timed
+        for packed in (False, True):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            out = response_log_probs(model, batch["input_ids"], batch["labels"], mask, pack_sequences=packed)
+            out["log_probs"][mask].sum().backward()
+            torch.cuda.synchronize()
+            seconds["packed" if packed else "padded"] = time.perf_counter() - started
+            model.zero_grad(set_to_none=True)
+    ok = problem is None and one_row
+    detail = (
+        f"probe: {problem or 'passed'}; one row: {one_row}; forward+backward padded {seconds['padded']:.3f} s, "
+        f"packed {seconds['packed']:.3f} s"
+    )
+    return Row(check, "ok" if ok else "FAILED", peak_mb=_peak_mb(), detail=detail)
+
+
 def _grpo_run(check: str, args: list[str], needs: Callable[[], str | None], workdir: Path) -> Row:
     """One `grpo-run` end to end in its own process; its last line is the detail."""
     reason = needs()
@@ -182,7 +232,11 @@ def _needs_cuda(*modules: str, gpus: int = 1, on_cpu: str = "needs CUDA") -> Cal
 
 def run_checks(workdir: Path) -> list[Row]:
     rows: list[Row] = []
-    for check in (check_master_weights_and_autocast, check_decode_against_generate):
+    for check in (
+        check_master_weights_and_autocast,
+        check_decode_against_generate,
+        check_packed_rows_on_flash_attention,
+    ):
         started = time.perf_counter()
         try:
             out = check()

@@ -405,6 +405,15 @@ class TrainConfig:
         "completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) "
         "and for models with layers other than attention (linear attention, convolutions, SSMs; one log line).",
     )
+    pack_sequences: bool = flag(
+        False,
+        help="Concatenate a microbatch's sequences (prompt + completion, unpadded) into a few rows, position ids "
+        "restarting per sequence and attention within each, so the forward computes no padding (same log-probs; "
+        "one row on flash-attention's variable-length path). A probe at start checks the model scores packed rows "
+        "like separate sequences; one that does not (recurrent or chunked layers, ...) stays padded, said in one "
+        "log line. With share_prompt_forward on too, each microbatch takes whichever of the two layouts computes "
+        "fewer positions: they do not combine (docs/performance.md#packed-rows).",
+    )
     logits_chunk_tokens: int = non_negative(
         1024,
         hint="0: unchunked, all response tokens' logits at once",

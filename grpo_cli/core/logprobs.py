@@ -21,7 +21,13 @@ from grpo_cli.core.chunked_logprobs import (
     chunked_label_log_probs,
     linear_head_label_log_probs,
 )
-from grpo_cli.core.prompt_sharing import prompt_sharing_problem, shared_prompt_response_hidden, worth_sharing
+from grpo_cli.core.packing import pack_rows, packed_row_tokens, packing_beats_sharing, sequence_lengths, unpack_at
+from grpo_cli.core.prompt_sharing import (
+    distinct_prompts,
+    prompt_sharing_problem,
+    shared_prompt_response_hidden,
+    worth_sharing,
+)
 
 
 def _in_float32(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor) -> torch.Tensor:
@@ -141,6 +147,7 @@ def response_log_probs(
     share_prompts: bool = False,
     attention_mask: torch.Tensor | None = None,
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    pack_sequences: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The one log-prob computation of the project: training, old and reference log-probs, evaluation and the
     vLLM sync probe all call it, so what the probe checks is what the trainer optimizes.
@@ -162,11 +169,17 @@ def response_log_probs(
             response tokens at a time, recomputing each chunk's logits in backward, so no (tokens x vocabulary)
             tensor of the whole batch exists (grpo_cli/core/chunked_logprobs.py; same numbers). 0: all response
             tokens at once (the unchunked path, kept for comparison).
+        pack_sequences (bool): with a response_mask, run the rows' sequences packed, without their padding
+            (grpo_cli/core/packing.py: same numbers where the model packs, which core.packing.packing_problem
+            checks; the caller's decision). With share_prompts too, each batch takes the layout that processes
+            fewer positions (core.packing.packing_beats_sharing): the two do not combine.
 
     Returns:
         dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq).
     """
     if response_mask is None:
+        if pack_sequences:
+            raise ValueError("pack_sequences needs a response_mask (the positions scored)")
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
         logits = model(input_ids, **kwargs).logits  # (B, T, V)
         if temperature != 1.0:
@@ -174,7 +187,7 @@ def response_log_probs(
         return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)
 
     mask = response_mask.bool()
-    hidden = _hidden_at(model, input_ids, labels, mask, share_prompts)  # (N, H), N = response tokens
+    hidden = _hidden_at(model, input_ids, labels, mask, share_prompts, pack_sequences)  # (N, H), N = response tokens
     labels_at = labels[mask]  # (N,)
     plain_head = linear_head(model)
     if logits_chunk_tokens > 0 and plain_head is not None:
@@ -225,10 +238,16 @@ def _chunk_scorer(head: Head) -> ChunkScorer:
 
 
 def _hidden_at(
-    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, share_prompts: bool
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    share_prompts: bool,
+    pack_sequences: bool = False,
 ) -> torch.Tensor:
-    """Last hidden states at the masked positions only, (N, H). Right padding needs no attention mask: causal
-    attention never lets a real token see the padding after it."""
+    """Last hidden states at the masked positions only, (N, H), in the row-major order of `mask`. Right padding
+    needs no attention mask: causal attention never lets a real token see the padding after it. Packed, the
+    padding is not computed at all."""
     decoder = _decoder(model)
     # Gradient checkpointing turns the KV cache off, and the shared pass needs it. The model check is the
     # learner's too (`shares_prompts`), so a model the shared pass cannot serve gets the plain one from any caller.
@@ -237,9 +256,25 @@ def _hidden_at(
         and not _recomputes_activations(model)
         and prompt_sharing_problem(model) is None
         and worth_sharing(input_ids, mask)
+        and not (pack_sequences and _packing_beats_sharing(input_ids, mask))
     ):
         return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
+    if pack_sequences:
+        # Exactly attention_mask=None and use_cache=False: only then does transformers build each sequence's own
+        # causal mask from the restarting position ids (core/packing.py); a mask or a cache mixes the sequences.
+        packed = pack_rows(input_ids, mask, packed_row_tokens(model, sequence_lengths(mask)))
+        hidden = decoder(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+        ).last_hidden_state  # (R, L, H)
+        return unpack_at(hidden, packed, mask)  # (N, H)
     return decoder(input_ids=input_ids).last_hidden_state[mask]  # (N, H)
+
+
+def _packing_beats_sharing(input_ids: torch.Tensor, mask: torch.Tensor) -> bool:
+    """core.packing.packing_beats_sharing on a right-padded batch: the layout that processes fewer positions."""
+    prompts, _, prompt_lengths = distinct_prompts(input_ids, mask)
+    completion_lengths = mask.sum(dim=1).tolist()
+    return packing_beats_sharing(prompt_lengths, completion_lengths, [len(p) for p in prompts])
 
 
 def _decoder(model: nn.Module) -> nn.Module:

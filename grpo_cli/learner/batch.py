@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.packing import packing_beats_sharing, packing_problem
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
 from grpo_cli.learner.microbatches import TokenCounts, fixed_microbatches, token_microbatches
 
@@ -39,6 +40,9 @@ class ScoringSettings:
     pad_token_id: int
     # Positions per forward pass of the no-grad passes instead (train.microbatch_tokens; None: microbatch_size rows).
     microbatch_tokens: int | None = None
+    # Run a microbatch's sequences packed into a few rows, without padding (train.pack_sequences, where the
+    # model's probe passed: packs_sequences).
+    pack_sequences: bool = False
 
 
 @dataclass
@@ -135,14 +139,56 @@ def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
     return False
 
 
-def tokens_through_model(data: RolloutData, indices: list[int], share_prompts: bool) -> int:
-    """Tokens one forward pass over the microbatch `indices` processes (without padding)."""
+def packs_sequences(
+    model: torch.nn.Module, wanted: bool, temperature: float = 1.0, logits_chunk_tokens: int = 0
+) -> bool:
+    """Whether the forward passes run packed rows: `train.pack_sequences` asked for it and the probe
+    (core.packing.packing_problem: packed against separate log-probs, through response_log_probs as scored here)
+    passed on `model`; a model it fails keeps the padded layout, said in one log line."""
+    if not wanted:
+        return False
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, packed: bool) -> torch.Tensor:
+        return response_log_probs(
+            model,
+            input_ids,
+            labels,
+            mask,
+            temperature=temperature,
+            logits_chunk_tokens=logits_chunk_tokens,
+            pack_sequences=packed,
+        )["log_probs"][mask]
+
+    problem = packing_problem(model, score)
+    if problem is None:
+        return True
+    if problem not in _REFUSALS_LOGGED:
+        _REFUSALS_LOGGED.add(problem)
+        log.warning(
+            "train: no packed rows for this model (%s); its microbatches stay padded (train.pack_sequences: same "
+            "log-probs, more compute)",
+            problem,
+        )
+    return False
+
+
+def tokens_through_model(
+    data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool = False
+) -> int:
+    """Tokens one forward pass over the microbatch `indices` processes (without padding): a shared prompt once,
+    unless packing processes fewer positions (core.packing.packing_beats_sharing, as response_log_probs decides)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
+    prompts = sum(len(data.prompt_ids[i]) for i in indices)
     if share_prompts:
         distinct = {tuple(data.prompt_ids[i]) for i in indices}
-        if len(distinct) < len(indices):  # response_log_probs shares only then
+        packs = pack_sequences and packing_beats_sharing(
+            [len(data.prompt_ids[i]) for i in indices],
+            [len(data.completion_ids[i]) for i in indices],
+            [len(p) for p in distinct],
+        )
+        if len(distinct) < len(indices) and not packs:  # response_log_probs shares only then
             return completions + sum(len(p) for p in distinct)
-    return completions + sum(len(data.prompt_ids[i]) for i in indices)
+    return completions + prompts
 
 
 def scoring_microbatches(data: RolloutData, scoring: ScoringSettings) -> list[list[int]]:
@@ -152,7 +198,9 @@ def scoring_microbatches(data: RolloutData, scoring: ScoringSettings) -> list[li
     if scoring.microbatch_tokens is None:
         return fixed_microbatches(rows, scoring.microbatch_size)
     counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
-    return token_microbatches(counts, rows, scoring.microbatch_tokens, scoring.share_prompts).microbatches
+    return token_microbatches(
+        counts, rows, scoring.microbatch_tokens, scoring.share_prompts, packed=scoring.pack_sequences
+    ).microbatches
 
 
 def per_completion_log_probs(
@@ -198,6 +246,7 @@ def score_microbatch(
         temperature=scoring.temperature,
         share_prompts=scoring.share_prompts,
         logits_chunk_tokens=scoring.logits_chunk_tokens,
+        pack_sequences=scoring.pack_sequences,
     )
 
 

@@ -35,6 +35,7 @@ from grpo_cli.core import (
     masked_mean,
     microbatch_train_step,
 )
+from grpo_cli.core.packing import assign_rows, packed_row_tokens
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.batch import (
@@ -425,6 +426,20 @@ class Learner:
                 rows.update(other)
         return [rows[i] for i in range(len(data.completion_ids))]
 
+    def _positions(self, data: RolloutData, counts: TokenCounts, indices: list[int]) -> tuple[int, int]:
+        """(positions processed, real tokens among them) of the training forward over the microbatch `indices`,
+        in the layout it takes: packed rows (train.pack_sequences, where packing beats the shared prompt: the rows
+        core.packing.assign_rows builds, as wide as the widest) or padded (microbatches.positions_processed)."""
+        share = self.scoring.share_prompts
+        if self.scoring.pack_sequences and tokens_through_model(data, indices, share, True) == sum(
+            map(counts.row_tokens, indices)
+        ):
+            lengths = [counts.row_tokens(i) for i in indices]
+            rows = assign_rows(lengths, packed_row_tokens(self.model, lengths))
+            width = max((sum(lengths[j] for j in row) for row in rows), default=0)
+            return len(rows) * width, sum(lengths)
+        return positions_processed(counts, indices, share)
+
     def _scoring_microbatches(self, data: RolloutData) -> list[list[int]]:
         """This rank's microbatches of the old/reference passes: the whole batch's (scoring_microbatches), or with
         ranks balanced by tokens its share's, as many on every rank under FSDP (each call is a collective)."""
@@ -438,12 +453,14 @@ class Learner:
         """train.microbatch_tokens: `rows` spread over the ranks by tokens (whole groups where the one-process
         layout keeps them together), then each rank's share cut into its token-budget microbatches."""
         budget, share = cast(int, self.shape.microbatch_tokens), self.scoring.share_prompts
-        whole = token_microbatches(counts, rows, budget, share)
+        whole = token_microbatches(counts, rows, budget, share, packed=self.scoring.pack_sequences)
         log_layout_choice(whole)
         if not self.balance_ranks:
             return [whole.microbatches]
         shares = rank_shares(counts, rows, self.world.size, whole.keeps_groups, share)
-        return [token_microbatches(counts, mine, budget, share, whole.keeps_groups).microbatches for mine in shares]
+        packed = self.scoring.pack_sequences
+        keep = whole.keeps_groups
+        return [token_microbatches(counts, mine, budget, share, keep, packed).microbatches for mine in shares]
 
     def _sharded_log_probs(
         self, scorer: torch.nn.Module, data: RolloutData, microbatches: list[list[int]]
@@ -493,7 +510,8 @@ class Learner:
                 for batch_start in range(0, n, step_rows):
                     mine, microbatches = self._step_microbatches(counts, order[batch_start : batch_start + step_rows])
                     computed_tokens += sum(
-                        tokens_through_model(data, indices, self.scoring.share_prompts) for indices in microbatches
+                        tokens_through_model(data, indices, self.scoring.share_prompts, self.scoring.pack_sequences)
+                        for indices in microbatches
                     )
                     response_tokens += sum(counts.completion_lengths[i] for i in mine)
                     finite = self._optimizer_step(
@@ -570,7 +588,7 @@ class Learner:
             dummy = not indices
             mb = make_microbatch(data, indices or [shortest_row(data)], self.pad_token_id, self.device)
             if not dummy:
-                processed, real = positions_processed(counts, indices, self.scoring.share_prompts)
+                processed, real = self._positions(data, counts, indices)
                 step_positions += processed
                 perf.positions, perf.real, perf.microbatches = (
                     perf.positions + processed,

@@ -13,7 +13,7 @@ import torch
 from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import LossSettings
-from grpo_cli.learner.batch import ScoringSettings, shares_prompts
+from grpo_cli.learner.batch import ScoringSettings, packs_sequences, shares_prompts
 
 
 def episode_length_constant(max_tokens_per_turn: int, max_turns: int, max_episode_tokens: int | None) -> int:
@@ -72,4 +72,7 @@ def scoring_settings(cfg: GRPOConfig, model: torch.nn.Module, pad_token_id: int,
         microbatch_size=BatchShape.from_config(cfg).microbatch_size,
         microbatch_tokens=cfg.train.microbatch_tokens,
         pad_token_id=pad_token_id,
+        pack_sequences=packs_sequences(
+            model, cfg.train.pack_sequences, cfg.rollout.temperature, cfg.train.logits_chunk_tokens
+        ),
     )

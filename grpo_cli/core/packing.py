@@ -1,0 +1,214 @@
+"""Packed rows: a microbatch's sequences (prompt + response, unpadded) concatenated into a few rows, position ids
+restarting at 0 for each sequence, so the model processes tokens instead of padding (train.pack_sequences).
+
+transformers (`masking_utils`, 4.57.1 to 5.x) reads restarting position ids as sequence boundaries and builds the
+block-diagonal causal mask itself (sdpa, eager, flex; sliding windows measured inside each sequence), but only when
+the forward gets ``attention_mask=None`` and no cache (``use_cache=False``): an all-ones mask or a cache makes it
+skip the detection and every sequence attends to the ones before it in its row. flash-attention's variable-length
+path (`_flash_attention_forward`) detects the same position ids, but only in a batch of one row, so there the whole
+microbatch is one row (:func:`packed_row_tokens`). Where the architecture does something else with positions
+(chunked attention counts its chunks from the row's start; a recurrent state runs across sequence boundaries), the
+packed forward scores wrong: the probe (:func:`packing_problem`) compares packed against separate log-probs on
+the model itself before training, and such a model keeps the padded layout.
+
+The layout changes, never the scores: the model is called where it always is (core/logprobs.py), on the packed
+rows, and :func:`unpack_at` hands back the last hidden states at the padded layout's response positions in its
+row-major order, so the one log-prob computation (core/logprobs.py, core/chunked_logprobs.py) fills the same
+(rows x response) log-probs and entropies as without packing, and the losses, masks and step totals after it are
+untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from grpo_cli.core.causal_lm import as_causal_lm
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A padded (B, T) batch's sequences packed into (R, L) rows."""
+
+    input_ids: torch.Tensor  # (R, L) long; padding after the last sequence of a row
+    position_ids: torch.Tensor  # (R, L) long, 0, 1, ... per sequence (the row's padding counts as one more)
+    # (B, T) long: where each padded position went, as a flat index r * L + l into the packed rows; -1 for the
+    # positions not packed (the padding after each sequence, and rows without a response)
+    index: torch.Tensor
+    sequences: int  # sequences packed (rows of the padded batch with a response)
+
+
+def sequence_lengths(response_mask: torch.Tensor) -> list[int]:
+    """Each row's real length in a right-padded (input_ids, labels, response_mask) batch: up to its last response
+    position (the input there predicts the last response token; what follows is padding), 0 for a row without a
+    response, whose positions are never scored."""
+    mask = response_mask.bool()
+    columns = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask * columns).amax(dim=1).tolist() if mask.shape[1] else [0] * mask.shape[0]
+
+
+def assign_rows(lengths: list[int], row_tokens: int | None) -> list[list[int]]:
+    """The sequences (indices into `lengths`, zero lengths left out) of each packed row: first-fit decreasing into
+    rows of at most `row_tokens` tokens (a longer sequence is a row of its own), or one row when None. Each row
+    lists its sequences in their original order."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i))
+    if row_tokens is None:
+        return [sorted(order)] if order else []
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(max(row_tokens, lengths[i]) - lengths[i])
+    return [sorted(row) for row in rows]
+
+
+def pack_rows(
+    input_ids: torch.Tensor, response_mask: torch.Tensor, row_tokens: int | None = None, pad_id: int = 0
+) -> PackedRows:
+    """Pack the sequences of a right-padded batch (make_microbatch's input_ids and response_mask, (B, T)) into
+    rows of `row_tokens` tokens at most (:func:`assign_rows`; None: one row). Rows are as wide as the widest."""
+    device = input_ids.device
+    lengths = sequence_lengths(response_mask)
+    rows = assign_rows(lengths, row_tokens)
+    width = max((sum(lengths[i] for i in row) for row in rows), default=1)
+    packed_ids = torch.full((max(len(rows), 1), width), pad_id, dtype=torch.long, device=device)
+    positions = torch.zeros_like(packed_ids)
+    index = torch.full(input_ids.shape, -1, dtype=torch.long, device=device)
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            n = lengths[i]
+            packed_ids[r, offset : offset + n] = input_ids[i, :n]
+            positions[r, offset : offset + n] = torch.arange(n, device=device)
+            index[i, :n] = r * width + offset + torch.arange(n, device=device)
+            offset += n
+        # The row's padding restarts too: a sequence of its own that no real token attends to.
+        positions[r, offset:] = torch.arange(width - offset, device=device)
+    return PackedRows(packed_ids, positions, index, sum(1 for n in lengths if n > 0))
+
+
+def unpack_at(values: torch.Tensor, packed: PackedRows, mask: torch.Tensor) -> torch.Tensor:
+    """`values` of the packed rows, (R, L, ...), at the padded batch's `mask` positions ((B, T) bool, inside the
+    packed sequences): (N, ...) in the row-major order of `mask`, as ``padded_values[mask]`` would give them.
+    Differentiable (a gather)."""
+    where = packed.index[mask]  # (N,)
+    if bool((where < 0).any()):
+        raise ValueError("mask selects positions outside the packed sequences")
+    return values.flatten(0, 1)[where]
+
+
+def packed_row_tokens(model: torch.nn.Module, lengths: list[int]) -> int | None:
+    """How long a packed row may be for `model`'s attention: one row for flash-attention (its variable-length
+    path reads packed position ids only in a batch of one row, and costs each sequence its own length squared);
+    rows as long as the longest sequence otherwise: sdpa and eager apply the block-diagonal mask to a whole
+    (row x row) score matrix, so one row of every sequence would cost the square of the microbatch's tokens."""
+    implementation = str(getattr(as_causal_lm(model).config, "_attn_implementation", None) or "")
+    if "flash" in implementation:
+        return None
+    return max(lengths, default=1)
+
+
+def packing_beats_sharing(
+    prompt_lengths: list[int], completion_lengths: list[int], distinct_prompt_lengths: list[int]
+) -> bool:
+    """Whether a microbatch processes fewer positions packed than through the shared-prompt forward, the two
+    layouts that cannot be combined (transformers' packed detection has no "attend to my prompt and to myself"):
+    packed, every sequence once without padding (sum of prompt + completion - 1); shared, each distinct prompt
+    once, left-padded to the longest, then every completion padded to the longest (core/prompt_sharing.py).
+    Long-tailed completions make the shared layout mostly padding; equal ones with long prompts make it cheaper.
+
+    Args: per row, its prompt's and completion's lengths; the lengths of the distinct prompts."""
+    packed = sum(p + c - 1 for p, c in zip(prompt_lengths, completion_lengths, strict=True) if c > 0)
+    shared = len(distinct_prompt_lengths) * max(distinct_prompt_lengths, default=0) + len(completion_lengths) * max(
+        max(completion_lengths, default=0) - 1, 0
+    )
+    return packed < shared
+
+
+# The probe's longest window: a model whose attention declares a longer sliding window or chunk is not packed
+# (the probe must cross every window to see it; its two forwards cost about 2 x this many tokens).
+PROBE_MAX_WINDOW = 8192
+_WINDOW_KEYS = ("sliding_window", "attention_chunk_size", "attention_window_size", "chunk_size")
+
+
+def probe_lengths(config: object) -> list[int]:
+    """The probe's sequence lengths for a model `config`: sequences longer than every sliding window or attention
+    chunk the config declares, packed at offsets that are not multiples of them (a chunked mask counted from the
+    row's start shows), with a short one and the row padding beside them; [] when a window is longer than
+    PROBE_MAX_WINDOW or the model's context cannot hold the probe."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    windows = [w for w in (getattr(text, key, None) for key in _WINDOW_KEYS) if isinstance(w, int) and w > 0]
+    longest_window = max(windows, default=0)
+    if longest_window > PROBE_MAX_WINDOW:
+        return []
+    n = max(8, longest_window + 3)
+    # Rows of the longest (n + 5): [n + 5], [n // 2 + 3, n // 2 + 2 + (n % 2)] (the second starts mid-row and ends
+    # past n), [3] + padding.
+    lengths = [n // 2 + 3, n + 5, 3, n // 2 + 2 + n % 2]
+    context = getattr(text, "max_position_embeddings", None)
+    if isinstance(context, int) and context < max(lengths):
+        return []
+    return lengths
+
+
+def packing_problem(
+    model: torch.nn.Module,
+    score: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor],
+    tolerance: float = 1e-5,
+) -> str | None:
+    """Why `model` cannot be scored packed (one clause naming the model type), or None when it can: on a short
+    synthetic batch (:func:`probe_lengths`), the response log-probs `score(input_ids, labels, mask, packed)`
+    gives ((N,), the scoring path's own computation) packed against one unpadded forward per sequence, in eval
+    mode and without grad. They must agree to `tolerance`; where the weights are half precision, whose rounding
+    differs between batch shapes anyway, to 4 x the padded batch's own difference from the separate forwards.
+
+    A model whose forward takes no position ids, or computes something else from them (chunked attention counted
+    from the row's start, a recurrent state), differs or fails here, and is never trained on a wrong number."""
+    config = as_causal_lm(model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text, "model_type", None) or type(model).__name__
+    lengths = probe_lengths(config)
+    if not lengths:
+        return f"{model_type}'s attention window or context does not fit the packing probe (<= {PROBE_MAX_WINDOW})"
+    parameter = next(model.parameters())
+    vocab = int(getattr(text, "vocab_size", 0) or 0) or 2
+    generator = torch.Generator().manual_seed(0)
+    width = max(lengths)
+    input_ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    labels = torch.zeros_like(input_ids)
+    mask = torch.zeros((len(lengths), width), dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        tokens = torch.randint(1, vocab, (n + 1,), generator=generator)
+        input_ids[row, :n], labels[row, :n] = tokens[:-1], tokens[1:]
+        mask[row, 1:n] = True  # the first label is the prompt's
+    input_ids, labels, mask = (t.to(parameter.device) for t in (input_ids, labels, mask))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            packed = score(input_ids, labels, mask, True).float()
+            padded = score(input_ids, labels, mask, False).float()
+            separate = torch.cat(
+                [
+                    score(input_ids[row : row + 1, :n], labels[row : row + 1, :n], mask[row : row + 1, :n], False)
+                    for row, n in enumerate(lengths)
+                ]
+            ).float()
+    except Exception as error:  # noqa: BLE001 - any failure of the packed forward means: do not pack
+        return f"{model_type}'s forward fails on packed rows ({type(error).__name__}: {str(error)[:100]})"
+    finally:
+        model.train(was_training)
+    if parameter.dtype not in (torch.float32, torch.float64):
+        tolerance = max(tolerance, 4 * float((padded - separate).abs().max()))
+    difference = float((packed - separate).abs().max())
+    if not difference <= tolerance:  # nan too
+        return f"{model_type} scores packed rows {difference:.2g} off separate sequences (tolerance {tolerance:.0e})"
+    return None

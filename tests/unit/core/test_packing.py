@@ -1,0 +1,231 @@
+"""Packed rows (train.pack_sequences, grpo_cli/core/packing.py): the layout, its un-packing, the probe that decides
+whether a model packs, and the log-probs and gradients of every architecture the shared-prompt tests cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.packing import (
+    assign_rows,
+    pack_rows,
+    packed_row_tokens,
+    packing_beats_sharing,
+    packing_problem,
+    probe_lengths,
+    sequence_lengths,
+    unpack_at,
+)
+from tests.unit.core.test_prompt_sharing_architectures import LLAMA4, REFUSED
+from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_thread is an autouse fixture
+    ARCHITECTURES,
+    TINY,
+    _one_thread,
+    assert_scored_like_one_unpadded_forward_per_sequence,
+    build,
+    build_tiny,
+    group_batch,
+    one_row_log_probs,
+)
+
+MODELS = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", TINY),
+    **{name: (model, config, {**TINY, **extra}) for name, (model, config, extra) in ARCHITECTURES.items()},
+    "llama4": LLAMA4,
+    **REFUSED,
+}
+
+
+def scorer(model: torch.nn.Module):
+    """The probe's view of the scoring path: response log-probs at `mask`, packed or padded."""
+
+    def score(input_ids, labels, mask, packed):
+        return response_log_probs(model, input_ids, labels, mask, pack_sequences=packed)["log_probs"][mask]
+
+    return score
+
+
+def test_rows_are_filled_first_fit_decreasing_and_keep_their_order():
+    assert assign_rows([3, 9, 0, 4, 6], row_tokens=9) == [[1], [0, 4], [3]]
+    assert assign_rows([3, 9, 0, 4, 6], row_tokens=None) == [[0, 1, 3, 4]]
+    assert assign_rows([12, 2], row_tokens=5) == [[0], [1]]  # longer than a row: a row of its own
+    assert assign_rows([0, 0], row_tokens=4) == []
+
+
+def test_packing_concatenates_sequences_with_restarting_positions_and_unpacks_back():
+    prompt_ids, completions = group_batch()
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    lengths = sequence_lengths(mask)
+    assert lengths == [len(p) + len(c) - 1 for p, c in zip(prompt_ids, completions, strict=True)]
+    packed = pack_rows(batch["input_ids"], mask, row_tokens=max(lengths))
+    # lengths 14, 9, 13, 7, 12, 6: rows [14], [13], [12], [9], [7 + 6] and padding
+    assert packed.sequences == 6 and packed.input_ids.shape == (5, 14)
+    for row in range(6):  # each sequence whole, in one row, its positions 0..n-1
+        where = packed.index[row, : lengths[row]]
+        assert (packed.input_ids.flatten()[where] == batch["input_ids"][row, : lengths[row]]).all()
+        assert packed.position_ids.flatten()[where].tolist() == list(range(lengths[row]))
+        assert (packed.index[row, lengths[row] :] == -1).all()
+    # Un-packing: the values of the packed positions come back in the padded mask's row-major order.
+    values = packed.input_ids[..., None].float() * torch.tensor([1.0, -1.0])  # (R, L, 2)
+    expected = batch["input_ids"][..., None].float() * torch.tensor([1.0, -1.0])
+    torch.testing.assert_close(unpack_at(values, packed, mask), expected[mask])
+    with pytest.raises(ValueError, match="outside the packed sequences"):
+        unpack_at(values, packed, torch.ones_like(mask))
+
+
+def test_a_row_without_a_response_is_left_out():
+    batch = tokenize_prompt_and_output_ids([[5, 6, 7], [8, 9]], [[10, 11], []], pad_token_id=0)
+    packed = pack_rows(batch["input_ids"], batch["response_mask"], row_tokens=None)
+    assert packed.sequences == 1 and packed.input_ids.tolist() == [[5, 6, 7, 10]]
+    assert (packed.index[1] == -1).all()
+
+
+def test_flash_attention_gets_one_row_that_transformers_reads_as_packed_varlen_sequences():
+    """On CUDA with flash-attention (mocked here: the model's attention implementation says so), the microbatch is
+    one row: transformers' `_flash_attention_forward` takes its variable-length path from position ids only in a
+    batch of one row, with the sequence boundaries (cu_seqlens) read from the restarting positions."""
+    from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
+
+    model = build_tiny(*MODELS["llama"])
+    prompt_ids, completions = group_batch()
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    lengths = sequence_lengths(mask)
+    assert packed_row_tokens(model, lengths) == max(lengths)  # sdpa: rows of the longest sequence
+    # What from_pretrained(..., attn_implementation="flash_attention_2") sets, without its check for the kernels.
+    model.config._attn_implementation_internal = "flash_attention_2"
+    assert model.config._attn_implementation == "flash_attention_2"
+    assert packed_row_tokens(model, lengths) is None
+
+    calls = []
+
+    class Decoder(torch.nn.Module):  # records the call instead of running kernels this machine lacks
+        def forward(self, **kwargs):
+            calls.append(kwargs)
+            hidden = torch.zeros((*kwargs["input_ids"].shape, model.config.hidden_size))
+            return type("Output", (), {"last_hidden_state": hidden})()
+
+    model.get_decoder = lambda: Decoder()
+    response_log_probs(model, batch["input_ids"], batch["labels"], mask, pack_sequences=True)
+    (call,) = calls
+    assert call["attention_mask"] is None and call["use_cache"] is False
+    positions = call["position_ids"]
+    assert positions.shape == (1, sum(lengths))
+    assert bool(_is_packed_sequence(positions, batch_size=1))
+    (cu_seqlens, _), (max_length, _) = prepare_fa_kwargs_from_position_ids(positions)
+    assert cu_seqlens.tolist() == torch.tensor([0, *lengths]).cumsum(0).tolist() and max_length == max(lengths)
+
+
+def test_an_all_ones_mask_or_a_cache_would_let_sequences_attend_to_each_other():
+    """Why the packed forward passes attention_mask=None and use_cache=False: with either, transformers skips
+    its packed-sequence detection and the same packed rows score differently (this batch shows it)."""
+    model = build_tiny(*MODELS["llama"]).eval()
+    prompt_ids, completions = group_batch()
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    packed = pack_rows(batch["input_ids"], mask, row_tokens=max(sequence_lengths(mask)))
+    decoder = model.get_decoder()
+    arguments = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
+    with torch.no_grad():
+        right = decoder(**arguments, attention_mask=None, use_cache=False).last_hidden_state
+        ones = decoder(**arguments, attention_mask=torch.ones_like(packed.input_ids), use_cache=False)
+        cached = decoder(**arguments, attention_mask=None, use_cache=True)
+        expected = decoder(input_ids=batch["input_ids"]).last_hidden_state[mask]
+    torch.testing.assert_close(unpack_at(right, packed, mask), expected, atol=1e-5, rtol=1e-5)
+    for wrong in (ones.last_hidden_state, cached.last_hidden_state):
+        assert (unpack_at(wrong, packed, mask) - expected).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("architecture", list(MODELS))
+def test_every_architecture_packs_exactly_or_is_refused_by_the_probe(architecture):
+    """The probe (packed against separate log-probs on the model itself) decides; where it passes, the trainer's
+    packed scoring of a batch of prompts and completions longer than the windows equals one unpadded forward per
+    sequence, log-probs and gradients. Where it refuses, the difference is real (it says how large), and the
+    learner keeps the padded layout (tests/unit/learner/test_packed_rows.py)."""
+    model = build_tiny(*MODELS[architecture])
+    problem = packing_problem(model, scorer(model))
+    if problem is None:
+        assert_scored_like_one_unpadded_forward_per_sequence(model, share_prompts=False, pack_sequences=True)
+    else:
+        assert problem.startswith(model.config.get_text_config().model_type)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral", "gemma2", "qwen2"])
+def test_attention_models_pass_the_probe(architecture):
+    """Full and sliding-window attention with GQA (TINY: 2 query heads, 1 key/value head) pack."""
+    model = build_tiny(*MODELS[architecture])
+    assert packing_problem(model, scorer(model)) is None
+
+
+def test_the_probe_crosses_every_window_it_can_and_refuses_longer_ones():
+    config = type("Config", (), {"sliding_window": 4, "max_position_embeddings": 64})()
+    lengths = probe_lengths(config)
+    assert max(lengths) > 4 + 1 and sum(lengths) > max(lengths)
+    # The second row holds two sequences and the second one crosses a window boundary from a mid-row start.
+    rows = assign_rows(lengths, max(lengths))
+    assert any(len(row) == 2 and lengths[row[0]] % 4 and lengths[row[0]] + lengths[row[1]] > 4 for row in rows)
+    assert probe_lengths(type("Config", (), {"attention_chunk_size": 10**6})()) == []
+    assert probe_lengths(type("Config", (), {"sliding_window": 100, "max_position_embeddings": 64})()) == []
+
+
+def test_chunked_attention_is_refused_because_its_chunks_count_from_the_row_start():
+    """Llama 4's chunks start at the row's first token, not at each packed sequence's: packed, it scores wrong,
+    and the probe says so."""
+    model = build_tiny(*LLAMA4)
+    prompt_ids, completions = group_batch()
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        packed = response_log_probs(model, batch["input_ids"], batch["labels"], mask, pack_sequences=True)
+        expected = one_row_log_probs(model, prompt_ids, completions)
+    assert (packed["log_probs"][mask] - expected).abs().max() > 1e-2
+    assert "off separate sequences" in packing_problem(model, scorer(model))
+
+
+def test_a_forward_without_position_ids_is_refused_not_raised():
+    model = build_tiny(*MODELS["llama"])
+
+    class NoPositions(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None, use_cache=None):
+            return self.inner(input_ids=input_ids)
+
+    real = model.get_decoder()
+    model.get_decoder = lambda: NoPositions(real)
+    problem = packing_problem(model, scorer(model))
+    assert problem is not None and "fails on packed rows (TypeError" in problem
+
+
+def test_half_precision_weights_are_compared_at_their_own_rounding():
+    model = build_tiny(*MODELS["llama"]).to(torch.bfloat16)
+    assert packing_problem(model, scorer(model)) is None
+
+
+def test_packing_beats_sharing_by_the_positions_each_layout_computes():
+    # Long-tailed completions under one prompt: shared = 40 + 4 x 59 = 276 positions, packed = 4 x 40 + 63 = 223.
+    assert packing_beats_sharing([40] * 4, [60, 2, 3, 2], [40])
+    # Equal completions under a long prompt: shared = 40 + 4 x 5 = 60, packed = 4 x 45 = 180.
+    assert not packing_beats_sharing([40] * 4, [6] * 4, [40])
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral"])
+def test_pack_and_share_together_score_like_one_unpadded_forward_per_sequence(architecture):
+    """Both asked for: each batch takes one of the two layouts, and either scores exactly: group_batch shares
+    (54 positions against 61 packed), a long-tailed batch packs (29 positions against 60 shared)."""
+    model = build_tiny(*MODELS[architecture])
+    assert_scored_like_one_unpadded_forward_per_sequence(model, share_prompts=True, pack_sequences=True)
+    prompt_ids, completions = [[5, 6, 7]] * 3, [[8], [9, 10], list(range(11, 31))]
+    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    assert packing_beats_sharing([3] * 3, [1, 2, 20], [3])
+    with torch.no_grad():
+        scored = response_log_probs(
+            model, batch["input_ids"], batch["labels"], mask, share_prompts=True, pack_sequences=True
+        )["log_probs"][mask]
+        expected = one_row_log_probs(model, prompt_ids, completions)
+    torch.testing.assert_close(scored, expected, atol=1e-5, rtol=1e-5)

@@ -8,6 +8,9 @@ reasoning RL produces), their token ids random. Measured, `job.steps` updates ea
 - `today`: train.gradient_accumulation_steps runs of equal row counts, each padded to its longest row;
 - `token budget`: train.microbatch_tokens' microbatches (null: at most today's largest microbatch's positions on
   this batch, i.e. no more memory than today), with the ranks balanced by tokens under distributed=ddp|fsdp;
+- `packed`: the token budget's microbatches with train.pack_sequences (a second learner, the same weights: each
+  microbatch's sequences concatenated into rows without padding, where the model's probe lets it pack; where not,
+  the padded token budget again, said in the log);
 - `equal lengths`: today's layout on the same prompts with every completion of the mean length (the same tokens
   summed, no padding): what the step would cost without a tail.
 
@@ -26,7 +29,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from rich.table import Table
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
 
 SHORTEST, LONGEST = 16, 512  # the long-tail profile's completion lengths
-LAYOUTS = ("today", "token budget", "equal lengths")
+LAYOUTS = ("today", "token budget", "packed", "equal lengths")
 
 
 def long_tail_lengths(n: int, seed: int) -> list[int]:
@@ -93,14 +96,17 @@ def measure_layouts(cfg: GRPOConfig, output_dir: Path) -> dict[str, Any]:
         "today": forced_batch(prompt_ids, lengths, vocab, cfg.seed),
         "equal lengths": forced_batch(prompt_ids, equal_lengths(lengths), vocab, cfg.seed),
     }
-    batches["token budget"] = batches["today"]
+    batches["token budget"] = batches["packed"] = batches["today"]
     budget = cfg.train.microbatch_tokens or largest_fixed_microbatch(
         batches["today"], learner.shape.microbatch_size, learner.share_prompts
     )
     shape = learner.shape
     results: dict[str, Any] = {"budget": budget, "lengths": lengths, "ranks": world.size, "layouts": {}}
+    learners = {name: learner for name in LAYOUTS}
+    learners["packed"] = _packed_learner(cfg, learner, output_dir / "packed")
     for name in LAYOUTS:
-        tokens = None if name != "token budget" else budget
+        tokens = budget if name in ("token budget", "packed") else None
+        learner = learners[name]
         learner.shape = dataclasses.replace(shape, microbatch_tokens=tokens)
         learner.scoring = dataclasses.replace(learner.scoring, microbatch_tokens=tokens)
         learner.balance_ranks = world.distributed and tokens is not None
@@ -122,6 +128,22 @@ def measure_layouts(cfg: GRPOConfig, output_dir: Path) -> dict[str, Any]:
             "train_tokens": statistics.median(m["throughput/train_tokens"] for m in steps),
         }
     return results
+
+
+def _packed_learner(cfg: GRPOConfig, learner: Any, output_dir: Path) -> Any:
+    """A learner like `learner` (its weights copied) whose forward passes run packed rows (train.pack_sequences):
+    the packed layout is decided once, when a learner is built (its probe), so it takes its own."""
+    from omegaconf import OmegaConf
+
+    from grpo_cli.learner.learner import Learner
+
+    packed_cfg = copy.deepcopy(cfg)
+    if OmegaConf.is_config(packed_cfg):
+        OmegaConf.set_readonly(cast(Any, packed_cfg), False)
+    packed_cfg.train.pack_sequences = True
+    packed = Learner(packed_cfg, output_dir)
+    packed.model.load_state_dict(learner.model.state_dict())
+    return packed
 
 
 def _rank(rank: int, size: int, port: int, cfg: GRPOConfig, output_dir: Path, results: dict) -> None:

@@ -172,23 +172,30 @@ def packs_sequences(
     return False
 
 
+def shares_in_forward(data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool) -> bool:
+    """Whether the forward over the microbatch `indices` takes the shared-prompt layout, as response_log_probs
+    decides: some prompt repeats, and packing (when on) would not process fewer positions
+    (core.packing.packing_beats_sharing)."""
+    if not share_prompts:
+        return False
+    distinct = {tuple(data.prompt_ids[i]) for i in indices}
+    packs = pack_sequences and packing_beats_sharing(
+        [len(data.prompt_ids[i]) for i in indices],
+        [len(data.completion_ids[i]) for i in indices],
+        [len(p) for p in distinct],
+    )
+    return len(distinct) < len(indices) and not packs
+
+
 def tokens_through_model(
     data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool = False
 ) -> int:
     """Tokens one forward pass over the microbatch `indices` processes (without padding): a shared prompt once,
-    unless packing processes fewer positions (core.packing.packing_beats_sharing, as response_log_probs decides)."""
+    unless packing processes fewer positions (shares_in_forward)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
-    prompts = sum(len(data.prompt_ids[i]) for i in indices)
-    if share_prompts:
-        distinct = {tuple(data.prompt_ids[i]) for i in indices}
-        packs = pack_sequences and packing_beats_sharing(
-            [len(data.prompt_ids[i]) for i in indices],
-            [len(data.completion_ids[i]) for i in indices],
-            [len(p) for p in distinct],
-        )
-        if len(distinct) < len(indices) and not packs:  # response_log_probs shares only then
-            return completions + sum(len(p) for p in distinct)
-    return completions + prompts
+    if shares_in_forward(data, indices, share_prompts, pack_sequences):
+        return completions + sum(len(p) for p in {tuple(data.prompt_ids[i]) for i in indices})
+    return completions + sum(len(data.prompt_ids[i]) for i in indices)
 
 
 def scoring_microbatches(data: RolloutData, scoring: ScoringSettings) -> list[list[int]]:

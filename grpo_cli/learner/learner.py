@@ -49,6 +49,7 @@ from grpo_cli.learner.batch import (
     per_completion_rows,
     score_microbatch,
     scoring_microbatches,
+    shares_in_forward,
     shortest_row,
     tokens_through_model,
 )
@@ -431,9 +432,7 @@ class Learner:
         in the layout it takes: packed rows (train.pack_sequences, where packing beats the shared prompt: the rows
         core.packing.assign_rows builds, as wide as the widest) or padded (microbatches.positions_processed)."""
         share = self.scoring.share_prompts
-        if self.scoring.pack_sequences and tokens_through_model(data, indices, share, True) == sum(
-            map(counts.row_tokens, indices)
-        ):
+        if self.scoring.pack_sequences and not shares_in_forward(data, indices, share, True):
             lengths = [counts.row_tokens(i) for i in indices]
             rows = assign_rows(lengths, packed_row_tokens(self.model, lengths))
             width = max((sum(lengths[j] for j in row) for row in rows), default=0)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_cli.learner.batch import RolloutData, tokens_through_model
+from grpo_cli.learner.batch import RolloutData, shares_in_forward, tokens_through_model
 from tests.conftest import compose_config
 from tests.unit.core.test_prompt_sharing_architectures import REFUSED
 from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_thread is an autouse fixture
@@ -71,3 +71,8 @@ def test_pack_and_share_count_the_layout_each_microbatch_takes():
     assert tokens_through_model(long_tail, rows, share_prompts=True, pack_sequences=True) == 4 * 40 + 67
     assert tokens_through_model(long_tail, rows, share_prompts=True, pack_sequences=False) == 40 + 67
     assert tokens_through_model(equal, rows, share_prompts=True, pack_sequences=True) == 40 + 24
+    # The layout each one takes, as perf/padding_frac counts it (packed rows or the shared-prompt forward).
+    assert not shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=True)
+    assert shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=False)
+    assert shares_in_forward(equal, rows, share_prompts=True, pack_sequences=True)
+    assert not shares_in_forward(equal, [0], share_prompts=True, pack_sequences=False)  # no prompt repeats

@@ -122,7 +122,7 @@ def load_environment_factory(key: str, spec: EnvironmentSpec, base_dir: Path) ->
     if not sep and not is_file_reference(reference) and "." in reference:  # pkg.mod.Class reads as pkg.mod:Class
         module, _, name = reference.rpartition(".")
         reference = f"{module}:{name}"
-    factory = load_callable(key, reference, base_dir)
+    factory = load_callable(key, reference, base_dir, what="class")
     if not isinstance(factory, type):
         raise UserCodeError(
             f"{key}={spec}: {getattr(factory, '__name__', name)} is not a class: name a class with step(messages) "
@@ -367,7 +367,7 @@ class SkyRLGymEnvironment:
 
     def _make(self, row: dict[str, Any]) -> Any:
         if ":" in self.env:
-            cls = load_callable("task.environment.env", self.env, self.base_dir)
+            cls = load_callable("task.environment.env", self.env, self.base_dir, what="class")
             return cls(env_config=self.env_config, extras=row)
         import skyrl_gym  # only this adapter needs it
 

@@ -92,6 +92,11 @@ def load_tools(specs: Mapping[str, RewardSpec], base_dir: Path) -> dict[str, Too
             )
         given: RewardSpec = dict(raw_spec) if isinstance(raw_spec, Mapping) else str(raw_spec)
         fn = load_reward_spec(key, given, base_dir)  # errors name the spec as the user wrote it
+        if isinstance(fn, type):  # calling it would build an instance, and its schema would be its __init__'s
+            raise UserCodeError(
+                f"{key}={spec_text(given)}: {fn.__name__} is a class, not a function: a tool is a function with a "
+                "docstring (an object whose methods are the tools is an environment: task.environment)"
+            )
         spec = with_absolute_reference(given, base_dir)
         loader = functools.partial(load_reward_spec, key, spec, base_dir)
         tools[name] = Tool(name, spec, tool_schema(key, given, fn, name), loader, fn)

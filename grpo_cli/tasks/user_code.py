@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from grpo_cli.errors import UserFacingError
 
@@ -115,21 +115,31 @@ def _import_module(key: str, dotted: str, base_dir: Path) -> ModuleType:
         raise UserCodeError(f"{key}: importing {dotted} failed: {_first_line_of(e)}") from None
 
 
-def load_callable(key: str, reference: str, base_dir: Path) -> Callable[..., Any]:
-    """The function `reference` names (`file.py:function` or `package.module:function`); `key` is the config key
-    that gave it, for the error line."""
+def load_callable(
+    key: str, reference: str, base_dir: Path, what: Literal["function", "class"] = "function", shown: str | None = None
+) -> Callable[..., Any]:
+    """The function (or class: `what`) `reference` names (`file.py:function` or `package.module:function`); `key`
+    is the config key that gave it, and `shown` the reference as the user wrote it (a dotted `_target_`), for the
+    error line."""
     target, name = split_reference(key, reference)
+    given = f"{key}={shown or reference}"
     if is_file_reference(target):
-        module = _import_file(f"{key}={reference}", resolve_file(target, base_dir))
+        module = _import_file(given, resolve_file(target, base_dir))
     else:
-        module = _import_module(f"{key}={reference}", target, base_dir)
+        module = _import_module(given, target, base_dir)
     fn = getattr(module, name, None)
     if fn is None:
-        defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        kind = inspect.isclass if what == "class" else inspect.isfunction
+        # What the module itself defines of that kind (not what it imported).
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if kind(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
         hint = f" (it defines {', '.join(defined)})" if defined else ""
-        raise UserCodeError(f"{key}={reference}: {target} has no function {name}{hint}")
+        raise UserCodeError(f"{given}: {target} has no {what} {name}{hint}")
     if not callable(fn):
-        raise UserCodeError(f"{key}={reference}: {name} in {target} is a {type(fn).__name__}, not a function")
+        raise UserCodeError(f"{given}: {name} in {target} is a {type(fn).__name__}, not a {what}")
     return fn
 
 
@@ -268,12 +278,15 @@ def _instantiated(key: str, frozen_spec: Any, base_dir: str) -> Callable[..., An
     shown = f"{key}={spec_text(spec)}"
     if not isinstance(target, str) or not target:
         raise UserCodeError(
-            f"{shown}: a reward given as a node names what to call in _target_: "
+            f"{shown}: a reward (or tool) given as a node names what to call in _target_: "
             "{_target_: package.module.factory, <its arguments>} (or a file.py:function string)"
         )
     # Resolved the way a reward string is (base_dir on sys.path, one-line errors), then handed to Hydra as the
     # callable itself.
-    spec = {**spec, TARGET_KEY: load_callable(f"{key}.{TARGET_KEY}", _as_reference(target), Path(base_dir))}
+    spec = {
+        **spec,
+        TARGET_KEY: load_callable(f"{key}.{TARGET_KEY}", _as_reference(target), Path(base_dir), shown=target),
+    }
     spec.setdefault("_convert_", "all")  # plain lists and dicts reach the factory, not OmegaConf containers
     try:
         made = instantiate(spec)
@@ -286,7 +299,7 @@ def _instantiated(key: str, frozen_spec: Any, base_dir: str) -> Callable[..., An
     if not callable(made):
         raise UserCodeError(
             f"{shown}: {target}(...) returned a {type(made).__name__}, not a function: name a factory that returns "
-            "the reward function, a class with __call__, or a function with _partial_: true"
+            "the function (the reward or the tool), a class with __call__, or a function with _partial_: true"
         )
     return made
 

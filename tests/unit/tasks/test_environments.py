@@ -83,6 +83,11 @@ def test_an_environment_loads_from_a_file_a_module_or_a_node_with_constructor_ar
     [
         ("counter.py:not_a_class", "task.environment=counter.py:not_a_class: not_a_class is not a class"),
         ("counter.py:NoStep", "task.environment=counter.py:NoStep: NoStep has no step(messages) method: add one"),
+        # A class is looked for, and the classes of the file are listed (not its functions, not what it imports).
+        (
+            "counter.py:Maze",
+            "task.environment=counter.py:Maze: counter.py has no class Maze (it defines Counter, NoReset",
+        ),
         ("missing.py:Env", "task.environment=missing.py:Env: no such file"),
         ({"start": 1}, "task.environment={start: 1}: an environment given as a node names its class in _target_"),
         ({"_target_": "counter.py:NoStep"}, "task.environment={_target_: counter.py:NoStep}: NoStep has no step("),

@@ -183,6 +183,21 @@ def test_a_bad_tool_is_one_line_naming_its_key(user_dir: Path, spec: str, error:
     assert "\n" not in message and message.startswith(error)
 
 
+def test_a_class_or_a_missing_dotted_target_as_a_tool_is_one_line_in_the_users_words(user_dir: Path) -> None:
+    (user_dir / "classy.py").write_text(
+        'class Search:\n    """Search."""\n\n    def __init__(self, q: str):\n'
+        '        """Args:\n            q: what.\n        """\n'
+    )
+    with pytest.raises(UserFacingError, match=r"^task.tools.t=classy.py:Search: Search is a class, not a function"):
+        load_tools({"t": "classy.py:Search"}, user_dir)
+    with pytest.raises(UserFacingError) as excinfo:
+        load_tools({"t": {"_target_": "nonexist.factory"}}, user_dir)
+    message = str(excinfo.value)
+    assert message.startswith("task.tools.t._target_=nonexist.factory: no module named nonexist"), message
+    with pytest.raises(UserFacingError, match="a reward \\(or tool\\) given as a node names what to call"):
+        load_tools({"t": {"x": 1}}, user_dir)
+
+
 def test_a_tool_name_must_be_callable_by_the_model(user_dir: Path) -> None:
     with pytest.raises(UserFacingError, match=r"^task.tools.my tool: a tool's name is what the model writes"):
         load_tools({"my tool": "my_tools.py:add"}, user_dir)

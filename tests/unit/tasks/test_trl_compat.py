@@ -413,7 +413,7 @@ def test_a_factory_node_is_instantiated_once_per_process_and_partial_and_file_ta
 @pytest.mark.parametrize(
     ("spec", "said"),
     [
-        ({"scale": 1}, "a reward given as a node names what to call in _target_"),
+        ({"scale": 1}, "a reward (or tool) given as a node names what to call in _target_"),
         ({"_target_": "rewards.py:broken_factory", "x": 1}, "rewards.py:broken_factory failed: ValueError: no good"),
         ({"_target_": "rewards.py:not_a_function", "x": 1}, "returned a int, not a function"),
         ({"_target_": "rewards.py:make_scaled"}, "missing 1 required positional argument: 'scale'"),

@@ -83,7 +83,20 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "tool_timeout_s": 10.0,
         "environment": None,
         "max_turns": 4,
+        "sandbox": {
+            "isolation": "bwrap",
+            "cpu_time_s": 5,
+            "wall_time_s": 10.0,
+            "memory_mb": 1024,
+            "max_output_bytes": 4096,
+            "max_file_mb": 16,
+            "disk_mb": 64,
+            "shm_mb": 16,
+            "max_processes": 64,
+            "packages": ["numpy", "sympy", "mpmath"],
+        },
         "max_episode_tokens": None,
+        "max_observation_tokens": 1024,
         "keywords_per_prompt": 2,
     }
     assert printed["eval"] == {"n_samples": 1, "pass_k": None}

@@ -51,14 +51,14 @@ def test_multi_epoch_takes_the_expected_optimizer_steps_and_computes_old_log_pro
     tmp_path, letter_e_task, monkeypatch
 ):
     calls = []
-    real = learner_module.per_completion_log_probs
+    real = learner_module.log_probs_of_rows
 
     def counting(*args, **kwargs):
         result = real(*args, **kwargs)
-        calls.append(all(t.is_inference() for t in result))  # computed under torch.inference_mode
+        calls.append(all(t.is_inference() for t in result.values()))  # computed under torch.inference_mode
         return result
 
-    monkeypatch.setattr(learner_module, "per_completion_log_probs", counting)
+    monkeypatch.setattr(learner_module, "log_probs_of_rows", counting)
     # 3 epochs x (4 completions / 2 per train batch) = 6 optimizer steps per rollout batch
     rows = run_in_process(
         tmp_path,

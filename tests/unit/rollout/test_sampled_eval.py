@@ -269,6 +269,7 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
     from grpo_cli.learner.learner import Learner
+    from grpo_cli.learner.microbatches import TokenCounts
 
     # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
     # autocast would round the differently grouped rows differently).
@@ -282,9 +283,10 @@ def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(t
     rewards, advantages = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.8, -0.3, 0.5, -1.0])
 
     def gradient(data: RolloutData) -> torch.Tensor:
-        learner._optimizer_step(
-            data, list(range(len(data.completion_ids))), learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0}
+        rows, microbatches = learner._step_microbatches(
+            TokenCounts.of(data.prompt_ids, data.completion_ids), list(range(len(data.completion_ids)))
         )
+        learner._optimizer_step(data, rows, microbatches, learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0})
         return torch.cat([p.grad.flatten() for p in learner.trainable_parameters]).clone()
 
     masked = RolloutData(prompts, completions, rewards, advantages, loss_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))

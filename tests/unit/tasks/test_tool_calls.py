@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -147,7 +149,17 @@ def test_a_format_added_to_the_registry_is_found_by_its_marker_and_used(monkeypa
     assert parse_tool_calls(text, fmt, SCHEMAS) == [ToolCall("calculator", {"expression": "7"})]
 
 
-def test_a_call_nested_past_what_python_can_read_is_the_models_error_not_the_runs() -> None:
+@pytest.fixture
+def python_recursion_limit() -> Iterator[None]:
+    """Python's default recursion limit (1,000) for the test: libraries imported earlier in a run (torch's
+    compiler, sympy) may have raised it, and then json reads 1,000 brackets."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    yield
+    sys.setrecursionlimit(before)
+
+
+def test_a_call_nested_past_what_python_can_read_is_the_models_error_not_the_runs(python_recursion_limit) -> None:
     # What a degenerate repetition writes: ~1,000 nested brackets. json.loads raises RecursionError on it, which
     # reached the rollout before; now it is the model's error text, and the next call of the turn still reads.
     deep = "<tool_call>" + '{"name": "calculator", "arguments": ' + "[" * 1000 + "]" * 1000 + "}</tool_call>"

@@ -129,14 +129,19 @@ def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
     problem = prompt_sharing_problem(model)
     if problem is None:
         return True
+    _say_refusal_once(
+        problem,
+        "train: no shared-prompt forward for this model (%s); every completion runs with its own copy of its "
+        "prompt (train.share_prompt_forward: same log-probs, more compute)",
+    )
+    return False
+
+
+def _say_refusal_once(problem: str, message: str) -> None:
+    """One warning line per refusal reason and process (`message` %-formatted with `problem`)."""
     if problem not in _REFUSALS_LOGGED:
         _REFUSALS_LOGGED.add(problem)
-        log.warning(
-            "train: no shared-prompt forward for this model (%s); every completion runs with its own copy of its "
-            "prompt (train.share_prompt_forward: same log-probs, more compute)",
-            problem,
-        )
-    return False
+        log.warning(message, problem)
 
 
 def packs_sequences(
@@ -162,13 +167,11 @@ def packs_sequences(
     problem = packing_problem(model, score)
     if problem is None:
         return True
-    if problem not in _REFUSALS_LOGGED:
-        _REFUSALS_LOGGED.add(problem)
-        log.warning(
-            "train: no packed rows for this model (%s); its microbatches stay padded (train.pack_sequences: same "
-            "log-probs, more compute)",
-            problem,
-        )
+    _say_refusal_once(
+        problem,
+        "train: no packed rows for this model (%s); its microbatches stay padded (train.pack_sequences: same "
+        "log-probs, more compute)",
+    )
     return False
 
 

@@ -6,8 +6,9 @@ turn, alternating their order every round (the first round is a warm-up and not 
         [--layers N] [--layouts padded,packed]
 
 Layouts: padded (one row per completion, right-padded), padded+shared (train.share_prompt_forward's shared
-prompt pass, the default), packed (train.pack_sequences: rows as long as the longest sequence), packed one row
-(the whole microbatch in one row, flash-attention's layout), and the resolution of pack + share
+prompt pass, the default), packed (train.pack_sequences: rows as wide as core.packing.row_width prices cheapest
+for the model's hidden size), packed longest (rows as wide as the longest sequence, the first rule), packed one
+row (the whole microbatch in one row, flash-attention's layout), and the resolution of pack + share
 (core.packing.packing_beats_sharing picks per microbatch). Completion lengths: a truncated power law (Zipf-like,
 exponent 1) from 16 to 512 tokens at evenly spaced quantiles, so every run has the same batch: 2 prompts x G = 4.
 Prints each layout's median and minimum seconds, the positions it computes, and its largest log-prob difference
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+import grpo_cli.core.logprobs as logprobs
 import grpo_cli.core.packing as packing
 from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.models.loading import load_policy
@@ -40,7 +42,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--layers", type=int, default=0, help="keep the model's first N layers (0: all)")
     parser.add_argument(
-        "--layouts", default="padded,padded+shared,packed,packed one row,pack+share", help="comma-separated"
+        "--layouts",
+        default="padded,padded+shared,packed,packed longest,packed one row,pack+share",
+        help="comma-separated",
     )
     args = parser.parse_args()
     model, _ = load_policy(args.model, torch.device("cpu"), torch.float32)
@@ -58,30 +62,39 @@ def main() -> None:
     mask = batch["response_mask"].bool()
     weights = torch.linspace(-1, 1, int(mask.sum()))
     sequence = packing.sequence_lengths(mask)
-    packed_positions = packing.pack_rows(batch["input_ids"], mask, max(sequence)).input_ids.numel()
+    width = packing.packed_row_tokens(model, sequence)
+    packed_positions = packing.pack_rows(batch["input_ids"], mask, width).input_ids.numel()
+    longest_positions = packing.pack_rows(batch["input_ids"], mask, max(sequence)).input_ids.numel()
     shared_positions = 2 * args.prompt + len(lengths) * (max(lengths) - 1)
     layouts = {
         "padded": (dict(), batch["input_ids"].numel()),
         "padded+shared": (dict(share_prompts=True), shared_positions),
         "packed": (dict(pack_sequences=True), packed_positions),
+        "packed longest": (dict(pack_sequences=True, row_tokens=max), longest_positions),
         "packed one row": (dict(pack_sequences=True, one_row=True), sum(sequence)),
         "pack+share": (dict(pack_sequences=True, share_prompts=True), None),
     }
     layouts = {name: layouts[name] for name in args.layouts.split(",")}
     print(f"completion lengths {lengths}, prompts {args.prompt} tokens, {torch.get_num_threads()} threads")
-    row_tokens = packing.packed_row_tokens
+    print(f"packed rows {width} wide ({packed_positions} positions); rows of the longest sequence", end=" ")
+    print(f"{max(sequence)} wide ({longest_positions} positions)")
+    # The scoring path reads the width through the name core/logprobs.py imported: forced layouts replace it there.
+    row_tokens = logprobs.packed_row_tokens
 
     def run(options: dict) -> tuple[float, torch.Tensor]:
         options = dict(options)
         if options.pop("one_row", False):
-            packing.packed_row_tokens = lambda model, lengths: None  # type: ignore[assignment]
+            logprobs.packed_row_tokens = lambda model, lengths: None  # type: ignore[assignment]
+        forced_width = options.pop("row_tokens", None)
+        if forced_width is not None:
+            logprobs.packed_row_tokens = lambda model, lengths: forced_width(lengths)  # type: ignore[assignment]
         try:
             start = time.perf_counter()
             log_probs = response_log_probs(model, batch["input_ids"], batch["labels"], mask, **options)["log_probs"]
             (log_probs[mask] * weights).sum().backward()
             seconds = time.perf_counter() - start
         finally:
-            packing.packed_row_tokens = row_tokens
+            logprobs.packed_row_tokens = row_tokens
             model.zero_grad(set_to_none=True)
         return seconds, log_probs.detach()
 

@@ -108,12 +108,65 @@ def unpack_at(values: torch.Tensor, packed: PackedRows, mask: torch.Tensor) -> t
 def packed_row_tokens(model: torch.nn.Module, lengths: list[int]) -> int | None:
     """How long a packed row may be for `model`'s attention: one row for flash-attention (its variable-length
     path reads packed position ids only in a batch of one row, and costs each sequence its own length squared);
-    rows as long as the longest sequence otherwise: sdpa and eager apply the block-diagonal mask to a whole
-    (row x row) score matrix, so one row of every sequence would cost the square of the microbatch's tokens."""
-    implementation = str(getattr(as_causal_lm(model).config, "_attn_implementation", None) or "")
+    otherwise the width :func:`row_width` finds cheapest for the model's hidden size: sdpa and eager apply the
+    block-diagonal mask to a whole (row x row) score matrix, so one row of every sequence would cost the square
+    of the microbatch's tokens, and rows of the longest sequence leave up to one row of padding."""
+    config = as_causal_lm(model).config
+    implementation = str(getattr(config, "_attn_implementation", None) or "")
     if "flash" in implementation:
         return None
-    return max(lengths, default=1)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None)
+    return row_width(lengths, hidden if isinstance(hidden, int) and hidden > 0 else None)
+
+
+def packed_positions(lengths: list[int], row_tokens: int | None) -> tuple[int, int]:
+    """(rows, width) of :func:`pack_rows` for sequences of `lengths` at `row_tokens`: width x rows positions."""
+    rows = assign_rows(lengths, row_tokens)
+    return len(rows), max((sum(lengths[i] for i in row) for row in rows), default=0)
+
+
+def row_width(lengths: list[int], hidden_size: int | None) -> int:
+    """The packed row width that costs least under masked (sdpa, eager) attention: for each row count k, the
+    narrowest width (at least the longest sequence and tokens / k) at which first-fit decreasing fills k rows,
+    priced rows x width x (1 + width / hidden_size); k falls until no wider row can be cheaper.
+
+    Why that price: per position and layer the projections and MLP cost ~12 hidden^2 multiply-adds and the
+    masked attention ~2 x width x hidden over the whole row (its mask is applied, not skipped), a ratio of
+    width / (6 hidden); the (row x row) scores' mask and softmax are memory-bound on top, so the price takes
+    width / hidden, which ranks the layouts as measured (docs/results/2026-11-28-packing.md, SmolLM2's 4 layers
+    on a long-tailed microbatch: two rows of 646 at 0.76x the time of three rows of the longest, 571, and one
+    row of 1,250 at 0.99x). A few rows slightly wider than the longest sequence often fill exactly where rows
+    of the longest leave most of a row empty. Without a hidden size: rows of the longest sequence."""
+    real = [n for n in lengths if n > 0]
+    longest = max(real, default=1)
+    if hidden_size is None or not real:
+        return longest
+    tokens = sum(real)
+    best: tuple[float, int, int] | None = None  # (cost, positions, width)
+    for k in range(-(-tokens // longest), 0, -1):
+        narrowest = max(longest, -(-tokens // k))
+        if best is not None and tokens * (1 + narrowest / hidden_size) >= best[0]:
+            break  # every later candidate is wider and costs at least this much even without padding
+        width = _narrowest_width_for(real, k, narrowest, tokens)
+        rows, filled = packed_positions(real, width)
+        cost = rows * filled * (1 + filled / hidden_size)
+        if best is None or (cost, rows * filled) < best[:2]:
+            best = (cost, rows * filled, width)
+    assert best is not None
+    return best[2]
+
+
+def _narrowest_width_for(lengths: list[int], rows: int, low: int, high: int) -> int:
+    """The narrowest width in [low, high] at which first-fit decreasing fills at most `rows` rows (bisection:
+    wider rows never need more of them in practice; `high`, every token in one row, always fits)."""
+    while low < high:
+        middle = (low + high) // 2
+        if len(assign_rows(lengths, middle)) <= rows:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def packing_beats_sharing(
@@ -168,7 +221,8 @@ def packing_problem(
     synthetic batch (:func:`probe_lengths`), the response log-probs `score(input_ids, labels, mask, packed)`
     gives ((N,), the scoring path's own computation) packed against one unpadded forward per sequence, in eval
     mode and without grad. They must agree to `tolerance`; where the weights are half precision, whose rounding
-    differs between batch shapes anyway, to 4 x the padded batch's own difference from the separate forwards.
+    differs between batch shapes anyway, to 4 x the padded batch's own difference from the separate forwards or
+    one unit in the last place of the largest log-prob, whichever is larger.
 
     A model whose forward takes no position ids, or computes something else from them (chunked attention counted
     from the row's start, a recurrent state), differs or fails here, and is never trained on a wrong number."""
@@ -207,7 +261,11 @@ def packing_problem(
     finally:
         model.train(was_training)
     if parameter.dtype not in (torch.float32, torch.float64):
-        tolerance = max(tolerance, 4 * float((padded - separate).abs().max()))
+        # Half precision rounds differently in every batch shape (a sequence at another offset of a longer row):
+        # allow 4 x the padded batch's own difference, or one unit in the last place of the largest log-prob
+        # (eps x |value|), whichever is larger; a wrong mask is off by tenths (0.17-5.8, measured), not ulps.
+        ulp = torch.finfo(parameter.dtype).eps * float(separate.abs().max())
+        tolerance = max(tolerance, 4 * float((padded - separate).abs().max()), ulp)
     difference = float((packed - separate).abs().max())
     if not difference <= tolerance:  # nan too
         return f"{model_type} scores packed rows {difference:.2g} off separate sequences (tolerance {tolerance:.0e})"

@@ -3,6 +3,8 @@ whether a model packs, and the log-probs and gradients of every architecture the
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -10,10 +12,12 @@ from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.core.packing import (
     assign_rows,
     pack_rows,
+    packed_positions,
     packed_row_tokens,
     packing_beats_sharing,
     packing_problem,
     probe_lengths,
+    row_width,
     sequence_lengths,
     unpack_at,
 )
@@ -51,6 +55,37 @@ def test_rows_are_filled_first_fit_decreasing_and_keep_their_order():
     assert assign_rows([3, 9, 0, 4, 6], row_tokens=None) == [[0, 1, 3, 4]]
     assert assign_rows([12, 2], row_tokens=5) == [[0], [1]]  # longer than a row: a row of its own
     assert assign_rows([0, 0], row_tokens=4) == []
+
+
+def _row_cost(lengths: list[int], width: int, hidden: int) -> float:
+    rows, filled = packed_positions(lengths, width)
+    return rows * filled * (1 + filled / hidden)
+
+
+def test_row_width_fills_rows_where_rows_of_the_longest_leave_one_mostly_empty():
+    """The packing benchmark's microbatch (docs/results/2026-11-28-packing.md): one 571-token sequence beside
+    seven short ones. Rows of the longest take 3 rows (27% padding); two rows of 646 hold them all (3.3%)."""
+    lengths = [60 + c - 1 for c in (36, 19, 52, 22, 16, 27, 512, 94)]
+    assert packed_positions(lengths, max(lengths)) == (3, 571)
+    width = row_width(lengths, hidden_size=576)
+    rows, filled = packed_positions(lengths, width)
+    assert (rows, filled) == (2, 646)
+    assert 1 - sum(lengths) / (rows * filled) <= 0.05
+    assert row_width(lengths, hidden_size=None) == max(lengths)  # no hidden size: the first rule
+    assert row_width([0, 0], hidden_size=64) == 1
+
+
+def test_row_width_is_near_the_cheapest_of_every_width():
+    """Against every width from the longest sequence to one row, priced the same way: never dearer than rows of
+    the longest or one row, and within 10% of the exhaustive best on long-tailed batches."""
+    rng = random.Random(1)
+    for _ in range(60):
+        lengths = [int(16 * 32 ** rng.random()) for _ in range(rng.randrange(2, 40))]
+        hidden = rng.choice([32, 64, 576, 2048])
+        chosen = _row_cost(lengths, row_width(lengths, hidden), hidden)
+        every = [_row_cost(lengths, width, hidden) for width in range(max(lengths), sum(lengths) + 1)]
+        assert chosen <= every[0] * (1 + 1e-9) and chosen <= every[-1] * (1 + 1e-9)
+        assert chosen <= 1.1 * min(every)
 
 
 def test_packing_concatenates_sequences_with_restarting_positions_and_unpacks_back():
@@ -93,7 +128,8 @@ def test_flash_attention_gets_one_row_that_transformers_reads_as_packed_varlen_s
     batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
     mask = batch["response_mask"].bool()
     lengths = sequence_lengths(mask)
-    assert packed_row_tokens(model, lengths) == max(lengths)  # sdpa: rows of the longest sequence
+    # sdpa: rows as wide as row_width prices cheapest for the model's hidden size
+    assert packed_row_tokens(model, lengths) == row_width(lengths, model.config.hidden_size)
     # What from_pretrained(..., attn_implementation="flash_attention_2") sets, without its check for the kernels.
     model.config._attn_implementation_internal = "flash_attention_2"
     assert model.config._attn_implementation == "flash_attention_2"

@@ -20,6 +20,9 @@ from grpo_cli.tasks import Example, TaskSpec
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
+# A user's tool file (add, and tools that fail, exit, sleep, meet; broken ones for the load errors).
+MY_TOOLS = FIXTURES / "my_tools.py"
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -56,6 +59,13 @@ def build_prompts(split, n, seed, prompt_style="chat"):
         Example(prompt=tasks.format_prompt(f"Say something #{i}", prompt_style), ground_truth=None)
         for i in range(n or 8)
     ]
+
+
+def write_my_tools(folder: Path) -> Path:
+    """MY_TOOLS written into `folder` as `my_tools.py`, where a user's task folder holds its tools; its path."""
+    path = folder / "my_tools.py"
+    path.write_text(MY_TOOLS.read_text(encoding="utf-8"), encoding="utf-8")
+    return path
 
 
 @pytest.fixture

@@ -86,36 +86,50 @@ TINY_LM_CONFIG = dict(
 )
 
 
+def random_weights(model, std: float = 0.5, seed: int | None = 0, only: str = ""):
+    """`model` with each parameter (each whose name contains `only`, e.g. LoRA's "lora_B", which starts at zero)
+    drawn from N(0, std) after seeding torch with `seed` (None: from torch's generator as it stands): large enough
+    that the softmax is far from uniform and adapters matter. The model, for chaining."""
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if only in name:
+                parameter.normal_(0, std)
+    return model
+
+
+def build_tiny_lm(model_class: str, config_class: str, std: float = 0.5, seed: int | None = 0, **config):
+    """The tests' one tiny-model builder: transformers' `model_class` on `config_class(**config)` (TINY_LM_CONFIG,
+    or keys built on it), its weights drawn by random_weights(std, seed), in fp32 and train mode."""
+    import transformers
+
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    return random_weights(model, std, seed).float().train()
+
+
+# The LM-head kinds the scorer supports: (transformers model class, config class, keys beyond TINY_LM_CONFIG).
+HEAD_ARCHITECTURES = {
+    "llama_tied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=True)),
+    "llama_untied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=False)),
+    "gemma2_softcap": (
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        dict(final_logit_softcapping=0.5, query_pre_attn_scalar=16),
+    ),
+    "cohere_scale": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=3.0)),
+    "granite_scale": ("GraniteForCausalLM", "GraniteConfig", dict(logits_scaling=0.25)),
+}
+
+
 def tiny_head_lm(architecture: str):
     """A tiny random causal LM of each LM-head kind the scorer supports (tied or untied Llama, Gemma-2's
     soft-capping, Cohere's logit_scale, Granite's logits_scaling), in train mode, its weights drawn large enough
     that the softmax is far from uniform."""
-    import torch
-    import transformers
-
-    builders = {
-        "llama_tied": lambda: transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=True)
-        ),
-        "llama_untied": lambda: transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=False)
-        ),
-        "gemma2_softcap": lambda: transformers.Gemma2ForCausalLM(
-            transformers.Gemma2Config(**TINY_LM_CONFIG, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
-        ),
-        "cohere_scale": lambda: transformers.CohereForCausalLM(
-            transformers.CohereConfig(**TINY_LM_CONFIG, logit_scale=3.0)
-        ),
-        "granite_scale": lambda: transformers.GraniteForCausalLM(
-            transformers.GraniteConfig(**TINY_LM_CONFIG, logits_scaling=0.25)
-        ),
-    }
-    model = builders[architecture]()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.5)
-    return model.train()
+    model_class, config_class, keys = HEAD_ARCHITECTURES[architecture]
+    return build_tiny_lm(model_class, config_class, **TINY_LM_CONFIG, **keys)
 
 
 # Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends.

@@ -73,6 +73,17 @@ def letter_e_task(monkeypatch):
     monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))
 
 
+class FakeDatasets:
+    """Stands in for the `datasets` module (put in sys.modules): records each call, returns the rows like the hub's."""
+
+    def __init__(self, rows):
+        self.rows, self.calls = rows, []
+
+    def load_dataset(self, path, name=None, split=None):
+        self.calls.append((path, name, split))
+        return iter(self.rows)
+
+
 # A 2-layer causal LM small enough for exact comparisons; every architecture below shares it.
 TINY_LM_CONFIG = dict(
     vocab_size=97,

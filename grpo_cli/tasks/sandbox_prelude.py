@@ -1,7 +1,7 @@
 """What every sandboxed program starts under, at either isolation level (grpo_cli/tasks/sandbox.py): the prelude, run
 by the interpreter before the program's code, that sets the per-process limits, installs the seccomp filter and
 refuses sockets; the filter itself (a BPF program built here for this machine's system call numbers); and the
-program's small environment. The module's docstring of sandbox.py says what each of them stops.
+program's small environment. sandbox.py's docstring says what each of them stops.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ from grpo_cli.tasks import Example, TaskSpec
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
+# A user's tool file (add, and tools that fail, exit, sleep, meet; broken ones for the load errors).
+MY_TOOLS = FIXTURES / "my_tools.py"
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -58,9 +61,27 @@ def build_prompts(split, n, seed, prompt_style="chat"):
     ]
 
 
+def write_my_tools(folder: Path) -> Path:
+    """MY_TOOLS written into `folder` as `my_tools.py`, where a user's task folder holds its tools; its path."""
+    path = folder / "my_tools.py"
+    path.write_text(MY_TOOLS.read_text(encoding="utf-8"), encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def letter_e_task(monkeypatch):
     monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))
+
+
+class FakeDatasets:
+    """Stands in for the `datasets` module (put in sys.modules): records each call, returns the rows like the hub's."""
+
+    def __init__(self, rows):
+        self.rows, self.calls = rows, []
+
+    def load_dataset(self, path, name=None, split=None):
+        self.calls.append((path, name, split))
+        return iter(self.rows)
 
 
 # A 2-layer causal LM small enough for exact comparisons; every architecture below shares it.
@@ -76,36 +97,50 @@ TINY_LM_CONFIG = dict(
 )
 
 
+def random_weights(model, std: float = 0.5, seed: int | None = 0, only: str = ""):
+    """`model` with each parameter (each whose name contains `only`, e.g. LoRA's "lora_B", which starts at zero)
+    drawn from N(0, std) after seeding torch with `seed` (None: from torch's generator as it stands): large enough
+    that the softmax is far from uniform and adapters matter. The model, for chaining."""
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if only in name:
+                parameter.normal_(0, std)
+    return model
+
+
+def build_tiny_lm(model_class: str, config_class: str, std: float = 0.5, seed: int | None = 0, **config):
+    """The tests' one tiny-model builder: transformers' `model_class` on `config_class(**config)` (TINY_LM_CONFIG,
+    or keys built on it), its weights drawn by random_weights(std, seed), in fp32 and train mode."""
+    import transformers
+
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    return random_weights(model, std, seed).float().train()
+
+
+# The LM-head kinds the scorer supports: (transformers model class, config class, keys beyond TINY_LM_CONFIG).
+HEAD_ARCHITECTURES = {
+    "llama_tied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=True)),
+    "llama_untied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=False)),
+    "gemma2_softcap": (
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        dict(final_logit_softcapping=0.5, query_pre_attn_scalar=16),
+    ),
+    "cohere_scale": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=3.0)),
+    "granite_scale": ("GraniteForCausalLM", "GraniteConfig", dict(logits_scaling=0.25)),
+}
+
+
 def tiny_head_lm(architecture: str):
     """A tiny random causal LM of each LM-head kind the scorer supports (tied or untied Llama, Gemma-2's
     soft-capping, Cohere's logit_scale, Granite's logits_scaling), in train mode, its weights drawn large enough
     that the softmax is far from uniform."""
-    import torch
-    import transformers
-
-    builders = {
-        "llama_tied": lambda: transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=True)
-        ),
-        "llama_untied": lambda: transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**TINY_LM_CONFIG, tie_word_embeddings=False)
-        ),
-        "gemma2_softcap": lambda: transformers.Gemma2ForCausalLM(
-            transformers.Gemma2Config(**TINY_LM_CONFIG, final_logit_softcapping=0.5, query_pre_attn_scalar=16)
-        ),
-        "cohere_scale": lambda: transformers.CohereForCausalLM(
-            transformers.CohereConfig(**TINY_LM_CONFIG, logit_scale=3.0)
-        ),
-        "granite_scale": lambda: transformers.GraniteForCausalLM(
-            transformers.GraniteConfig(**TINY_LM_CONFIG, logits_scaling=0.25)
-        ),
-    }
-    model = builders[architecture]()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.5)
-    return model.train()
+    model_class, config_class, keys = HEAD_ARCHITECTURES[architecture]
+    return build_tiny_lm(model_class, config_class, **TINY_LM_CONFIG, **keys)
 
 
 # Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends.

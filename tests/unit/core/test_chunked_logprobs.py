@@ -12,7 +12,7 @@ from grpo_cli.core import grpo_microbatch_train_step, response_log_probs, tokeni
 from grpo_cli.core import logprobs as logprobs_module
 from grpo_cli.core.chunked_logprobs import chunked_label_log_probs
 from grpo_cli.models import apply_lora
-from tests.conftest import TINY_LM_CONFIG, tiny_head_lm
+from tests.conftest import TINY_LM_CONFIG, random_weights, tiny_head_lm
 
 
 def batch():
@@ -87,10 +87,7 @@ def test_chunked_equals_unchunked_with_shared_prompts(chunk_path):
 
 def test_chunked_equals_unchunked_with_lora_on_the_lm_head():
     model = apply_lora(tiny_head_lm("llama_untied"), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "lm_head"])
-    with torch.no_grad():  # LoRA's B starts at zero; make the adapters matter
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
+    random_weights(model, seed=None, only="lora_B")  # LoRA's B starts at zero; make the adapters matter
     assert logprobs_module.linear_head(model) is None  # a LoRA-wrapped head takes the checkpointed path
     unchunked = score_and_backward(model, 0)
     assert any("lm_head" in name and "lora" in name for name in unchunked[3])

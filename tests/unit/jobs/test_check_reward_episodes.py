@@ -16,8 +16,7 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.jobs.check_reward import run as check_reward
 from grpo_cli.tasks import TASKS
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
-from tests.conftest import compose_config
-from tests.unit.tasks.test_multiturn_tasks import TOOLS_PY  # my_tools.py: add(a, b), typed and documented
+from tests.conftest import compose_config, write_my_tools
 
 REWARDS_PY = """
 def used_the_tool_then_answered(completions, completion_ids, answer, **kwargs):
@@ -46,7 +45,7 @@ def test_a_users_tool_runs_between_the_scripted_turns_and_the_reward_sees_the_ep
     ]  # fmt: skip
     (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": cases[0]["prompt"], "answer": "42"}) + "\n")
-    (tmp_path / "my_tools.py").write_text(textwrap.dedent(TOOLS_PY))
+    write_my_tools(tmp_path)
     (tmp_path / "rewards.py").write_text(textwrap.dedent(REWARDS_PY))
     task = CustomTaskConfig(
         name="custom", train_path="train.jsonl", eval_path="train.jsonl", cases_path="cases.jsonl",

@@ -6,49 +6,17 @@ Every import statement counts: at module level, inside functions, and under `if 
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import grpo_cli
+from tests.unit.project.import_graph import import_graph, write_package
 
 PACKAGE_ROOT = Path(grpo_cli.__file__).parent
 
 
-def module_names(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for every .py file below the package directory `root`."""
-    modules = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        modules[".".join(parts)] = path
-    return modules
-
-
-def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of `known` that any import statement of module `name` names (`from a import b` names `a`,
-    and `a.b` when b is a module)."""
-    is_package = path.name == "__init__.py"
-    package = name.split(".") if is_package else name.split(".")[:-1]
-    targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            targets.add(module)
-            targets.update(f"{module}.{alias.name}" for alias in node.names)
-    return {t for t in targets if t in known and t != name}
-
-
 def import_cycles(root: Path) -> list[list[str]]:
     """Each strongly connected group of modules (a cycle) in the import graph of the package at `root`."""
-    modules = module_names(root)
-    graph = {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+    graph = import_graph(root)
     # Tarjan's strongly connected components, iteratively deep enough for any package of ours.
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -88,14 +56,6 @@ def test_grpo_cli_has_no_import_cycle():
     assert not cycles, "import cycles (dependencies must point one way): " + "; ".join(
         " <-> ".join(group) for group in cycles
     )
-
-
-def write_package(root: Path, files: dict[str, str]) -> Path:
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root / "pkg"
 
 
 def test_the_checker_sees_imports_inside_functions_and_under_type_checking(tmp_path):

@@ -45,6 +45,7 @@ from grpo_cli.rollout.sampling import (
     sample_next_tokens,
     top_p_mask_,
 )
+from tests.conftest import TINY_LM_CONFIG, build_tiny_lm, random_weights
 
 EOS, PAD = 0, 1
 
@@ -76,10 +77,8 @@ def tiny_lm(architecture: str = "llama", attn_implementation: str = "sdpa", std:
     qwen2-sliding (sliding-window layers), qwen3, mistral (no sliding window), mistral-sliding, gemma2.
     """
     common = dict(
+        TINY_LM_CONFIG,
         vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
@@ -91,37 +90,29 @@ def tiny_lm(architecture: str = "llama", attn_implementation: str = "sdpa", std:
     )
     if architecture == "gemma2":  # sliding-window layers and logit soft-capping
         # eager: transformers >= 5.21 refuses sdpa for Gemma 2 (what it picks by itself on a checkpoint).
-        config = transformers.Gemma2Config(
-            **common | {"attn_implementation": "eager"}, sliding_window=16, query_pre_attn_scalar=8
-        )
-        model = transformers.Gemma2ForCausalLM(config)
-    elif architecture in ("qwen2", "qwen2-sliding"):
+        keys = dict(common, attn_implementation="eager", sliding_window=16, query_pre_attn_scalar=8)
+        return build_tiny_lm("Gemma2ForCausalLM", "Gemma2Config", std, **keys).eval()
+    if architecture in ("qwen2", "qwen2-sliding"):
         sliding = dict(use_sliding_window=True, sliding_window=6, max_window_layers=0)
-        model = transformers.Qwen2ForCausalLM(
-            transformers.Qwen2Config(**common, **(sliding if architecture == "qwen2-sliding" else {}))
-        )
+        keys = dict(common, **(sliding if architecture == "qwen2-sliding" else {}))
+        model = build_tiny_lm("Qwen2ForCausalLM", "Qwen2Config", std, **keys)
         assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's qkv bias
-    elif architecture == "qwen3":
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
-    elif architecture in ("mistral", "mistral-sliding"):
+        return model.eval()
+    if architecture == "qwen3":
+        return build_tiny_lm("Qwen3ForCausalLM", "Qwen3Config", std, **common).eval()
+    if architecture in ("mistral", "mistral-sliding"):
         window = 6 if architecture == "mistral-sliding" else None
-        model = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=window))
-    else:
-        extra: dict = {"tie_word_embeddings": architecture != "llama-untied"}
-        if architecture == "llama3-rope":
-            extra["rope_scaling"] = {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8,  # shorter than the prompts: the scaling is exercised
-            }
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, **extra))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, std)
-    return model.eval()
+        return build_tiny_lm("MistralForCausalLM", "MistralConfig", std, **common, sliding_window=window).eval()
+    extra: dict = {"tie_word_embeddings": architecture != "llama-untied"}
+    if architecture == "llama3-rope":
+        extra["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,  # shorter than the prompts: the scaling is exercised
+        }
+    return build_tiny_lm("LlamaForCausalLM", "LlamaConfig", std, **common, **extra).eval()
 
 
 def with_lora(model: torch.nn.Module) -> torch.nn.Module:
@@ -129,12 +120,7 @@ def with_lora(model: torch.nn.Module) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     wrapped = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"]))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in wrapped.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
-    return wrapped.eval()
+    return random_weights(wrapped, seed=1, only="lora_B").eval()
 
 
 REQUIRE_LOOP = os.environ.get("GRPO_CLI_REQUIRE_DECODE_LOOP") == "1"

@@ -23,7 +23,7 @@ from grpo_cli.models import TINY_RANDOM, apply_lora, load_policy
 from grpo_cli.models.runtime import compute_dtype, pure_half_precision_warning, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.tracking import read_metrics, truncate_metrics
-from tests.conftest import tiny_head_lm
+from tests.conftest import random_weights, tiny_head_lm
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -182,10 +182,7 @@ def test_response_scoring_applies_the_models_own_head_semantics(architecture):
 def test_old_log_probs_are_computed_without_dropout(tiny):
     model, tokenizer = tiny
     lora = apply_lora(model, r=4, alpha=8, dropout=0.9, target_modules=["q_proj", "v_proj"])
-    with torch.no_grad():  # adapters must matter for their dropout to matter
-        for name, parameter in lora.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 1.0)
+    random_weights(lora, std=1.0, seed=None, only="lora_B")  # adapters must matter for their dropout to matter
     lora.train()  # the learner's state between updates
     data = RolloutData(
         prompt_ids=[tokenizer("The sea is")["input_ids"]] * 2,

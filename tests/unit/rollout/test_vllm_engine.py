@@ -16,6 +16,7 @@ import torch
 from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, evaluation, render_prompts
 from grpo_cli.rollout.vllm_engine import WeightSyncError, _run_with_time_limit, export_weights
+from tests.conftest import random_weights
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("GRPO_CLI_REQUIRE_VLLM") == "1":
@@ -70,10 +71,7 @@ def test_export_weights_of_a_lora_model_are_the_merged_weights():
     model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
     plain_names = set(model.state_dict())
     lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"], quantized=False)
-    with torch.no_grad():  # adapters start as a no-op (B = 0); make them matter
-        for name, parameter in lora.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
+    random_weights(lora, seed=None, only="lora_B")  # adapters start as a no-op (B = 0); make them matter
     exported = {name: tensor.clone() for name, tensor in export_weights(lora)}
     assert set(exported) == plain_names
     merged = lora.merge_and_unload().state_dict()

@@ -13,7 +13,7 @@ from grpo_cli.tasks import TaskDataError, get_task, load_examples, make_reward_f
 from grpo_cli.tasks.addition import SYSTEM_PROMPT as ADDITION_SYSTEM_PROMPT
 from grpo_cli.tasks.addition import addition_reward_fn
 from grpo_cli.tasks.medcalc import medcalc_reward_fn, within_atol
-from tests.conftest import FIXTURES, compose_config
+from tests.conftest import FIXTURES, FakeDatasets, compose_config
 
 FIXTURE = FIXTURES / "medcalc_sample.jsonl"
 
@@ -251,17 +251,6 @@ def test_bad_medcalc_lines_name_the_file_the_line_and_the_field(tmp_path, line, 
         load_examples(task_config("medcalc", f"task.train_path={path}"), "train")
     assert str(info.value).startswith(f"{path}:2: ") and message in str(info.value)
     assert "\n" not in str(info.value)
-
-
-class FakeDatasets:
-    """Stands in for the `datasets` module: records the call, returns the rows like the hub's."""
-
-    def __init__(self, rows):
-        self.rows, self.calls = rows, []
-
-    def load_dataset(self, path, name=None, split=None):
-        self.calls.append((path, name, split))
-        return iter(self.rows)
 
 
 def test_hub_path_loads_medcalc_bench_with_its_columns(monkeypatch):

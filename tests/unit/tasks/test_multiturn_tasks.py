@@ -22,22 +22,7 @@ from grpo_cli.tasks.base import Example
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.guess_number import GuessNumber
 from grpo_cli.tasks.schema import TaskConfig
-from tests.conftest import compose_config
-
-TOOLS_PY = '''
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-def no_doc(a: int) -> int:
-    return a
-'''
+from tests.conftest import compose_config, write_my_tools
 
 REWARDS_PY = """
 SEEN = []
@@ -131,7 +116,7 @@ def test_a_tool_call_format_without_tools_is_one_line():
 
 
 def test_a_tool_or_environment_that_does_not_load_is_one_line_at_preflight(tmp_path, monkeypatch):
-    (tmp_path / "my_tools.py").write_text(textwrap.dedent(TOOLS_PY))
+    write_my_tools(tmp_path)
     monkeypatch.chdir(tmp_path)
     cfg = task_cfg("gsm8k", prompt="chat", tools={"t": "my_tools.py:no_doc"})
     with pytest.raises(UserFacingError, match=r"^task.tools.t=my_tools.py:no_doc: .*docstring"):
@@ -151,7 +136,7 @@ def test_max_turns_below_one_is_one_line():
 
 
 def test_relative_tool_and_environment_files_are_made_absolute_against_the_start_folder(tmp_path):
-    (tmp_path / "my_tools.py").write_text(textwrap.dedent(TOOLS_PY))
+    write_my_tools(tmp_path)
     cfg = task_cfg(
         "gsm8k", prompt="chat", tools={"add": "my_tools.py:add", "calc": "grpo_cli.tasks.builtin_tools:calculator"}
     )

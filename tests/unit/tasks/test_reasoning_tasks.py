@@ -17,7 +17,7 @@ from grpo_cli.tasks import (
 )
 from grpo_cli.tasks.base import R1_ZERO_TEMPLATE
 from grpo_cli.tasks.reasoning import gsm8k_final_answer
-from tests.conftest import FIXTURES, compose_config
+from tests.conftest import FIXTURES, FakeDatasets, compose_config
 
 
 def task_config(task: str, *overrides: str):
@@ -100,17 +100,6 @@ def test_bad_lines_name_the_file_the_line_and_the_field(tmp_path, task, line, me
 
 def test_gsm8k_final_answer_drops_thousands_separators():
     assert gsm8k_final_answer("... so 1,000 + 234 = 1,234.\n#### 1,234") == "1234"
-
-
-class FakeDatasets:
-    """Stands in for the `datasets` module: records the call, returns rows like the hub's."""
-
-    def __init__(self, rows):
-        self.rows, self.calls = rows, []
-
-    def load_dataset(self, path, name=None, split=None):
-        self.calls.append((path, name, split))
-        return iter(self.rows)
 
 
 def test_hub_path_loads_the_configured_dataset_and_split(monkeypatch):

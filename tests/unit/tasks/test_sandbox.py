@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.tasks import sandbox
-from grpo_cli.tasks.sandbox import SandboxLimits, describe_run, socket_block, socket_filter
+from grpo_cli.tasks.sandbox import SandboxLimits, describe_run
+from grpo_cli.tasks.sandbox_prelude import BLOCKED_SYSCALLS, SYSCALL_NUMBERS, socket_block, socket_filter
 
 # Small limits, so that each test hits its own quickly.
 LIMITS = SandboxLimits(cpu_time_s=1, wall_time_s=20.0, memory_mb=256, max_output_bytes=300, max_file_mb=1)
@@ -182,9 +183,9 @@ def test_the_seccomp_numbers_are_the_kernels(tmp_path: Path) -> None:
         if header is None:
             continue
         defined = dict(re.findall(r"#define __NR_(\w+)\s+(\d+)", header.read_text()))
-        numbers = sandbox.SYSCALL_NUMBERS[machine][1]
-        assert set(numbers) == set(sandbox.BLOCKED_SYSCALLS)
-        for name in sandbox.BLOCKED_SYSCALLS:
+        numbers = SYSCALL_NUMBERS[machine][1]
+        assert set(numbers) == set(BLOCKED_SYSCALLS)
+        for name in BLOCKED_SYSCALLS:
             assert int(defined[name]) == numbers[name], (machine, name)
         checked += 1
     if not checked:
@@ -195,7 +196,7 @@ def test_the_seccomp_numbers_are_the_kernels(tmp_path: Path) -> None:
 def test_every_blocked_system_call_fails_with_eperm(run_python) -> None:
     """Each of the filter's calls, made through libc's syscall() with harmless arguments, is refused before the
     kernel looks at them: errno EPERM, never EINVAL/EBADF/ENOSYS."""
-    numbers = sandbox.SYSCALL_NUMBERS[os.uname().machine][1]
+    numbers = SYSCALL_NUMBERS[os.uname().machine][1]
     code = (
         "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         f"for number in {sorted(numbers.values())}:\n"

@@ -31,6 +31,8 @@ from grpo_cli.tasks import cgroups, sandbox
 from grpo_cli.tasks.builtin_tools import make_python_tool
 from grpo_cli.tasks.reward_workers import RewardWorkers
 from grpo_cli.tasks.sandbox import SandboxLimits
+from grpo_cli.tasks.sandbox_bwrap import PACKAGES_DIR, SANDBOX_UID
+from grpo_cli.tasks.sandbox_prelude import SYSCALL_NUMBERS
 
 PROBLEM = sandbox.problem("bwrap")
 if PROBLEM is not None and os.environ.get("GRPO_CLI_REQUIRE_SANDBOX") == "1":
@@ -38,7 +40,7 @@ if PROBLEM is not None and os.environ.get("GRPO_CLI_REQUIRE_SANDBOX") == "1":
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"bwrap sandbox unavailable: {PROBLEM}")
 
 LIMITS = SandboxLimits(cpu_time_s=2, wall_time_s=20.0, memory_mb=256, max_output_bytes=20_000, max_file_mb=1)
-NUMBERS = sandbox.SYSCALL_NUMBERS.get(os.uname().machine, (0, {}))[1]
+NUMBERS = SYSCALL_NUMBERS.get(os.uname().machine, (0, {}))[1]
 SECRET = f"grpo-escape-secret-{uuid.uuid4().hex}"
 PROJECT = Path(grpo_cli.__file__).resolve().parent
 
@@ -130,7 +132,7 @@ def test_it_cannot_read_etc_passwd_the_users_home_or_the_project() -> None:
 
 def test_it_cannot_write_outside_its_tmp_or_into_the_installed_package() -> None:
     name = f"escape-{uuid.uuid4().hex}"
-    folders = ["/", "/usr/lib", "/dev", sandbox.PACKAGES_DIR, os.path.dirname(os.path.realpath(sys.executable))]
+    folders = ["/", "/usr/lib", "/dev", PACKAGES_DIR, os.path.dirname(os.path.realpath(sys.executable))]
     folders += [os.path.dirname(os.__file__), str(PROJECT / "tasks"), str(Path.home())]
     package_file = str(PROJECT / "tasks" / "graders.py")
     try:
@@ -498,7 +500,7 @@ for path in ("/usr/lib/escape", "/escape"):
 """
     )
     lines = result.output.splitlines()
-    assert lines[0] == f"uid {sandbox.SANDBOX_UID} caps 0000000000000000", result.output
+    assert lines[0] == f"uid {SANDBOX_UID} caps 0000000000000000", result.output
     assert lines[1:3] == ["remount /usr/lib -1 1", "remount / -1 1"], result.output
     assert lines[3].startswith("unshare -1 ") and lines[4:] == [
         "refused /usr/lib/escape OSError",

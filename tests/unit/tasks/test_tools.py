@@ -15,103 +15,15 @@ import pytest
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.tool_calls import HERMES, ToolCall, ToolCallError
 from grpo_cli.tasks.tools import ToolResult, ToolRunner, default_tool_prompt, load_tools, tool_prompt
+from tests.conftest import write_my_tools
 
 HERMES_TEMPLATE = Path(__file__).parents[2] / "fixtures" / "chat_templates" / "hermes_tools.jinja"
-
-USER_TOOLS = '''
-import os
-import sys
-import time
-from pathlib import Path
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-def fails(x: str) -> str:
-    """Always fails.
-
-    Args:
-        x: Anything.
-    """
-    raise RuntimeError(f"no {x}")
-
-
-def leaves(x: str) -> str:
-    """Exits its process.
-
-    Args:
-        x: Anything.
-    """
-    sys.exit(3)
-
-
-def sleeps(seconds: float) -> str:
-    """Sleeps.
-
-    Args:
-        seconds: How long.
-    """
-    time.sleep(seconds)
-    return "awake"
-
-
-def meet(folder: str, me: str, other: str) -> str:
-    """Waits until `other` has arrived too: returns only when two calls run at the same time.
-
-    Args:
-        folder: Where they meet.
-        me: This call's name.
-        other: The other call's name.
-    """
-    Path(folder, me).touch()
-    while not Path(folder, other).exists():
-        time.sleep(0.01)
-    return f"{me} met {other} in process {os.getpid()}"
-
-
-def make_multiplier(factor: int):
-    def multiply(x: int) -> int:
-        """Multiply by a fixed factor.
-
-        Args:
-            x: The number.
-        """
-        return x * factor
-
-    return multiply
-
-
-def no_doc(x: int) -> int:
-    return x
-
-
-def no_hint(x) -> int:
-    """Hint missing.
-
-    Args:
-        x: A number.
-    """
-    return x
-
-
-def no_arg_doc(x: int) -> int:
-    """Args missing."""
-    return x
-'''
 
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("user")
-    (folder / "my_tools.py").write_text(USER_TOOLS)
+    write_my_tools(folder)
     return folder
 
 

@@ -232,8 +232,10 @@ def test_the_backward_recomputes_every_chunk_but_the_last_and_a_retained_graph_t
         with MatmulShapes() as second:
             loss.backward()
         assert sorted(second.rows_by_vocab) == sorted(recomputed + [13 - sum(recomputed)])
+        # To 1e-5 of each tensor's scale: the kept softmax and its recomputation round differently in the last
+        # bits (exp(logits - log Z) against the forward's log-softmax; 2.6e-6 of a 4.6 scale on an AVX-512 CPU).
         for name, p in model.named_parameters():
-            torch.testing.assert_close(p.grad, once[name], atol=1e-6, rtol=1e-5, msg=name)
+            torch.testing.assert_close(p.grad, once[name], atol=1e-5 * float(once[name].abs().max()), rtol=0, msg=name)
 
 
 def test_an_all_empty_batch_scores_nothing_and_keeps_the_head_in_the_graph(chunk_path):

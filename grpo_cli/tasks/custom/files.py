@@ -1,0 +1,57 @@
+"""The user's files of task=custom: relative paths made absolute before the run starts (so every rank, actor and
+sweep job finds the same files), and the code's hashes recorded in run_info.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_cli.tasks.custom.schema import CustomTaskConfig, base_dir_of, reward_specs
+from grpo_cli.tasks.user_code import (
+    absolute_reference,
+    file_sha256,
+    resolve_file,
+    spec_reference,
+    with_absolute_reference,
+)
+
+
+def absolutize_paths(task_cfg: CustomTaskConfig, base_dir: Path) -> None:
+    """Make task=custom's relative paths absolute against `base_dir` (the directory grpo-run was started from) and
+    record it as task.base_dir, in place, before the config is saved and sent to ranks, actors and sweep jobs."""
+    if not getattr(task_cfg, "base_dir", None):
+        task_cfg.base_dir = str(base_dir)
+    base = base_dir_of(task_cfg)
+    for key in ("train_path", "eval_path", "cases_path"):
+        value = getattr(task_cfg, key)
+        if value and not Path(str(value)).expanduser().is_absolute():
+            setattr(task_cfg, key, str((base / str(value)).resolve()))
+    if (
+        task_cfg.dataset
+        and Path(base / str(task_cfg.dataset)).is_dir()
+        and not Path(str(task_cfg.dataset)).is_absolute()
+    ):
+        task_cfg.dataset = str((base / str(task_cfg.dataset)).resolve())
+    if task_cfg.generator:
+        task_cfg.generator = absolute_reference(str(task_cfg.generator), base)
+    for name, spec in reward_specs(task_cfg).items():
+        task_cfg.rewards[name] = with_absolute_reference(spec, base)
+    rm_path = task_cfg.reward_model.path
+    if rm_path and (str(rm_path).startswith((".", "~")) or (base / str(rm_path)).is_dir()):
+        task_cfg.reward_model.path = str(resolve_file(str(rm_path), base))
+
+
+def code_hashes(task_cfg: CustomTaskConfig) -> dict[str, dict[str, str]]:
+    """run_info.json's record of the user's code: {config key: {"file", "sha256"}} of every reward function's and
+    the generator's file, so a rerun can tell they changed."""
+    base_dir = base_dir_of(task_cfg)
+    references = {f"task.rewards.{name}": spec_reference(spec) for name, spec in reward_specs(task_cfg).items()}
+    if task_cfg.generator:
+        references["task.generator"] = task_cfg.generator
+    out = {}
+    for key, reference in references.items():
+        if reference is None:
+            continue
+        found = file_sha256(str(reference), base_dir)
+        if found is not None:
+            out[key] = {"file": found[0], "sha256": found[1]}
+    return out

@@ -2,7 +2,8 @@
 
 Because the primary config extends `grpo_config_schema`, a typo'd key (`optim.lrr=1`) or a wrong type
 (`train.steps=ten`) fails when Hydra composes the config, before anything is loaded. Two groups have one schema
-per choice: `task` (each task's schema lives next to the task, grpo_cli.tasks.TASK_SCHEMAS) and `rollout` (the
+per choice: `task` (each task's schema lives next to the task; the tasks package registers them in
+config/task_registry.py's TASK_SCHEMAS) and `rollout` (the
 sampling keys every engine shares, plus the vLLM keys for rollout=vllm, ROLLOUT_SCHEMAS), so
 `task=keyword task.min_words=3` fails as a typo would. Every option says what it is for where it is defined, as
 data (`help=`, as TRL's GRPOConfig does): `grpo-run --help <group>` and docs/config-reference.md print it; what it
@@ -28,7 +29,7 @@ from grpo_cli.config.fields import (
     positive,
     unit_interval,
 )
-from grpo_cli.tasks import TASK_SCHEMAS
+from grpo_cli.config.task_registry import TASK_SCHEMAS
 
 # Sync strategies; the DISAGGREGATED ones run a generator and a learner as Ray actors.
 DISAGGREGATED: tuple[str, ...] = ("one_behind", "replay_buffer")

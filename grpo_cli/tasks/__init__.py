@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from grpo_cli.config.task_registry import TASK_SCHEMAS, register_tasks
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
 from grpo_cli.tasks.base import (
@@ -67,9 +68,6 @@ TASKS: dict[str, TaskSpec] = {
         GUESS_NUMBER_TASK,
     )
 }
-# task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
-# `task` (conf/task/<name>.yaml extends it).
-TASK_SCHEMAS: dict[str, type[TaskConfig]] = {name: task.schema or TaskConfig for name, task in TASKS.items()}
 
 
 def load_jsonl_examples(
@@ -248,6 +246,12 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
                 f"digits, _ and - and none of {', '.join(sorted(RESERVED_EVAL_SET_NAMES))}"
             )
         eval_set_config(task_cfg, str(name), str(source))  # the source's form, before anything loads
+
+
+# Each task's config schema (TaskSpec.schema) and the task check, registered in the config's registry
+# (config/task_registry.py): grpo_cli.config registers each schema as `<name>_schema` in group `task`
+# (conf/task/<name>.yaml extends it) and validate_config ends with validate_task_config.
+register_tasks({name: task.schema or TaskConfig for name, task in TASKS.items()}, validate_task_config)
 
 
 def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: str | None = None) -> RewardFn:

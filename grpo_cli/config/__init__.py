@@ -8,6 +8,7 @@ Where each part lives:
                            (a leaf module, so that task schemas can use it too)
     tasks/schema.py        TaskConfig, the keys every task has; each task's own schema next to the task
     config/schemas.py      the group schemas and GRPOConfig
+    config/rollout_schemas.py  the rollout group's schemas: the sampling keys every engine has, each engine's own
     config/batch_shape.py  BatchShape: the batch arithmetic and the off-policy decision
     config/declared.py     the declarations read back: choice keys for --help, the generic field check, key hints
     config/validation.py   validate_config: every field against its declaration, then the cross-field rules
@@ -58,17 +59,22 @@ from grpo_cli.config.fields import (
     unit_interval,
 )
 from grpo_cli.config.registry import register_configs, register_sweep_plugins
+from grpo_cli.config.rollout_schemas import (
+    ROLLOUT_SCHEMAS,
+    HFRolloutConfig,
+    SamplingConfig,
+    VLLMRolloutConfig,
+    rollout_config_for,
+)
 from grpo_cli.config.saved import SavedConfigError, load_saved_config
 from grpo_cli.config.schemas import (
     DISAGGREGATED,
     DISTRIBUTED_STRATEGIES,
     GROUP_SCHEMAS,
-    ROLLOUT_SCHEMAS,
     SYNC_STRATEGIES,
     DistributedConfig,
     EvalConfig,
     GRPOConfig,
-    HFRolloutConfig,
     JobConfig,
     KLConfig,
     LoggerConfig,
@@ -78,11 +84,8 @@ from grpo_cli.config.schemas import (
     NormalizationConfig,
     OptimConfig,
     ReportConfig,
-    SamplingConfig,
     SyncConfig,
     TrainConfig,
-    VLLMRolloutConfig,
-    rollout_config_for,
 )
 from grpo_cli.config.task_registry import TASK_SCHEMAS
 from grpo_cli.config.validation import validate_config, validate_distributed, validate_sync

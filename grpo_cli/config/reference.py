@@ -219,8 +219,9 @@ def groups_text(width: int = 100) -> str:
 PAGE_HEADER = """# Config reference
 
 Every key `grpo-run` accepts, with its type, its default, the values it accepts and what it does. This page is
-generated from the schemas (grpo_cli/config/schemas.py, grpo_cli/tasks/schema.py and each task's own schema): do
-not edit it, run `python -m grpo_cli.tasks.config_reference > docs/config-reference.md`. The same text is printed by
+generated from the schemas (grpo_cli/config/schemas.py, grpo_cli/config/rollout_schemas.py,
+grpo_cli/tasks/schema.py and each task's own schema): do not edit it, run
+`python -m grpo_cli.tasks.config_reference > docs/config-reference.md`. The same text is printed by
 `grpo-run --help <group>` (`grpo-run --help all`: every group), there with the values of the selected choices.
 
 Override a key with `grpo-run <key>=<value>` and pick a group's preset with `grpo-run <group>=<choice>`

@@ -9,7 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.config.batch_shape import BatchShape, ratio_loss_types
 from grpo_cli.config.declared import check_fields
-from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS, GRPOConfig, VLLMRolloutConfig
+from grpo_cli.config.rollout_schemas import ROLLOUT_SCHEMAS, VLLMRolloutConfig
+from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
 from grpo_cli.config.task_registry import check_task
 from grpo_cli.errors import UserFacingError
 

@@ -149,7 +149,7 @@ def eval_set_config(task_cfg: TaskConfig, name: str, source: str) -> TaskConfig:
 def load_eval_sets(task_cfg: TaskConfig) -> dict[str, list[Example]]:
     """task.eval_sets: {name: examples} of the extra held-out sets, each read by the task's own loaders
     (task.n_eval caps each); empty when none is configured."""
-    sources = getattr(task_cfg, "eval_sets", None) or {}
+    sources = task_cfg.eval_sets or {}
     return {name: load_examples(eval_set_config(task_cfg, name, str(src)), "eval") for name, src in sources.items()}
 
 
@@ -190,7 +190,7 @@ def _reward_options(task: TaskSpec, task_cfg: TaskConfig) -> dict[str, Any]:
 
 def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     """The components with a nonzero weight in task.reward_weights, as {name: weight} (default: correctness 1)."""
-    weights = getattr(task_cfg, "reward_weights", None)
+    weights = task_cfg.reward_weights
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
     # RewardWeightsConfig, or task=custom's mapping of the user's reward names. `env` (the environment's step
@@ -239,7 +239,7 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
     except ValueError as e:
         raise UserFacingError(str(e)) from None
     validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
-    for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
+    for name, source in (task_cfg.eval_sets or {}).items():
         if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
             raise UserFacingError(
                 f"task.eval_sets.{name}: a set's name prefixes its metrics (eval/<name>/...), so use letters, "
@@ -264,8 +264,8 @@ def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: 
         return task.reward_fn.for_run(max_tokens, device)
     shaping = Shaping(
         max_tokens=max_tokens,
-        overlong_buffer=getattr(task_cfg, "overlong_buffer", None),
-        repetition_ngram=getattr(task_cfg, "repetition_ngram", 3),
+        overlong_buffer=task_cfg.overlong_buffer,
+        repetition_ngram=task_cfg.repetition_ngram,
     )
     return build_reward_fn(
         task,

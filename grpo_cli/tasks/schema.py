@@ -16,6 +16,7 @@ The yaml files of `task` hold only the values of that choice; keys and defaults 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
@@ -227,6 +228,11 @@ class TaskConfig:
         "first max_observation_tokens, with a line the model reads saying so (counted in "
         "train/truncated_observations; verl's max_tool_response_length). null: never cut.",
     )
+
+    def reference_dir(self) -> Path:
+        """Where relative file references (task.tools, task.environment) and package modules are found: this
+        process's working directory (task=custom: its task.base_dir)."""
+        return Path.cwd()
 
 
 @dataclass

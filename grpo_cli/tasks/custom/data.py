@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.base import R1_ZERO_TEMPLATE, Example, Prompt, Row, TaskDataError
-from grpo_cli.tasks.custom.schema import MESSAGE_ROLES, CustomTaskConfig, base_dir_of
+from grpo_cli.tasks.custom.schema import MESSAGE_ROLES, CustomTaskConfig
 from grpo_cli.tasks.sources import check_json_values, dataset_rows, file_rows, generated_rows
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def split_rows(task_cfg: CustomTaskConfig, split: str) -> tuple[list[dict[str, A
         return file_rows(key_path, local, n), f"{key_path}={local}"
     if task_cfg.generator:
         seed = task_cfg.data_seed if train else task_cfg.data_seed + 1
-        rows = generated_rows("task.generator", task_cfg.generator, base_dir_of(task_cfg), n, seed)
+        rows = generated_rows("task.generator", task_cfg.generator, task_cfg.reference_dir(), n, seed)
         return rows, f"task.generator={task_cfg.generator} (n={n}, seed={seed})"
     if task_cfg.dataset:
         which = task_cfg.split if train else task_cfg.eval_split

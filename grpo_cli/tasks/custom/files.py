@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_cli.tasks.custom.schema import CustomTaskConfig, base_dir_of, reward_specs
+from grpo_cli.tasks.custom.schema import CustomTaskConfig, reward_specs
 from grpo_cli.tasks.user_code import (
     absolute_reference,
     file_sha256,
@@ -18,13 +18,12 @@ from grpo_cli.tasks.user_code import (
 def absolutize_paths(task_cfg: CustomTaskConfig, base_dir: Path) -> None:
     """Make task=custom's relative paths absolute against `base_dir` (the directory grpo-run was started from) and
     record it as task.base_dir, in place, before the config is saved and sent to ranks, actors and sweep jobs."""
-    if not getattr(task_cfg, "base_dir", None):
+    if not task_cfg.base_dir:
         task_cfg.base_dir = str(base_dir)
-    base = base_dir_of(task_cfg)
-    for key in ("train_path", "eval_path", "cases_path"):
-        value = getattr(task_cfg, key)
-        if value and not Path(str(value)).expanduser().is_absolute():
-            setattr(task_cfg, key, str((base / str(value)).resolve()))
+    base = task_cfg.reference_dir()
+    task_cfg.train_path = _absolute_path(task_cfg.train_path, base)
+    task_cfg.eval_path = _absolute_path(task_cfg.eval_path, base)
+    task_cfg.cases_path = _absolute_path(task_cfg.cases_path, base)
     if (
         task_cfg.dataset
         and Path(base / str(task_cfg.dataset)).is_dir()
@@ -40,10 +39,17 @@ def absolutize_paths(task_cfg: CustomTaskConfig, base_dir: Path) -> None:
         task_cfg.reward_model.path = str(resolve_file(str(rm_path), base))
 
 
+def _absolute_path(value: str | None, base: Path) -> str | None:
+    """A relative path made absolute against `base`; an absolute one, or none, as it is."""
+    if value and not Path(str(value)).expanduser().is_absolute():
+        return str((base / str(value)).resolve())
+    return value
+
+
 def code_hashes(task_cfg: CustomTaskConfig) -> dict[str, dict[str, str]]:
     """run_info.json's record of the user's code: {config key: {"file", "sha256"}} of every reward function's and
     the generator's file, so a rerun can tell they changed."""
-    base_dir = base_dir_of(task_cfg)
+    base_dir = task_cfg.reference_dir()
     references = {f"task.rewards.{name}": spec_reference(spec) for name, spec in reward_specs(task_cfg).items()}
     if task_cfg.generator:
         references["task.generator"] = task_cfg.generator

@@ -144,11 +144,10 @@ class CustomTaskConfig(TaskConfig):
         "started from (written into the run's config, so every rank, actor and sweep job finds the same files).",
     )
 
-
-def base_dir_of(task_cfg: CustomTaskConfig) -> Path:
-    """Where relative paths and modules are found: task.base_dir, else this process's working directory."""
-    base_dir = task_cfg.base_dir
-    return Path(base_dir) if base_dir else Path.cwd()
+    def reference_dir(self) -> Path:
+        """Where relative paths and package modules are found: task.base_dir, else this process's working
+        directory."""
+        return Path(self.base_dir) if self.base_dir else Path.cwd()
 
 
 def reward_specs(task_cfg: CustomTaskConfig) -> dict[str, RewardSpec]:

@@ -12,7 +12,7 @@ from grpo_cli.tasks.base import PROMPT_STYLES, Example, TaskSpec
 from grpo_cli.tasks.custom.cases import read_cases
 from grpo_cli.tasks.custom.data import build_examples, template_columns
 from grpo_cli.tasks.custom.reward import CustomReward
-from grpo_cli.tasks.custom.schema import CustomTaskConfig, base_dir_of, reward_specs
+from grpo_cli.tasks.custom.schema import CustomTaskConfig, reward_specs
 from grpo_cli.tasks.custom.trl_convention import NamedReward, user_reward
 from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, environment_spec
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping
@@ -53,8 +53,8 @@ def _reward_model(task_cfg: CustomTaskConfig) -> NamedReward | None:
         return None
     from grpo_cli.tasks.reward_model import RewardModelScorer, check_reward_model  # torch, only when configured
 
-    local = rm.path.startswith((".", "/", "~")) or (base_dir_of(task_cfg) / rm.path).is_dir()
-    model_path = str(resolve_file(rm.path, base_dir_of(task_cfg))) if local else rm.path
+    local = rm.path.startswith((".", "/", "~")) or (task_cfg.reference_dir() / rm.path).is_dir()
+    model_path = str(resolve_file(rm.path, task_cfg.reference_dir())) if local else rm.path
     check_reward_model(model_path, rm.label)
 
     def load(device: str | None) -> Any:
@@ -69,7 +69,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
     # TaskSpec.from_config takes any task config; this task's is CustomTaskConfig (its TaskSpec.schema), which
     # validate_task_config checks before anything builds.
     task_cfg = cast(CustomTaskConfig, config)
-    base_dir = base_dir_of(task_cfg)
+    base_dir = task_cfg.reference_dir()
     specs = reward_specs(task_cfg)
     names = list(specs)
     for name in names:
@@ -91,8 +91,7 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         )
     all_names = [r.name for r in rewards]
     with_environment = environment_spec(task_cfg) is not None
-    for key in ("answer_from", "format_from"):
-        chosen = getattr(task_cfg, key)
+    for key, chosen in (("answer_from", task_cfg.answer_from), ("format_from", task_cfg.format_from)):
         allowed = [*all_names, ENV_COMPONENT] if with_environment and key == "answer_from" else all_names
         if chosen is not None and chosen not in allowed:
             if chosen == ENV_COMPONENT:

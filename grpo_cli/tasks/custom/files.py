@@ -20,7 +20,9 @@ def absolutize_paths(task_cfg: CustomTaskConfig, base_dir: Path) -> None:
     record it as task.base_dir, in place, before the config is saved and sent to ranks, actors and sweep jobs."""
     if not task_cfg.base_dir:
         task_cfg.base_dir = str(base_dir)
-    base = task_cfg.reference_dir()
+    # task.base_dir, set by now; read as a key, not through reference_dir(): grpo-run's cli calls this on the
+    # composed config (an OmegaConf node of the schema, without its methods) before it becomes the dataclass.
+    base = Path(str(task_cfg.base_dir))
     task_cfg.train_path = _absolute_path(task_cfg.train_path, base)
     task_cfg.eval_path = _absolute_path(task_cfg.eval_path, base)
     task_cfg.cases_path = _absolute_path(task_cfg.cases_path, base)

@@ -28,10 +28,10 @@ from grpo_cli import jobs
 from grpo_cli.config import (
     GRPOConfig,
     register_configs,
-    unknown_group_choice,
     unknown_key_hint,
     validate_config,
 )
+from grpo_cli.config.group_choices import unknown_group_choice
 from grpo_cli.config.registry import HELP_TOPICS
 from grpo_cli.config.resume import resumed_config
 from grpo_cli.errors import (

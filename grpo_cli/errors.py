@@ -30,6 +30,16 @@ class ModelLoadError(UserFacingError):
     """The model, its tokenizer, device or dtype could not be set up as configured (one-line message)."""
 
 
+# The user's code failing at run time: raised in tasks/, caught by the loop (drivers/) to stop with its checkpoints
+# kept, so they live here, below both.
+class RewardFunctionError(UserFacingError):
+    """A user's reward function failed on a row at run time (task.on_reward_error=stop)."""
+
+
+class EnvironmentFailed(UserFacingError):
+    """An environment failed on an episode at run time (task.on_reward_error=stop)."""
+
+
 class RunStopped(Exception):
     """A run that stopped early on purpose (a signal, diverging numbers) after saving its work.
 

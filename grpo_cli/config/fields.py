@@ -26,7 +26,7 @@ Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
 CONSTRAINT = "constraint"
 # What the key is for, in a sentence or a few: `grpo-run --help <group>` prints it and docs/config-reference.md
-# (python -m grpo_cli.config.reference) tabulates it. Every key has one (tests/unit/config/test_reference.py).
+# (python -m grpo_cli.tasks.config_reference) tabulates it. Every key has one (tests/unit/config/test_reference.py).
 HELP = "help"
 # path(kind=...): file: an existing file | dir: an existing directory | output: a directory that is or can be
 # made (not a file) | model: a local model directory or .gguf file when the value is a path (a hub id or a

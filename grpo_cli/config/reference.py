@@ -1,13 +1,13 @@
 """The key reference, read from the schemas: every key's type, default, constraint and help, grouped as the
 command line groups them. `grpo-run --help [<group>]` prints it (with the values of the selected choices) and
-`python -m grpo_cli.config.reference > docs/config-reference.md` writes the page the docs link to (a test fails
+`python -m grpo_cli.tasks.config_reference > docs/config-reference.md` writes the page the docs link to (a test fails
 when the committed page is not a fresh render).
 
 A section is a group (`loss`), a nested schema (`model.lora`), or, for a group with one schema per choice (task,
 rollout: GROUP_SCHEMAS), the keys every choice has and then each choice's own keys (`task=custom`).
 
 A docs page shows some keys in a table between `<!-- generated keys: <section titles or keys> -->` and
-`<!-- end of generated keys -->`; `python -m grpo_cli.config.reference --fill <page>...` rewrites those tables
+`<!-- end of generated keys -->`; `python -m grpo_cli.tasks.config_reference --fill <page>...` rewrites those tables
 (the test of the reference page checks them too).
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 
 from grpo_cli.config.fields import constraint_of, help_of
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
+from grpo_cli.config.task_registry import require_tasks
 
 TOP_LEVEL = "top level"
 
@@ -218,8 +219,9 @@ def groups_text(width: int = 100) -> str:
 PAGE_HEADER = """# Config reference
 
 Every key `grpo-run` accepts, with its type, its default, the values it accepts and what it does. This page is
-generated from the schemas (grpo_cli/config/schemas.py, grpo_cli/tasks/schema.py and each task's own schema): do
-not edit it, run `python -m grpo_cli.config.reference > docs/config-reference.md`. The same text is printed by
+generated from the schemas (grpo_cli/config/schemas.py, grpo_cli/config/rollout_schemas.py,
+grpo_cli/tasks/schema.py and each task's own schema): do not edit it, run
+`python -m grpo_cli.tasks.config_reference > docs/config-reference.md`. The same text is printed by
 `grpo-run --help <group>` (`grpo-run --help all`: every group), there with the values of the selected choices.
 
 Override a key with `grpo-run <key>=<value>` and pick a group's preset with `grpo-run <group>=<choice>`
@@ -279,11 +281,12 @@ def fill_generated_tables(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m grpo_cli.config.reference",
+        prog="python -m grpo_cli.tasks.config_reference",
         description="Print docs/config-reference.md, or rewrite the generated key tables of docs pages.",
     )
     parser.add_argument("--fill", nargs="+", type=Path, metavar="PAGE", help="rewrite these pages' generated tables")
     args = parser.parse_args(argv)
+    require_tasks()  # the page lists every task's keys: run as python -m grpo_cli.tasks.config_reference
     if not args.fill:
         sys.stdout.write(markdown())
         return

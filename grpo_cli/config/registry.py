@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_cli.config.declared import choice_fields
 from grpo_cli.config.reference import group_sections, groups, groups_text, terminal_text
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
+from grpo_cli.config.task_registry import require_tasks
 
 # The groups `grpo-run --help <group> ...` asks for ("all": every group), set by cli.py, which takes them off the
 # command line before Hydra reads it; empty: the overview.
@@ -76,6 +77,7 @@ def register_configs() -> None:
     `<name>_schema`, conf/rollout/<engine>.yaml `<engine>_schema`) and the resolvers of the help text."""
     from hydra.core.config_store import ConfigStore
 
+    require_tasks()  # the task schemas the tasks package registers (conf/task/*.yaml extend them)
     cs = ConfigStore.instance()
     cs.store(name="grpo_config_schema", node=GRPOConfig)
     for group, schemas in GROUP_SCHEMAS.items():

@@ -9,7 +9,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_cli.config.batch_shape import BatchShape, ratio_loss_types
 from grpo_cli.config.declared import check_fields
-from grpo_cli.config.schemas import DISAGGREGATED, ROLLOUT_SCHEMAS, GRPOConfig, VLLMRolloutConfig
+from grpo_cli.config.rollout_schemas import ROLLOUT_SCHEMAS, VLLMRolloutConfig
+from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
+from grpo_cli.config.task_registry import check_task
 from grpo_cli.errors import UserFacingError
 
 
@@ -206,6 +208,4 @@ def validate_config(config: GRPOConfig | DictConfig) -> None:
             f"task.overlong_buffer={buffer} must be between 1 and rollout.max_tokens={cfg.rollout.max_tokens} "
             "(the overlong penalty ramps over that many tokens before the limit)"
         )
-    from grpo_cli.tasks import validate_task_config  # the task registry knows each task's reward components
-
-    validate_task_config(cfg.task)
+    check_task(cfg.task)  # the check the tasks package registered: the task's reward components, tools, ...

@@ -29,6 +29,8 @@ from grpo_cli.errors import (
     EXIT_DIVERGED,
     EXIT_USER_ERROR,
     EXIT_WEIGHT_SYNC_FAILED,
+    EnvironmentFailed,
+    RewardFunctionError,
     RunStopped,
     UserFacingError,
     exit_code_for_signal,
@@ -37,8 +39,6 @@ from grpo_cli.models.runtime import timed
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
-from grpo_cli.tasks.custom import RewardFunctionError
-from grpo_cli.tasks.environments import EnvironmentFailed
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
     StepProgress,

@@ -23,7 +23,6 @@ from grpo_cli.rollout.episodes import ChatTemplate, Episode, Generate, SampledTu
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.base import Example
-from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
     SHAPING_CASE_BUFFER,
@@ -36,6 +35,7 @@ from grpo_cli.tasks.rewards import (
     shaping_case_value,
     uses_n_tokens,
 )
+from grpo_cli.tasks.trainer_state import TrainerState
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig

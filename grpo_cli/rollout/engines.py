@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from grpo_cli.config.schemas import GRPOConfig, HFRolloutConfig
+    from grpo_cli.config.rollout_schemas import HFRolloutConfig
+    from grpo_cli.config.schemas import GRPOConfig
 
 
 def build_rollout_engine(cfg: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:

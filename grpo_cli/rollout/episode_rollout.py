@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
     from grpo_cli.rollout.scoring import Scores
     from grpo_cli.tasks.base import Example, RewardFn
-    from grpo_cli.tasks.custom import TrainerState
+    from grpo_cli.tasks.trainer_state import TrainerState
 
 
 class EngineTurns:

@@ -22,7 +22,7 @@ from grpo_cli.rollout.multiturn import last_model_turn
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
 from grpo_cli.rollout.scoring import Scores, reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, RewardFn, TaskSpec
-from grpo_cli.tasks.custom import TrainerState
+from grpo_cli.tasks.trainer_state import TrainerState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

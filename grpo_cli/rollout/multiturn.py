@@ -59,7 +59,6 @@ from grpo_cli.rollout.episodes import (
 )
 from grpo_cli.rollout.scoring import Scores, score_responses
 from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
-from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.environments import (
     EnvironmentRunner,
     EnvSession,
@@ -78,6 +77,7 @@ from grpo_cli.tasks.multiturn_config import (
 from grpo_cli.tasks.rewards import uses_n_tokens
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.tools import ToolPrompt, ToolRunner, load_tools, tool_prompt
+from grpo_cli.tasks.trainer_state import TrainerState
 
 
 @dataclass

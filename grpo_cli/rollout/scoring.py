@@ -7,8 +7,8 @@ from typing import Any, Protocol, cast
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks import OPTIONAL_REWARD_KEYS, REWARD_KEYS, RewardFn, RewardTimeout
-from grpo_cli.tasks.custom import TrainerState
 from grpo_cli.tasks.rewards import uses_n_tokens
+from grpo_cli.tasks.trainer_state import TrainerState
 
 ZERO_REWARD = dict.fromkeys(REWARD_KEYS, 0.0)
 

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from vllm import SamplingParams
 
-    from grpo_cli.config.schemas import GRPOConfig, VLLMRolloutConfig
+    from grpo_cli.config.rollout_schemas import VLLMRolloutConfig
+    from grpo_cli.config.schemas import GRPOConfig
     from grpo_cli.tasks import Prompt
 from grpo_cli.rollout.sampling import completion_seed
 from grpo_cli.rollout.stopping import decoded

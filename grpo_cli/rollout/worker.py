@@ -45,7 +45,7 @@ from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
-from grpo_cli.tasks.custom import TrainerState
+from grpo_cli.tasks.trainer_state import TrainerState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

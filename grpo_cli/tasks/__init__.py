@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from grpo_cli.config.task_registry import TASK_SCHEMAS, register_tasks
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
 from grpo_cli.tasks.base import (
@@ -67,9 +68,6 @@ TASKS: dict[str, TaskSpec] = {
         GUESS_NUMBER_TASK,
     )
 }
-# task name -> its config schema (TaskSpec.schema), registered by grpo_cli.config as `<name>_schema` in group
-# `task` (conf/task/<name>.yaml extends it).
-TASK_SCHEMAS: dict[str, type[TaskConfig]] = {name: task.schema or TaskConfig for name, task in TASKS.items()}
 
 
 def load_jsonl_examples(
@@ -151,7 +149,7 @@ def eval_set_config(task_cfg: TaskConfig, name: str, source: str) -> TaskConfig:
 def load_eval_sets(task_cfg: TaskConfig) -> dict[str, list[Example]]:
     """task.eval_sets: {name: examples} of the extra held-out sets, each read by the task's own loaders
     (task.n_eval caps each); empty when none is configured."""
-    sources = getattr(task_cfg, "eval_sets", None) or {}
+    sources = task_cfg.eval_sets or {}
     return {name: load_examples(eval_set_config(task_cfg, name, str(src)), "eval") for name, src in sources.items()}
 
 
@@ -192,7 +190,7 @@ def _reward_options(task: TaskSpec, task_cfg: TaskConfig) -> dict[str, Any]:
 
 def reward_weights(task_cfg: TaskConfig) -> dict[str, float]:
     """The components with a nonzero weight in task.reward_weights, as {name: weight} (default: correctness 1)."""
-    weights = getattr(task_cfg, "reward_weights", None)
+    weights = task_cfg.reward_weights
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
     # RewardWeightsConfig, or task=custom's mapping of the user's reward names. `env` (the environment's step
@@ -241,13 +239,19 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
     except ValueError as e:
         raise UserFacingError(str(e)) from None
     validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
-    for name, source in (getattr(task_cfg, "eval_sets", None) or {}).items():
+    for name, source in (task_cfg.eval_sets or {}).items():
         if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
             raise UserFacingError(
                 f"task.eval_sets.{name}: a set's name prefixes its metrics (eval/<name>/...), so use letters, "
                 f"digits, _ and - and none of {', '.join(sorted(RESERVED_EVAL_SET_NAMES))}"
             )
         eval_set_config(task_cfg, str(name), str(source))  # the source's form, before anything loads
+
+
+# Each task's config schema (TaskSpec.schema) and the task check, registered in the config's registry
+# (config/task_registry.py): grpo_cli.config registers each schema as `<name>_schema` in group `task`
+# (conf/task/<name>.yaml extends it) and validate_config ends with validate_task_config.
+register_tasks({name: task.schema or TaskConfig for name, task in TASKS.items()}, validate_task_config)
 
 
 def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: str | None = None) -> RewardFn:
@@ -260,8 +264,8 @@ def make_reward_fn(task_cfg: TaskConfig, max_tokens: int | None = None, device: 
         return task.reward_fn.for_run(max_tokens, device)
     shaping = Shaping(
         max_tokens=max_tokens,
-        overlong_buffer=getattr(task_cfg, "overlong_buffer", None),
-        repetition_ngram=getattr(task_cfg, "repetition_ngram", 3),
+        overlong_buffer=task_cfg.overlong_buffer,
+        repetition_ngram=task_cfg.repetition_ngram,
     )
     return build_reward_fn(
         task,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import EnvironmentFailed
 from grpo_cli.tasks.reward_workers import PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 from grpo_cli.tasks.user_code import (
@@ -65,10 +65,6 @@ class Environment(Protocol):
     """What task.environment names (reset and close are optional)."""
 
     def step(self, messages: list[Message]) -> tuple[list[Message] | None, float | None, bool]: ...
-
-
-class EnvironmentFailed(UserFacingError):
-    """An environment failed on an episode at run time (task.on_reward_error=stop)."""
 
 
 class BadEnvironmentReturn(Exception):

@@ -40,17 +40,17 @@ def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
     applies task.sandbox to this process and the workers it starts (sandbox.configure): every process that loads
     the tools or the environment (preflight, episode_setup) reads task.tools first."""
     configure_sandbox(task_cfg)
-    return named_specs(getattr(task_cfg, "tools", None), "task.tools")
+    return named_specs(task_cfg.tools, "task.tools")
 
 
 def configure_sandbox(task_cfg: TaskConfig) -> None:
     """task.sandbox as the settings of sandbox.run in this process and the worker processes it starts."""
-    configure(settings_from_config(_plain(getattr(task_cfg, "sandbox", None))))
+    configure(settings_from_config(_plain(task_cfg.sandbox)))
 
 
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
     """task.environment as plain data (a reference string or a node), None when the task has none."""
-    value = _plain(getattr(task_cfg, "environment", None))
+    value = _plain(task_cfg.environment)
     if value is None or value == "":
         return None
     if isinstance(value, Mapping):
@@ -71,13 +71,12 @@ def is_multiturn(task_cfg: TaskConfig) -> bool:
 def base_dir_of_task(task_cfg: TaskConfig) -> Path:
     """Where relative tool and environment references and package modules are found: task.base_dir (task=custom),
     else this process's working directory (file references are absolute by then: absolutize_multiturn_paths)."""
-    base_dir = getattr(task_cfg, "base_dir", None)
-    return Path(base_dir) if base_dir else Path.cwd()
+    return task_cfg.reference_dir()
 
 
 def env_weight(task_cfg: TaskConfig) -> float:
     """task.reward_weights.env: the weight of the environment's summed step rewards (default 1)."""
-    weights = getattr(task_cfg, "reward_weights", None)
+    weights = task_cfg.reward_weights
     if isinstance(weights, RewardWeightsConfig):
         return float(weights.env)
     value = (_plain(weights) or {}).get(ENV_COMPONENT, 1.0)  # task=custom: a mapping of names
@@ -103,7 +102,7 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
     specs = tool_specs(task_cfg)
     environment = environment_spec(task_cfg)
     if not specs and environment is None:
-        if getattr(task_cfg, "tool_call_format", None) is not None:
+        if task_cfg.tool_call_format is not None:
             raise UserFacingError(
                 f"task.tool_call_format={task_cfg.tool_call_format} without task.tools: it says how tool calls are "
                 "read, so give task.tools.<name>=file.py:function, or drop it"

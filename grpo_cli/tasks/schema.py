@@ -2,37 +2,35 @@
 the mixins of the hub-backed and numeric tasks. No torch.
 
 Each task's own schema lives next to its TaskSpec (`KeywordTaskConfig` in tasks/keyword.py, ...) and is named by
-`TaskSpec.schema`; grpo_cli.tasks.TASK_SCHEMAS collects them and grpo_cli.config registers each as
-`<name>_schema` in group `task`. To add a task `foo` with a key `foo_size`:
+`TaskSpec.schema`; grpo_cli/tasks/__init__.py registers them in the config's registry (config/task_registry.py),
+and grpo_cli.config registers each as `<name>_schema` in group `task`. To add a task `foo` with a key `foo_size`:
   1. in grpo_cli/tasks/foo.py:  @dataclass class FooTaskConfig(TaskConfig): foo_size: int = positive(3)
      (help="..." on each key), and FOO_TASK = TaskSpec(name="foo", schema=FooTaskConfig, ...) registered in
      grpo_cli/tasks/__init__.py's TASKS;
   2. conf/task/foo.yaml starts with   defaults: [foo_schema, _self_]   then `name: foo` and the values that
      differ from the schema's defaults;
-  3. python -m grpo_cli.config.reference > docs/config-reference.md (a test fails while the page lacks the key).
+  3. python -m grpo_cli.tasks.config_reference > docs/config-reference.md (a test fails while the page lacks the key).
 The yaml files of `task` hold only the values of that choice; keys and defaults live in the schemas.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
+from grpo_cli.config.task_registry import task_names
 from grpo_cli.tasks.sandbox import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
+from grpo_cli.tasks.tool_calls import TOOL_CALL_FORMATS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
 PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
 # task.on_reward_error: what a reward function or an environment that fails does to the run.
 ON_REWARD_ERROR: tuple[str, ...] = ("stop", "skip")
-
-
-def _tool_call_formats() -> tuple[str, ...]:
-    return tuple(importlib.import_module("grpo_cli.tasks.tool_calls").TOOL_CALL_FORMATS)
 
 
 @dataclass
@@ -123,7 +121,7 @@ class TaskConfig:
 
     name: str = choice(
         MISSING,
-        lambda: tuple(importlib.import_module("grpo_cli.tasks").TASKS),
+        task_names,
         help="The task, set by task=<name> (its registry entry in grpo_cli.tasks.TASKS).",
     )
     prompt: str = choice(
@@ -198,7 +196,7 @@ class TaskConfig:
     )
     tool_call_format: str | None = choice(
         None,
-        _tool_call_formats,
+        tuple(TOOL_CALL_FORMATS),
         help="How tool calls are written and read (grpo_cli/tasks/tool_calls.py); null: the chat template's own, "
         "else hermes.",
     )
@@ -230,6 +228,11 @@ class TaskConfig:
         "first max_observation_tokens, with a line the model reads saying so (counted in "
         "train/truncated_observations; verl's max_tool_response_length). null: never cut.",
     )
+
+    def reference_dir(self) -> Path:
+        """Where relative file references (task.tools, task.environment) and package modules are found: this
+        process's working directory (task=custom: its task.base_dir)."""
+        return Path.cwd()
 
 
 @dataclass

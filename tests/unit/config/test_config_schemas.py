@@ -54,7 +54,12 @@ def compose_raw(overrides: list[str], output_dir: str = "/tmp/grpo-cli-test"):
 
 def test_choice_walk_covers_every_choice_field():
     # Every schema module: the group schemas and every task's own module (its schema sits beside the task).
-    modules = [config.schemas, tasks_schema, *(sys.modules[schema.__module__] for schema in TASK_SCHEMAS.values())]
+    modules = [
+        config.schemas,
+        config.rollout_schemas,
+        tasks_schema,
+        *(sys.modules[schema.__module__] for schema in TASK_SCHEMAS.values()),
+    ]
     declared = {
         (cls.__name__, f.name)
         for module in modules

@@ -78,7 +78,7 @@ def test_help_is_the_declaration_s_own_and_a_plain_redeclaration_keeps_the_base_
 def test_the_reference_page_is_a_fresh_render_of_the_schemas():
     fresh = markdown()
     assert REFERENCE_PAGE.read_text(encoding="utf-8") == fresh, (
-        "docs/config-reference.md is stale: python -m grpo_cli.config.reference > docs/config-reference.md"
+        "docs/config-reference.md is stale: python -m grpo_cli.tasks.config_reference > docs/config-reference.md"
     )
     for section in all_sections():
         for doc in section.keys:
@@ -93,7 +93,7 @@ def test_the_docs_generated_key_tables_are_fresh():
         tables += len(GENERATED_KEYS.findall(text))
         if fill_generated_tables(text) != text:
             stale.append(str(page.relative_to(REPO_ROOT)))
-    assert not stale, f"stale key tables: python -m grpo_cli.config.reference --fill {' '.join(stale)}"
+    assert not stale, f"stale key tables: python -m grpo_cli.tasks.config_reference --fill {' '.join(stale)}"
     assert tables >= 3  # docs/custom-tasks.md, docs/evaluation.md, docs/rollout.md
 
 

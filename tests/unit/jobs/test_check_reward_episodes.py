@@ -101,12 +101,12 @@ class Broken:
 
 @pytest.mark.parametrize("on_error", ["stop", "skip"])
 def test_an_environment_that_fails_follows_on_reward_error(tmp_path, on_error):
+    from grpo_cli.errors import EnvironmentFailed
     from grpo_cli.jobs.check_reward import scripted_turns
     from grpo_cli.models import EMBEDDED_SMOLLM2, load_tokenizer
     from grpo_cli.rollout.multiturn import episode_setup, score_episodes
     from grpo_cli.tasks import make_reward_fn
     from grpo_cli.tasks.base import Example
-    from grpo_cli.tasks.environments import EnvironmentFailed
 
     (tmp_path / "envs.py").write_text(textwrap.dedent(BROKEN_ENV_PY))
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import RewardFunctionError, UserFacingError
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
-from grpo_cli.tasks.custom import CustomTaskConfig, RewardFunctionError, absolutize_paths
+from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.user_code import UserCodeError
 from tests.conftest import REPO_ROOT, compose_config
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import EnvironmentFailed, UserFacingError
 from grpo_cli.tasks.environments import (
-    EnvironmentFailed,
     EnvironmentRunner,
     SkyRLGymEnvironment,
     check_error,

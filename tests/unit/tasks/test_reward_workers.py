@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.errors import RewardFunctionError
 from grpo_cli.rollout.scoring import score_responses
 from grpo_cli.tasks import load_examples, make_reward_fn
-from grpo_cli.tasks.custom import RewardFunctionError
 from tests.unit.tasks.test_custom_task import custom_cfg, rows_jsonl, write
 
 # Each test's limit (s): far below how long its function blocks, so "stopped at the limit" cannot be luck.

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.errors import UserFacingError
+from grpo_cli.errors import RewardFunctionError, UserFacingError
 from grpo_cli.rollout.evaluation import add_extra_columns
 from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
-from grpo_cli.tasks.custom import CustomTaskConfig, RewardFunctionError, TrainerState, absolutize_paths
+from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
+from grpo_cli.tasks.trainer_state import TrainerState
 from grpo_cli.tasks.user_code import UserCodeError
 from grpo_cli.tracking.wandb_sink import extra_columns, sample_table_rows
 from tests.conftest import REPO_ROOT, compose_config
@@ -528,7 +529,7 @@ def test_a_reward_that_returns_none_for_every_row_of_a_batch_is_said_once(tmp_pa
     cfg = custom_cfg(tmp_path, template="{q}", rewards={"forgot": "forgot.py:reward", "some": "some.py:reward"})
     truths = [e.ground_truth for e in load_examples(cfg, "train")]
     reward_fn = make_reward_fn(cfg)
-    with caplog.at_level("WARNING", logger="grpo_cli.tasks.custom"):
+    with caplog.at_level("WARNING", logger="grpo_cli.tasks.custom.reward"):
         for _ in range(2):
             scores = score_responses(reward_fn, ["a", "b"], truths)
     assert [r["reward"] for r in scores.rewards] == [0.0, 1.0]  # the direct sum: forgot gives none, some one row

@@ -8,6 +8,8 @@ and used where it matters, with no keyword list in between to forget.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from grpo_cli.config import BatchShape
@@ -35,17 +37,17 @@ def default_length_constant(cfg: GRPOConfig) -> int:
 
 
 def loss_settings(cfg: GRPOConfig) -> LossSettings:
-    """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them."""
-    loss, rollout = cfg.loss, cfg.rollout
-    cliprange_high = loss.cliprange_high
-    if loss.type == "cispo" and cliprange_high is None:
+    """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them.
+    Every loss.* key goes over by name (LossSettings has a field of each's name; loss.type is loss_type), so a new
+    loss option is declared in the schema and in LossSettings and read by its loss, with nothing to add here."""
+    rollout = cfg.rollout
+    options = {f.name: getattr(cfg.loss, f.name) for f in dataclasses.fields(cfg.loss) if f.name != "type"}
+    if cfg.loss.type == "cispo" and options["cliprange_high"] is None:
         # CISPO's cap reads loss.cliprange_high, falling back to the symmetric range like the clipped losses do.
-        cliprange_high = loss.cliprange
+        options["cliprange_high"] = cfg.loss.cliprange
     return LossSettings(
-        loss_type=loss.type,
-        cliprange=loss.cliprange,
-        cliprange_high=cliprange_high,
-        dual_clip=loss.dual_clip,
+        loss_type=cfg.loss.type,
+        **options,
         length_normalization=cfg.normalization.length,
         normalize_constant=cfg.normalization.length_constant or default_length_constant(cfg),
         kl_beta=cfg.kl.beta,

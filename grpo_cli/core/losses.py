@@ -310,7 +310,7 @@ def policy_gradient_loss(
     if missing:
         raise ValueError(f"loss_type {settings.loss_type!r} needs {', '.join(missing)}, which was not given (None)")
     weights = raw_rewards if "raw_rewards" in spec.needs else advantages
-    assert weights is not None  # every loss needs raw_rewards or advantages (test_losses_declare_their_needs)
+    assert weights is not None  # every loss needs one of them (tests/unit/core/test_loss_registry.py)
     mask = response_mask if response_mask is not None else torch.ones_like(policy_log_probs, dtype=torch.bool)
     return spec.fn(old_log_probs, policy_log_probs, weights, mask, settings)
 

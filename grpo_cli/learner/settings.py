@@ -2,8 +2,9 @@
 microbatch's train step) and the scoring's (ScoringSettings, for every pass that scores completions: the
 learner's training, old and reference passes and the generator's behaviour log-probs).
 
-The one place that maps config keys to them: a new loss or scoring option is declared in the schema, read here,
-and used where it matters, with no keyword list in between to forget.
+The one place that maps config keys to them: a new scoring option is declared in the schema, read here, and used
+where it matters, with no keyword list in between to forget; a new loss.* option needs nothing here (every loss.*
+key goes over by name: docs/architecture.md, "Adding a loss option").
 """
 
 from __future__ import annotations

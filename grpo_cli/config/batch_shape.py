@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo_cli.config.fields import from_core
+from grpo_cli.config.fields import core_value
 from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
 
-# The losses with an importance ratio against the old policy: they need old log-probs off-policy and stay
-# correct there (grpo_cli.core.RATIO_LOSS_TYPES, read when first needed: the core imports torch).
-ratio_loss_types = from_core("losses", "RATIO_LOSS_TYPES")
+# The losses' declarations (grpo_cli.core.losses.LOSSES: name -> what each needs and reads), read when first needed
+# (the core imports torch).
+loss_declarations = core_value("losses", "LOSSES")
+
+
+def ratio_loss_types() -> tuple[str, ...]:
+    """The losses with an importance ratio against the old policy (they declare they need old log-probs): they
+    need them off-policy and stay correct there."""
+    return tuple(name for name, spec in loss_declarations().items() if spec.ratio)
 
 
 @dataclass(frozen=True)

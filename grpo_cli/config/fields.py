@@ -20,6 +20,8 @@ from typing import Any
 from omegaconf import MISSING
 
 Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
+# A key's help: its text, or a function returning it where the text is declared beside the code it describes.
+Help = str | Callable[[], str]
 
 # A bool field (`flag(...)`, for its help) and a nested schema need no constraint (the type says it all); every
 # other field declares one, or says `any_value(...)`. Every field but a nested schema says what it is for (help=).
@@ -108,7 +110,7 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def _declare(default: Any, constraint: Constraint | None, factory: Callable[[], Any] | None, help: str) -> Any:
+def _declare(default: Any, constraint: Constraint | None, factory: Callable[[], Any] | None, help: Help) -> Any:
     metadata: dict[str, Any] = {HELP: help}
     if constraint is not None:
         metadata[CONSTRAINT] = constraint
@@ -119,12 +121,13 @@ def _declare(default: Any, constraint: Constraint | None, factory: Callable[[], 
     return field(default=default, metadata=metadata)
 
 
-def choice(default: Any, allowed: Choices, *, help: str = "", factory: Callable[[], Any] | None = None) -> Any:
+def choice(default: Any, allowed: Choices, *, help: Help = "", factory: Callable[[], Any] | None = None) -> Any:
     """A plain `str` field (or a list of them, given `factory`) whose value must be one of `allowed`: what users
     type and `--cfg job` prints.
 
     `allowed` is a tuple, or a function returning one where the list lives elsewhere (the torch core, a registry
-    defined below), so that the list is written once and importing this module stays free of torch.
+    defined below), so that the list is written once and importing this module stays free of torch; `help` may be
+    such a function too (loss.type's, made of each loss's own summary).
     """
     return _declare(default, Constraint("choice", choices=allowed), factory, help)
 
@@ -220,9 +223,22 @@ def path_problem(value: str, kind: str) -> str | None:
     return None
 
 
+def core_value(module: str, name: str) -> Callable[[], Any]:
+    """`grpo_cli.core.<module>.<name>`, imported on first use (the core imports torch): what the core declares
+    (the losses' registry, the lists of choices) read where it is declared."""
+    return lambda: getattr(importlib.import_module(f"grpo_cli.core.{module}"), name)
+
+
 def from_core(module: str, name: str) -> Callable[[], tuple[str, ...]]:
-    """The tuple `grpo_cli.core.<module>.<name>`, imported on first use (the core imports torch)."""
-    return lambda: tuple(getattr(importlib.import_module(f"grpo_cli.core.{module}"), name))
+    """The tuple `grpo_cli.core.<module>.<name>` (a registry dict: its names), imported on first use."""
+    value = core_value(module, name)
+    return lambda: tuple(value())
+
+
+def help_from_core(module: str, name: str) -> Callable[[], str]:
+    """The help text function `grpo_cli.core.<module>.<name>()` returns, imported on first use."""
+    value = core_value(module, name)
+    return lambda: str(value()())
 
 
 def resolve_choices(allowed: Choices) -> tuple[str, ...]:
@@ -236,7 +252,8 @@ def help_of(cls: type, name: str) -> str:
     for klass in cls.__mro__:
         declared = getattr(klass, "__dataclass_fields__", {}).get(name)
         if declared is not None and HELP in declared.metadata:
-            return str(declared.metadata[HELP])
+            text = declared.metadata[HELP]
+            return str(text() if callable(text) else text)
     return ""
 
 

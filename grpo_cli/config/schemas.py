@@ -22,6 +22,7 @@ from grpo_cli.config.fields import (
     choice,
     flag,
     from_core,
+    help_from_core,
     in_range,
     non_negative,
     path,
@@ -97,10 +98,9 @@ class LossConfig:
 
     type: str = choice(
         "reinforce_with_baseline",
-        from_core("losses", "POLICY_GRADIENT_LOSS_TYPES"),
-        help="no_baseline: -R log pi | reinforce_with_baseline: -A log pi | grpo_clip: PPO-style clipped ratio | "
-        "gspo: one clipped, length-normalized ratio per sequence (GSPO) | cispo: REINFORCE weighted by the clipped, "
-        "stop-gradient ratio (CISPO). Formulas and papers: docs/algorithm.md.",
+        # The registered losses, each with its summary, read where each loss is declared (grpo_cli.core.losses).
+        from_core("losses", "LOSSES"),
+        help=help_from_core("losses", "loss_types_help"),
     )
     cliprange: float = in_range(
         0.2,

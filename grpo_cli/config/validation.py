@@ -7,12 +7,31 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_cli.config.batch_shape import BatchShape, ratio_loss_types
+from grpo_cli.config.batch_shape import BatchShape, loss_declarations, ratio_loss_types
 from grpo_cli.config.declared import check_fields
+from grpo_cli.config.fields import core_value
 from grpo_cli.config.rollout_schemas import ROLLOUT_SCHEMAS, VLLMRolloutConfig
 from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
 from grpo_cli.config.task_registry import check_task
 from grpo_cli.errors import UserFacingError
+
+
+def loss_options() -> dict[str, str]:
+    """The optional loss.* options, name -> what each does (the LossSettings fields declared with loss_option,
+    read when first needed); which loss reads which is each loss's declaration."""
+    return core_value("loss_settings", "loss_options")()()
+
+
+def _one_of(names: list[str] | tuple[str, ...]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def use_ratio_loss() -> str:
+    """What to write instead of a loss without an importance ratio: 'use loss=grpo_clip (...), gspo or cispo'."""
+    ratio = ratio_loss_types()
+    first = f"loss={ratio[0]} ({loss_declarations()[ratio[0]].summary})"
+    return f"use {_one_of([first, *ratio[1:]])}"
 
 
 def validate_sync(cfg: GRPOConfig) -> None:
@@ -32,13 +51,12 @@ def validate_sync(cfg: GRPOConfig) -> None:
     if steps > 1 and cfg.loss.type not in ratio_losses:
         raise UserFacingError(
             f"{steps} optimizer steps per rollout batch make later steps off-policy, which "
-            f"loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with clipping), gspo or cispo"
+            f"loss={cfg.loss.type} ignores: {use_ratio_loss()}"
         )
     if sync.strategy == "replay_buffer" and cfg.loss.type not in ratio_losses:
         raise UserFacingError(
             f"sync=replay_buffer trains on trajectories up to sync.max_staleness={sync.max_staleness} policy "
-            f"versions old, which loss={cfg.loss.type} ignores: use loss=grpo_clip (importance ratios with "
-            "clipping), gspo or cispo"
+            f"versions old, which loss={cfg.loss.type} ignores: {use_ratio_loss()}"
         )
     if cfg.loss.type in ratio_losses and shape.off_policy and sync.old_log_probs is False:
         raise UserFacingError(
@@ -61,16 +79,15 @@ def validate_sync(cfg: GRPOConfig) -> None:
 def validate_algorithm(cfg: GRPOConfig) -> None:
     """The loss variants' own knobs, set only where they act (a silently ignored key would mislead a comparison)."""
     loss, rollout = cfg.loss, cfg.rollout
-    if loss.dual_clip is not None and loss.type != "grpo_clip":
-        raise UserFacingError(
-            f"loss.dual_clip={loss.dual_clip} bounds grpo_clip's ratio, but loss={loss.type}: use loss=grpo_clip "
-            "or drop loss.dual_clip"
-        )
-    if loss.cliprange_high is not None and loss.type not in ratio_loss_types():
-        raise UserFacingError(
-            f"loss.cliprange_high={loss.cliprange_high} clips an importance ratio, which loss={loss.type} has none "
-            "of: use loss=grpo_clip, gspo or cispo, or drop loss.cliprange_high"
-        )
+    declarations = loss_declarations()
+    for option, does in loss_options().items():
+        value = getattr(loss, option)
+        if value is not None and not declarations[loss.type].uses(option):
+            readers = [name for name, spec in declarations.items() if spec.uses(option)]
+            raise UserFacingError(
+                f"loss.{option}={value} {does}, but loss={loss.type}: use loss={_one_of(readers)}, or drop "
+                f"loss.{option}"
+            )
     low = rollout.importance_threshold_low
     if low is not None and low > rollout.importance_threshold:
         raise UserFacingError(

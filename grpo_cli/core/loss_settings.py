@@ -2,15 +2,29 @@
 are aggregated, the KL penalty and the sampler/learner importance correction.
 
 The learner builds it once from the config (grpo_cli.learner.settings.loss_settings) and hands it to every
-microbatch's train step (grpo_cli.core.train_step.microbatch_train_step). Plain data: core stays free of the
-config.
+microbatch's train step (grpo_cli.core.train_step.microbatch_train_step), which hands it whole to the loss
+(grpo_cli.core.losses). Plain data: core stays free of the config.
+
+The fields between `loss_type` and `length_normalization` are the loss.* keys (same names: the learner copies
+them over by name); those declared with `loss_option` are read by some losses only, and each loss declares which
+it reads (`register_loss(..., reads=...)`), so the config refuses one set for a loss that would ignore it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from grpo_cli.core.kl import scheduled_kl_beta
+
+# The metadata key of a loss option's `does`.
+DOES = "does"
+
+
+def loss_option(default: float | None = None, *, does: str) -> Any:
+    """A loss.* option that only some losses read: `does` says what it does, in the config's refusal when the
+    chosen loss does not read it ("loss.dual_clip=3.0 bounds grpo_clip's ratio, but loss=...")."""
+    return field(default=default, metadata={DOES: does})
 
 
 @dataclass(frozen=True)
@@ -21,8 +35,8 @@ class LossSettings:
     loss_type: str
     cliprange: float | None = None
     # eps_high (clip-higher; CISPO's cap); None: symmetric.
-    cliprange_high: float | None = None
-    dual_clip: float | None = None
+    cliprange_high: float | None = loss_option(does="clips an importance ratio")
+    dual_clip: float | None = loss_option(does="bounds grpo_clip's ratio")
     length_normalization: str = "sequence_mean"
     # The divisor of length_normalization="constant".
     normalize_constant: float | None = None
@@ -54,3 +68,15 @@ class LossSettings:
         """The settings in force at step `step`: its scheduled KL coefficient, held (what one step's train steps
         read)."""
         return replace(self, kl_beta=self.kl_beta_at(step), kl_beta_schedule="constant", kl_beta_final=None)
+
+
+def loss_options() -> dict[str, str]:
+    """The optional loss.* options (declared with `loss_option`): name -> what it does."""
+    return {f.name: f.metadata[DOES] for f in fields(LossSettings) if DOES in f.metadata}
+
+
+def settings_from(loss_type: str, arguments: dict[str, Any]) -> LossSettings:
+    """The LossSettings of a keyword-style call (the handout's functions): `arguments`' entries named like a field,
+    so a wrapper's keywords reach the loss by name and a new field needs no edit there."""
+    names = {f.name for f in fields(LossSettings)}
+    return LossSettings(loss_type=loss_type, **{k: v for k, v in arguments.items() if k in names and k != "loss_type"})

@@ -1,4 +1,12 @@
-"""Per-token policy-gradient losses, one small function per loss type, and a dispatcher by name.
+"""Per-token policy-gradient losses: one small function per loss type, registered by name with what it needs.
+
+Every loss has one signature (verl's registered policy losses are the anchor, `core_algos.py`):
+``loss(old_log_probs, policy_log_probs, advantages, response_mask, settings) -> (per-token loss, metadata)``,
+``settings`` the frozen :class:`LossSettings` whole, so a new option of a loss is a field there read here, with no
+keyword list in between. Each loss declares, where it is defined (``@register_loss``), what it needs (the tensors
+and settings that must be given) and which optional settings it reads: the dispatcher checks the needs, and the
+config reads the same declarations for `loss.type`'s allowed values and help and for its cross-field rules
+(grpo_cli/config/validation.py), so nothing about a loss is stated twice.
 
 Each loss is per token, shape (batch, seq), unmasked; aggregation over tokens and examples happens in
 :func:`grpo_cli.core.aggregate_token_loss` (called by :func:`grpo_cli.core.grpo_microbatch_train_step`).
@@ -7,15 +15,79 @@ Rewards and advantages are per example, (batch, 1), and broadcast over every tok
 The clipped losses return masks of the tokens each clip acted on, so the train step can log how often each
 side bound: "clipped_low" (ratio below 1 - eps_low), "clipped_high" (ratio above 1 + eps_high) and
 "clipped_dual" (dual-clip's bound on a negative advantage).
+
+The handout's functions (`compute_grpo_clip_loss`, `compute_policy_gradient_loss`, ...) keep their keyword
+signatures as thin wrappers: their keywords become a LossSettings by field name (`settings_from`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from grpo_cli.core.loss_settings import LossSettings, settings_from
+
 LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+class LossFn(Protocol):
+    """A registered loss: the old policy's log-probs (None for a loss that needs none), the policy's (with grad),
+    each example's weight (its advantage, or its raw reward for a loss that needs "raw_rewards"), (batch, 1), the
+    response mask, and the settings whole."""
+
+    def __call__(
+        self,
+        old_log_probs: torch.Tensor | None,
+        policy_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        settings: LossSettings,
+    ) -> LossOutput: ...
+
+
+# The tensors a loss may need besides the policy's log-probs; every other name in a `needs` is a LossSettings field.
+LOSS_TENSORS: tuple[str, ...] = ("raw_rewards", "advantages", "old_log_probs", "response_mask")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A loss type as declared next to its function."""
+
+    fn: LossFn
+    # What loss=<name> computes, in a few words: its part of loss.type's help.
+    summary: str
+    # What must be given: tensors of LOSS_TENSORS and LossSettings fields (not None).
+    needs: tuple[str, ...]
+    # The optional LossSettings fields it reads when set; setting one no loss of the run reads is refused.
+    reads: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> bool:
+        """Whether it weighs tokens by an importance ratio against the old policy: it needs old log-probs, and stays
+        correct off-policy (several optimizer steps per batch, stale samples)."""
+        return "old_log_probs" in self.needs
+
+    def uses(self, option: str) -> bool:
+        """Whether it reads LossSettings field `option`."""
+        return option in self.needs or option in self.reads
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str, summary: str, needs: tuple[str, ...], reads: tuple[str, ...] = ()
+) -> Callable[[LossFn], LossFn]:
+    """Register the decorated function as loss type `name` (loss.type=<name>), with what it needs and reads."""
+
+    def register(fn: LossFn) -> LossFn:
+        LOSSES[name] = LossSpec(fn, summary, needs, reads)
+        return fn
+
+    return register
 
 
 def _as_column(values: torch.Tensor, policy_log_probs: torch.Tensor, name: str) -> torch.Tensor:
@@ -34,23 +106,29 @@ def _as_column(values: torch.Tensor, policy_log_probs: torch.Tensor, name: str) 
     return values
 
 
-def _check_same_shape(tensor: torch.Tensor, policy_log_probs: torch.Tensor, name: str) -> None:
+def _same_shape(tensor: torch.Tensor | None, policy_log_probs: torch.Tensor, name: str) -> torch.Tensor:
+    """`tensor`, checked to be given and shaped like policy_log_probs."""
+    if tensor is None:
+        raise ValueError(f"{name} is needed, but None was given")
     if tensor.shape != policy_log_probs.shape:
         raise ValueError(
             f"{name} has shape {tuple(tensor.shape)} but policy_log_probs {tuple(policy_log_probs.shape)}; "
             "they must match"
         )
+    return tensor
 
 
-def _check_clip_ranges(cliprange: float, cliprange_high: float | None, dual_clip: float | None) -> float:
-    """Validate the clip settings; returns eps_high (eps_low when cliprange_high is None: symmetric)."""
-    if cliprange < 0:
+def _clip_ranges(settings: LossSettings) -> tuple[float, float]:
+    """(eps_low, eps_high) of the clipped losses, validated; eps_high is eps_low when cliprange_high is None
+    (symmetric)."""
+    cliprange, cliprange_high, dual_clip = settings.cliprange, settings.cliprange_high, settings.dual_clip
+    if cliprange is None or cliprange < 0:
         raise ValueError(f"cliprange must be >= 0, got {cliprange}")
     if cliprange_high is not None and cliprange_high < 0:
         raise ValueError(f"cliprange_high must be >= 0, got {cliprange_high}")
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (the dual-clip paper uses 3), got {dual_clip}")
-    return cliprange if cliprange_high is None else cliprange_high
+    return cliprange, cliprange if cliprange_high is None else cliprange_high
 
 
 def compute_naive_policy_gradient_loss(
@@ -102,6 +180,141 @@ def _clipped_surrogate(
     return -objective, metadata
 
 
+# Registered bottom-up: no_baseline first, as the handout lists them.
+@register_loss("reinforce_with_baseline", "-A log pi", needs=("advantages",))
+@register_loss("no_baseline", "-R log pi", needs=("raw_rewards",))
+def reinforce_loss(
+    old_log_probs: torch.Tensor | None,
+    policy_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: LossSettings,
+) -> LossOutput:
+    """REINFORCE, ``-A * log pi_theta(o_t)`` (:func:`compute_naive_policy_gradient_loss`): with the raw rewards as
+    ``A`` the "no_baseline" loss, with group-normalized advantages "reinforce_with_baseline"."""
+    return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+
+
+@register_loss(
+    "grpo_clip",
+    "PPO-style clipped ratio",
+    needs=("advantages", "old_log_probs", "cliprange"),
+    reads=("cliprange_high", "dual_clip"),
+)
+def grpo_clip_loss(
+    old_log_probs: torch.Tensor | None,
+    policy_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: LossSettings,
+) -> LossOutput:
+    """GRPO-Clip, ``-min(rho_t * A, clip(rho_t, 1 - eps_low, 1 + eps_high) * A)``, optionally dual-clipped
+    (:func:`compute_grpo_clip_loss` documents it)."""
+    old_log_probs = _same_shape(old_log_probs, policy_log_probs, "old_log_probs")
+    cliprange, cliprange_high = _clip_ranges(settings)
+    advantages = _as_column(advantages, policy_log_probs, "advantages")
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    return _clipped_surrogate(ratio, advantages, cliprange, cliprange_high, settings.dual_clip)
+
+
+@register_loss(
+    "gspo",
+    "one clipped, length-normalized ratio per sequence (GSPO)",
+    needs=("advantages", "old_log_probs", "response_mask", "cliprange"),
+    reads=("cliprange_high",),
+)
+def gspo_loss(
+    old_log_probs: torch.Tensor | None,
+    policy_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: LossSettings,
+) -> LossOutput:
+    """GSPO, the clipped surrogate with one ratio per sequence, the geometric mean of its token ratios
+    (:func:`compute_gspo_loss` documents it). An empty response has ratio 1."""
+    old_log_probs = _same_shape(old_log_probs, policy_log_probs, "old_log_probs")
+    _same_shape(response_mask, policy_log_probs, "response_mask")
+    cliprange, cliprange_high = _clip_ranges(settings)
+    advantages = _as_column(advantages, policy_log_probs, "advantages")
+    mask = response_mask.to(policy_log_probs.dtype)
+    log_ratio = (policy_log_probs - old_log_probs) * mask  # (B, T); masked positions may hold anything
+    sequence_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)
+    ratio = torch.exp(sequence_log_ratio).expand_as(policy_log_probs)  # (B, 1) -> (B, T)
+    return _clipped_surrogate(ratio, advantages, cliprange, cliprange_high, None)
+
+
+@register_loss(
+    "cispo",
+    "REINFORCE weighted by the clipped, stop-gradient ratio (CISPO)",
+    needs=("advantages", "old_log_probs", "cliprange_high"),
+)
+def cispo_loss(
+    old_log_probs: torch.Tensor | None,
+    policy_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: LossSettings,
+) -> LossOutput:
+    """CISPO, ``-sg(min(rho_t, 1 + eps_high)) * A * log pi_theta(o_t)`` (:func:`compute_cispo_loss` documents
+    it): no lower bound on the weight, as in the paper."""
+    old_log_probs = _same_shape(old_log_probs, policy_log_probs, "old_log_probs")
+    cap = settings.cliprange_high
+    if cap is None or cap < 0:
+        raise ValueError(f"cliprange_high must be >= 0, got {cap}")
+    advantages = _as_column(advantages, policy_log_probs, "advantages")
+    ratio = torch.exp(policy_log_probs - old_log_probs).detach()  # (B, T)
+    weight = torch.clamp(ratio, max=1.0 + cap)
+    capped = ratio > 1.0 + cap
+    loss = -weight * advantages * policy_log_probs
+    metadata = {"clipped": capped, "clipped_high": capped, "clipped_low": torch.zeros_like(capped), "ratio": ratio}
+    return loss, metadata
+
+
+POLICY_GRADIENT_LOSS_TYPES: tuple[str, ...] = tuple(LOSSES)
+# The losses that weigh tokens by an importance ratio against the old policy (they need old log-probs, and
+# stay correct off-policy: several optimizer steps per batch, stale samples).
+RATIO_LOSS_TYPES: tuple[str, ...] = tuple(name for name, spec in LOSSES.items() if spec.ratio)
+
+
+def loss_types_help() -> str:
+    """loss.type's help (grpo_cli/config/schemas.py reads it): each registered loss's summary."""
+    summaries = " | ".join(f"{name}: {spec.summary}" for name, spec in LOSSES.items())
+    return f"{summaries}. Formulas and papers: docs/algorithm.md."
+
+
+def loss_spec(loss_type: str) -> LossSpec:
+    """The declaration of loss type `loss_type`; ValueError naming the choices for an unknown one."""
+    if loss_type not in LOSSES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {list(POLICY_GRADIENT_LOSS_TYPES)}")
+    return LOSSES[loss_type]
+
+
+def policy_gradient_loss(
+    settings: LossSettings,
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor | None = None,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+) -> LossOutput:
+    """The per-token loss of ``settings.loss_type``: its needs checked against its declaration, then its function
+    called with the settings whole. ``response_mask`` None: every token (a loss that needs it refuses None)."""
+    spec = loss_spec(settings.loss_type)
+    tensors = {
+        "raw_rewards": raw_rewards,
+        "advantages": advantages,
+        "old_log_probs": old_log_probs,
+        "response_mask": response_mask,
+    }
+    missing = [name for name in spec.needs if (tensors[name] if name in tensors else getattr(settings, name)) is None]
+    if missing:
+        raise ValueError(f"loss_type {settings.loss_type!r} needs {', '.join(missing)}, which was not given (None)")
+    weights = raw_rewards if "raw_rewards" in spec.needs else advantages
+    assert weights is not None  # every loss needs one of them (tests/unit/core/test_loss_registry.py)
+    mask = response_mask if response_mask is not None else torch.ones_like(policy_log_probs, dtype=torch.bool)
+    return spec.fn(old_log_probs, policy_log_probs, weights, mask, settings)
+
+
 def compute_grpo_clip_loss(
     advantages: torch.Tensor,
     policy_log_probs: torch.Tensor,
@@ -136,11 +349,8 @@ def compute_grpo_clip_loss(
           1 + eps_high); "clipped_dual" (A < 0 and the dual-clip bound chosen) when ``dual_clip`` is set;
           "ratio" (batch, seq), rho_t, detached.
     """
-    _check_same_shape(old_log_probs, policy_log_probs, "old_log_probs")
-    cliprange_high = _check_clip_ranges(cliprange, cliprange_high, dual_clip)
-    advantages = _as_column(advantages, policy_log_probs, "advantages")
-    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
-    return _clipped_surrogate(ratio, advantages, cliprange, cliprange_high, dual_clip)
+    settings = settings_from("grpo_clip", locals())
+    return policy_gradient_loss(settings, policy_log_probs, advantages=advantages, old_log_probs=old_log_probs)
 
 
 def compute_gspo_loss(
@@ -173,15 +383,10 @@ def compute_gspo_loss(
         the metadata of :func:`compute_grpo_clip_loss`, with "ratio" the sequence ratio broadcast over the
         row. An empty response has ratio 1.
     """
-    _check_same_shape(old_log_probs, policy_log_probs, "old_log_probs")
-    _check_same_shape(response_mask, policy_log_probs, "response_mask")
-    cliprange_high = _check_clip_ranges(cliprange, cliprange_high, None)
-    advantages = _as_column(advantages, policy_log_probs, "advantages")
-    mask = response_mask.to(policy_log_probs.dtype)
-    log_ratio = (policy_log_probs - old_log_probs) * mask  # (B, T); masked positions may hold anything
-    sequence_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)
-    ratio = torch.exp(sequence_log_ratio).expand_as(policy_log_probs)  # (B, 1) -> (B, T)
-    return _clipped_surrogate(ratio, advantages, cliprange, cliprange_high, None)
+    settings = settings_from("gspo", locals())
+    return policy_gradient_loss(
+        settings, policy_log_probs, response_mask, advantages=advantages, old_log_probs=old_log_probs
+    )
 
 
 def compute_cispo_loss(
@@ -208,64 +413,8 @@ def compute_cispo_loss(
         tuple[torch.Tensor, dict[str, torch.Tensor]]: per-token loss (batch, seq); metadata "clipped" and
         "clipped_high" (tokens whose weight was capped), "ratio" (rho_t, detached).
     """
-    _check_same_shape(old_log_probs, policy_log_probs, "old_log_probs")
-    _check_clip_ranges(0.0, cliprange_high, None)
-    advantages = _as_column(advantages, policy_log_probs, "advantages")
-    ratio = torch.exp(policy_log_probs - old_log_probs).detach()  # (B, T)
-    weight = torch.clamp(ratio, max=1.0 + cliprange_high)
-    capped = ratio > 1.0 + cliprange_high
-    loss = -weight * advantages * policy_log_probs
-    metadata = {"clipped": capped, "clipped_high": capped, "clipped_low": torch.zeros_like(capped), "ratio": ratio}
-    return loss, metadata
-
-
-def _no_baseline(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_naive_policy_gradient_loss(inputs["raw_rewards"], policy_log_probs), {}
-
-
-def _reinforce_with_baseline(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_naive_policy_gradient_loss(inputs["advantages"], policy_log_probs), {}
-
-
-def _grpo_clip(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_grpo_clip_loss(
-        inputs["advantages"],
-        policy_log_probs,
-        inputs["old_log_probs"],
-        inputs["cliprange"],
-        cliprange_high=inputs["cliprange_high"],
-        dual_clip=inputs["dual_clip"],
-    )
-
-
-def _gspo(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_gspo_loss(
-        inputs["advantages"],
-        policy_log_probs,
-        inputs["old_log_probs"],
-        inputs["response_mask"],
-        inputs["cliprange"],
-        cliprange_high=inputs["cliprange_high"],
-    )
-
-
-def _cispo(policy_log_probs: torch.Tensor, inputs: dict) -> LossOutput:
-    return compute_cispo_loss(inputs["advantages"], policy_log_probs, inputs["old_log_probs"], inputs["cliprange_high"])
-
-
-# loss_type -> (loss function, the optional arguments it requires)
-_LOSSES: dict[str, tuple[Callable[[torch.Tensor, dict], LossOutput], tuple[str, ...]]] = {
-    "no_baseline": (_no_baseline, ("raw_rewards",)),
-    "reinforce_with_baseline": (_reinforce_with_baseline, ("advantages",)),
-    "grpo_clip": (_grpo_clip, ("advantages", "old_log_probs", "cliprange")),
-    "gspo": (_gspo, ("advantages", "old_log_probs", "response_mask", "cliprange")),
-    "cispo": (_cispo, ("advantages", "old_log_probs", "cliprange_high")),
-}
-
-POLICY_GRADIENT_LOSS_TYPES: tuple[str, ...] = tuple(_LOSSES)
-# The losses that weigh tokens by an importance ratio against the old policy (they need old log-probs, and
-# stay correct off-policy: several optimizer steps per batch, stale samples).
-RATIO_LOSS_TYPES: tuple[str, ...] = ("grpo_clip", "gspo", "cispo")
+    settings = settings_from("cispo", locals())
+    return policy_gradient_loss(settings, policy_log_probs, advantages=advantages, old_log_probs=old_log_probs)
 
 
 def compute_policy_gradient_loss(
@@ -283,17 +432,10 @@ def compute_policy_gradient_loss(
 
     Args:
         policy_log_probs (torch.Tensor): log-probs under the policy being trained, shape (batch, seq).
-        loss_type (str): one of ``POLICY_GRADIENT_LOSS_TYPES``:
-
-            - "no_baseline": ``-R * log pi``; needs ``raw_rewards``.
-            - "reinforce_with_baseline": ``-A * log pi``; needs ``advantages``.
-            - "grpo_clip": see :func:`compute_grpo_clip_loss`; needs ``advantages``, ``old_log_probs``,
-              ``cliprange``; reads ``cliprange_high`` and ``dual_clip``.
-            - "gspo": see :func:`compute_gspo_loss`; needs ``advantages``, ``old_log_probs``,
-              ``response_mask``, ``cliprange``; reads ``cliprange_high``.
-            - "cispo": see :func:`compute_cispo_loss`; needs ``advantages``, ``old_log_probs``,
-              ``cliprange_high``.
-
+        loss_type (str): one of ``POLICY_GRADIENT_LOSS_TYPES``: "no_baseline" (``-R * log pi``),
+            "reinforce_with_baseline" (``-A * log pi``), "grpo_clip" (:func:`compute_grpo_clip_loss`), "gspo"
+            (:func:`compute_gspo_loss`), "cispo" (:func:`compute_cispo_loss`). What each needs and reads is its
+            declaration, ``LOSSES[loss_type]`` (``@register_loss`` above its function).
         raw_rewards (torch.Tensor | None): shape (batch, 1).
         advantages (torch.Tensor | None): shape (batch, 1).
         old_log_probs (torch.Tensor | None): shape (batch, seq).
@@ -309,19 +451,5 @@ def compute_policy_gradient_loss(
     Raises:
         ValueError: on an unknown ``loss_type``, or when an argument the loss type needs is None.
     """
-    if loss_type not in _LOSSES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {list(POLICY_GRADIENT_LOSS_TYPES)}")
-    loss_fn, required = _LOSSES[loss_type]
-    inputs = {
-        "raw_rewards": raw_rewards,
-        "advantages": advantages,
-        "old_log_probs": old_log_probs,
-        "cliprange": cliprange,
-        "cliprange_high": cliprange_high,
-        "dual_clip": dual_clip,
-        "response_mask": response_mask,
-    }
-    missing = [name for name in required if inputs[name] is None]
-    if missing:
-        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}, which was not given (None)")
-    return loss_fn(policy_log_probs, inputs)
+    settings = settings_from(loss_type, locals())
+    return policy_gradient_loss(settings, policy_log_probs, response_mask, raw_rewards, advantages, old_log_probs)

@@ -1,8 +1,9 @@
 """One microbatch of a GRPO update: per-token loss (x importance weights) -> aggregation over the optimizer
 step's tokens -> (+ KL) -> backward.
 
-`microbatch_train_step` takes the loss's settings as one object (core.LossSettings, built once by the learner);
-`grpo_microbatch_train_step` is the same step with the handout's keyword arguments."""
+`microbatch_train_step` takes the loss's settings as one object (core.LossSettings, built once by the learner) and
+hands it whole to the loss; `grpo_microbatch_train_step` is the same step with the handout's keyword arguments,
+which become the settings by field name."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 from grpo_cli.core.aggregation import LENGTH_NORMALIZATIONS, aggregate_token_loss
 from grpo_cli.core.importance import compute_importance_weights
 from grpo_cli.core.kl import compute_kl
-from grpo_cli.core.loss_settings import LossSettings
-from grpo_cli.core.losses import compute_policy_gradient_loss
+from grpo_cli.core.loss_settings import LossSettings, settings_from
+from grpo_cli.core.losses import policy_gradient_loss
 from grpo_cli.core.masking import masked_mean
 
 __all__ = ["LENGTH_NORMALIZATIONS", "LossSettings", "grpo_microbatch_train_step", "microbatch_train_step"]
@@ -154,20 +155,8 @@ def grpo_microbatch_train_step(
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
             ``normalize_constant``, ``ref_log_probs`` or ``sampler_log_probs``, or a bad loss configuration.
     """
-    settings = LossSettings(
-        loss_type=loss_type,
-        cliprange=cliprange,
-        cliprange_high=cliprange_high,
-        dual_clip=dual_clip,
-        length_normalization=length_normalization,
-        normalize_constant=normalize_constant,
-        kl_beta=kl_beta,
-        kl_estimator=kl_estimator,
-        importance_correction=importance_correction,
-        importance_level=importance_level,
-        importance_threshold=importance_threshold,
-        importance_threshold_low=importance_threshold_low,
-    )
+    # Every keyword named like a LossSettings field goes into the settings (a new field needs no edit here).
+    settings = settings_from(loss_type, locals())
     return microbatch_train_step(
         policy_log_probs,
         response_mask,
@@ -209,16 +198,8 @@ def microbatch_train_step(
         settings.kl_beta,
         settings.importance_correction,
     )
-    per_token_loss, loss_metadata = compute_policy_gradient_loss(
-        policy_log_probs,
-        settings.loss_type,
-        raw_rewards=raw_rewards,
-        advantages=advantages,
-        old_log_probs=old_log_probs,
-        cliprange=settings.cliprange,
-        cliprange_high=settings.cliprange_high,
-        dual_clip=settings.dual_clip,
-        response_mask=response_mask,
+    per_token_loss, loss_metadata = policy_gradient_loss(
+        settings, policy_log_probs, response_mask, raw_rewards, advantages, old_log_probs
     )  # (B, T)
 
     metadata: dict[str, torch.Tensor] = {}
@@ -239,7 +220,7 @@ def microbatch_train_step(
             # A rejected token leaves the loss's counts (its response's token count, this microbatch's own token
             # count) instead of adding 0 to them, as verl's and slime's rejection masks do. The step's totals are
             # the caller's: the learner leaves rejected tokens out of step_tokens when old log-probs fix the
-            # rejection before the step (learner.optimizer_step_totals; docs/algorithm.md).
+            # rejection before the step (learner.update.optimizer_step_totals; docs/algorithm.md).
             loss_mask = response_mask.bool() & ~importance["masked"]
         token_ratio = torch.exp(learner_log_probs - sampler_log_probs)  # (B, T), the mismatch itself
         mask = response_mask.bool()

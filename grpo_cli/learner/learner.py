@@ -20,7 +20,6 @@ import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -31,7 +30,6 @@ from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import (
     RATIO_LOSS_TYPES,
     LossSettings,
-    compute_importance_weights,
     masked_mean,
     microbatch_train_step,
 )
@@ -45,7 +43,6 @@ from grpo_cli.learner.batch import (
     log_probs_of_rows,
     make_microbatch,
     model_token_mask,
-    model_tokens,
     per_completion_rows,
     score_microbatch,
     scoring_microbatches,
@@ -73,6 +70,14 @@ from grpo_cli.learner.microbatches import (
     token_microbatches,
 )
 from grpo_cli.learner.settings import loss_settings, scoring_settings
+from grpo_cli.learner.update import (
+    PaddingTotals,
+    optimizer_step_totals,
+    record_microbatch,
+    record_value,
+    rejected_token_counts,
+    step_means,
+)
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import (
     autocast_factory,
@@ -113,73 +118,6 @@ class PolicyScorer(torch.nn.Module):
         return score_microbatch(self.policy, batch, self.scoring, return_token_entropy)
 
 
-# The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
-# train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
-LOGGED_STEP_METRICS = (
-    "clip_fraction",
-    "clip_fraction_low",
-    "clip_fraction_high",
-    "clip_fraction_dual",
-    "ratio_mean",
-    "sampler_kl",
-    "importance_weight_mean",
-    "importance_weight_max",
-    "importance_truncated_frac",
-    "importance_masked_frac",
-)
-
-
-def rejected_token_counts(data: RolloutData, loss: LossSettings) -> list[int] | None:
-    """Per completion, how many of its tokens `loss.importance_correction == "masked"` rejects, where that is known
-    before the step: the batch has old log-probs (the learner's side of the ratio). None otherwise: without them
-    the learner's side is the current policy, known only in each microbatch's forward, after the step's totals."""
-    if loss.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
-        return None
-    counts = []
-    for i, (old, sampler) in enumerate(zip(data.old_log_probs, data.sampler_log_probs, strict=True)):
-        # float32, as make_microbatch hands them to the train step, which decides on the same numbers
-        old_row, sampler_row = old.float().unsqueeze(0), sampler.float().unsqueeze(0)
-        # An episode's tool/environment tokens are not the sampler's: never rejected, never counted.
-        sampled = data.token_masks[i].bool().unsqueeze(0) if data.token_masks is not None else None
-        _, importance = compute_importance_weights(
-            old_row,
-            sampler_row,
-            sampled if sampled is not None else torch.ones_like(old_row, dtype=torch.bool),
-            "masked",
-            loss.importance_level,
-            loss.importance_threshold,
-            loss.importance_threshold_low,
-        )
-        counts.append(int(importance["masked"].sum()))
-    return counts
-
-
-def optimizer_step_totals(
-    data: RolloutData, batch_indices: list[int], rejected: list[int] | None = None
-) -> tuple[float, float]:
-    """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
-    (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
-    the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
-    whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
-    loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
-    correction "masked", rejected_token_counts), nor an episode's tool/environment tokens (model tokens only);
-    the completion itself does (as in sequence_mean's batch mean)."""
-    keep = data.loss_mask.tolist() if data.loss_mask is not None else None
-    tokens = sum(
-        (model_tokens(data, i) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0) for i in batch_indices
-    )
-    sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
-    ranks = parallel.world().size
-    # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
-    return sequences / ranks, max(tokens, 1.0) / ranks
-
-
-# Per microbatch: its KL summed over its responses in the loss, and their number (update() pops both).
-_KL_SUM, _KL_RESPONSES = "kl_sum", "kl_responses"
-# Per microbatch: its token entropy summed over the model's tokens, and their number (update() pops both).
-_ENTROPY_SUM, _ENTROPY_TOKENS = "entropy_sum", "entropy_tokens"
-
-
 def log_layout_choice(layout: StepLayout) -> None:
     """train.microbatch_tokens with the shared-prompt forward: which layout a step took and the positions each
     would process, once per choice and process."""
@@ -194,43 +132,6 @@ def log_layout_choice(layout: StepLayout) -> None:
         layout.positions_by_groups,
         layout.positions_by_rows,
     )
-
-
-@dataclass
-class PaddingTotals:
-    """What the update's forward passes processed on this rank (perf/* metrics): positions (padding included) and
-    the real tokens among them, microbatches (dummies left out) and the largest, each optimizer step's positions
-    per rank's imbalance, and the time spent waiting for the other ranks."""
-
-    positions: int = 0
-    real: int = 0
-    microbatches: int = 0
-    largest: int = 0
-    imbalances: list[float] = field(default_factory=list)
-    idle_s: float = 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """perf/*: the padding fraction and the mean microbatch of every rank's microbatches together; the largest
-        microbatch, this rank's idle time (combined over ranks by parallel.reduce_metrics). Every rank calls it."""
-        positions, real, microbatches = parallel.sum_over_ranks(
-            [float(self.positions), float(self.real), float(self.microbatches)]
-        )
-        return {
-            "perf/padding_frac": 1.0 - real / positions if positions else 0.0,
-            "perf/microbatch_tokens_mean": positions / microbatches if microbatches else 0.0,
-            "perf/microbatch_tokens_max": float(self.largest),
-            "perf/rank_token_imbalance": sum(self.imbalances) / len(self.imbalances) if self.imbalances else 1.0,
-            "perf/rank_idle_s": self.idle_s,
-            "perf/rank_idle_s_max": self.idle_s,
-        }
-
-
-def kl_over_responses(kl_sum: float, responses: float) -> float | None:
-    """train/kl: the mean, over every response in the loss on every rank, of its token-mean KL to the reference.
-    Summed before dividing, so microbatches and ranks holding different numbers of responses in the loss
-    (train.mask_truncated) weigh by them; None when no response is in the loss. Every rank calls it."""
-    kl_sum, responses = parallel.sum_over_ranks([kl_sum, responses])
-    return kl_sum / responses if responses > 0 else None
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -517,19 +418,7 @@ class Learner:
                         data, mine, microbatches, step_loss, totals, timings, rejected, counts, perf
                     )
                     skipped += not finite
-        # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
-        entropy_sum, entropy_tokens = parallel.sum_over_ranks(
-            [sum(totals.pop(_ENTROPY_SUM, [])), sum(totals.pop(_ENTROPY_TOKENS, []))]
-        )
-        if entropy_tokens:  # the mean over every token of the model's in the update, on every rank
-            totals["train/entropy"] = [entropy_sum / entropy_tokens]
-        if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
-            kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
-            if kl is not None:
-                totals["train/kl"] = [kl]
-        metrics = {
-            key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
-        }
+        metrics = step_means(totals)
         if self.loss.kl_penalty:
             metrics["train/kl_beta"] = step_loss.kl_beta
         metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
@@ -577,7 +466,7 @@ class Learner:
         perf = perf or PaddingTotals()
 
         def record(key: str, value: float | torch.Tensor) -> None:
-            totals.setdefault(key, []).append(float(value))
+            record_value(totals, key, value)
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
@@ -639,15 +528,7 @@ class Learner:
                     step_tokens=step_tokens,
                 )
             batch_loss += float(loss)
-            record(_ENTROPY_SUM, float((scored["token_entropy"].detach() * mask).sum()))
-            record(_ENTROPY_TOKENS, float(mask.sum()))
-            for key in LOGGED_STEP_METRICS:
-                if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
-                    record(f"train/{key}", meta[key])
-            if "kl" in meta:  # meta's kl: the mean over this microbatch's responses in the loss (nan: none)
-                responses = float((loss_mask.sum(dim=-1) > 0).sum())
-                record(_KL_SUM, float(meta["kl"]) * responses if responses else 0.0)
-                record(_KL_RESPONSES, responses)
+            record_microbatch(totals, meta, scored["token_entropy"], mask, loss_mask)
         if self.world.distributed:  # the step's positions on each rank: the largest over the mean
             per_rank = parallel.all_gather_objects(step_positions)
             perf.imbalances.append(max(per_rank) * len(per_rank) / max(sum(per_rank), 1))

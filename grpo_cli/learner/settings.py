@@ -2,11 +2,14 @@
 microbatch's train step) and the scoring's (ScoringSettings, for every pass that scores completions: the
 learner's training, old and reference passes and the generator's behaviour log-probs).
 
-The one place that maps config keys to them: a new loss or scoring option is declared in the schema, read here,
-and used where it matters, with no keyword list in between to forget.
+The one place that maps config keys to them: a new scoring option is declared in the schema, read here, and used
+where it matters, with no keyword list in between to forget; a new loss.* option needs nothing here (every loss.*
+key goes over by name: docs/architecture.md, "Adding a loss option").
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -35,17 +38,17 @@ def default_length_constant(cfg: GRPOConfig) -> int:
 
 
 def loss_settings(cfg: GRPOConfig) -> LossSettings:
-    """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them."""
-    loss, rollout = cfg.loss, cfg.rollout
-    cliprange_high = loss.cliprange_high
-    if loss.type == "cispo" and cliprange_high is None:
+    """loss.*, normalization.length*, kl.* and the rollout's importance correction, as the train step reads them.
+    Every loss.* key goes over by name (LossSettings has a field of each's name; loss.type is loss_type), so a new
+    loss option is declared in the schema and in LossSettings and read by its loss, with nothing to add here."""
+    rollout = cfg.rollout
+    options = {f.name: getattr(cfg.loss, f.name) for f in dataclasses.fields(cfg.loss) if f.name != "type"}
+    if cfg.loss.type == "cispo" and options["cliprange_high"] is None:
         # CISPO's cap reads loss.cliprange_high, falling back to the symmetric range like the clipped losses do.
-        cliprange_high = loss.cliprange
+        options["cliprange_high"] = cfg.loss.cliprange
     return LossSettings(
-        loss_type=loss.type,
-        cliprange=loss.cliprange,
-        cliprange_high=cliprange_high,
-        dual_clip=loss.dual_clip,
+        loss_type=cfg.loss.type,
+        **options,
         length_normalization=cfg.normalization.length,
         normalize_constant=cfg.normalization.length_constant or default_length_constant(cfg),
         kl_beta=cfg.kl.beta,

@@ -1,0 +1,163 @@
+"""The accounting of an update (learner.Learner.update): each optimizer step's totals, the divisors of every
+microbatch's share of its loss; the tokens the masked importance correction rejects before the step; what the
+forward passes processed (perf/*); and the train step's diagnostics, gathered per microbatch and reduced to the
+step's metrics over microbatches, optimizer steps and ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_cli.core import LossSettings, compute_importance_weights
+from grpo_cli.distributed import parallel
+from grpo_cli.learner.batch import RolloutData, model_tokens
+
+# The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
+# train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
+LOGGED_STEP_METRICS = (
+    "clip_fraction",
+    "clip_fraction_low",
+    "clip_fraction_high",
+    "clip_fraction_dual",
+    "ratio_mean",
+    "sampler_kl",
+    "importance_weight_mean",
+    "importance_weight_max",
+    "importance_truncated_frac",
+    "importance_masked_frac",
+)
+
+
+def rejected_token_counts(data: RolloutData, loss: LossSettings) -> list[int] | None:
+    """Per completion, how many of its tokens `loss.importance_correction == "masked"` rejects, where that is known
+    before the step: the batch has old log-probs (the learner's side of the ratio). None otherwise: without them
+    the learner's side is the current policy, known only in each microbatch's forward, after the step's totals."""
+    if loss.importance_correction != "masked" or data.old_log_probs is None or data.sampler_log_probs is None:
+        return None
+    counts = []
+    for i, (old, sampler) in enumerate(zip(data.old_log_probs, data.sampler_log_probs, strict=True)):
+        # float32, as make_microbatch hands them to the train step, which decides on the same numbers
+        old_row, sampler_row = old.float().unsqueeze(0), sampler.float().unsqueeze(0)
+        # An episode's tool/environment tokens are not the sampler's: never rejected, never counted.
+        sampled = data.token_masks[i].bool().unsqueeze(0) if data.token_masks is not None else None
+        _, importance = compute_importance_weights(
+            old_row,
+            sampler_row,
+            sampled if sampled is not None else torch.ones_like(old_row, dtype=torch.bool),
+            "masked",
+            loss.importance_level,
+            loss.importance_threshold,
+            loss.importance_threshold_low,
+        )
+        counts.append(int(importance["masked"].sum()))
+    return counts
+
+
+def optimizer_step_totals(
+    data: RolloutData, batch_indices: list[int], rejected: list[int] | None = None
+) -> tuple[float, float]:
+    """The optimizer step's responses and loss tokens, the divisors of each microbatch's share of the step's loss
+    (core.aggregate_token_loss): summed over all ranks and divided by their number, because DDP / FSDP average
+    the ranks' gradients; so R ranks with microbatches of any sizes give the gradient of one process with the
+    whole batch. `batch_indices`: this rank's completions in the step. Tokens of a completion left out of the
+    loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
+    correction "masked", rejected_token_counts), nor an episode's tool/environment tokens (model tokens only);
+    the completion itself does (as in sequence_mean's batch mean)."""
+    keep = data.loss_mask.tolist() if data.loss_mask is not None else None
+    tokens = sum(
+        (model_tokens(data, i) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0) for i in batch_indices
+    )
+    sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), float(tokens)])
+    ranks = parallel.world().size
+    # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
+    return sequences / ranks, max(tokens, 1.0) / ranks
+
+
+# Per microbatch: its KL summed over its responses in the loss, and their number (update() pops both).
+_KL_SUM, _KL_RESPONSES = "kl_sum", "kl_responses"
+# Per microbatch: its token entropy summed over the model's tokens, and their number (update() pops both).
+_ENTROPY_SUM, _ENTROPY_TOKENS = "entropy_sum", "entropy_tokens"
+
+
+@dataclass
+class PaddingTotals:
+    """What the update's forward passes processed on this rank (perf/* metrics): positions (padding included) and
+    the real tokens among them, microbatches (dummies left out) and the largest, each optimizer step's positions
+    per rank's imbalance, and the time spent waiting for the other ranks."""
+
+    positions: int = 0
+    real: int = 0
+    microbatches: int = 0
+    largest: int = 0
+    imbalances: list[float] = field(default_factory=list)
+    idle_s: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """perf/*: the padding fraction and the mean microbatch of every rank's microbatches together; the largest
+        microbatch, this rank's idle time (combined over ranks by parallel.reduce_metrics). Every rank calls it."""
+        positions, real, microbatches = parallel.sum_over_ranks(
+            [float(self.positions), float(self.real), float(self.microbatches)]
+        )
+        return {
+            "perf/padding_frac": 1.0 - real / positions if positions else 0.0,
+            "perf/microbatch_tokens_mean": positions / microbatches if microbatches else 0.0,
+            "perf/microbatch_tokens_max": float(self.largest),
+            "perf/rank_token_imbalance": sum(self.imbalances) / len(self.imbalances) if self.imbalances else 1.0,
+            "perf/rank_idle_s": self.idle_s,
+            "perf/rank_idle_s_max": self.idle_s,
+        }
+
+
+def kl_over_responses(kl_sum: float, responses: float) -> float | None:
+    """train/kl: the mean, over every response in the loss on every rank, of its token-mean KL to the reference.
+    Summed before dividing, so microbatches and ranks holding different numbers of responses in the loss
+    (train.mask_truncated) weigh by them; None when no response is in the loss. Every rank calls it."""
+    kl_sum, responses = parallel.sum_over_ranks([kl_sum, responses])
+    return kl_sum / responses if responses > 0 else None
+
+
+def record_value(totals: dict[str, list[float]], key: str, value: float | torch.Tensor) -> None:
+    """One more value of metric `key` (one per microbatch or optimizer step; step_means reduces them)."""
+    totals.setdefault(key, []).append(float(value))
+
+
+def record_microbatch(
+    totals: dict[str, list[float]],
+    meta: dict[str, torch.Tensor],
+    token_entropy: torch.Tensor,
+    mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> None:
+    """One microbatch's train-step diagnostics `meta` and entropy sums into `totals`: `mask` the model's own
+    tokens (entropy), `loss_mask` those in the loss (the responses the KL is averaged over)."""
+    record_value(totals, _ENTROPY_SUM, float((token_entropy.detach() * mask).sum()))
+    record_value(totals, _ENTROPY_TOKENS, float(mask.sum()))
+    for key in LOGGED_STEP_METRICS:
+        if key in meta and bool(torch.isfinite(meta[key])):  # nan: every completion here was left out
+            record_value(totals, f"train/{key}", meta[key])
+    if "kl" in meta:  # meta's kl: the mean over this microbatch's responses in the loss (nan: none)
+        responses = float((loss_mask.sum(dim=-1) > 0).sum())
+        record_value(totals, _KL_SUM, float(meta["kl"]) * responses if responses else 0.0)
+        record_value(totals, _KL_RESPONSES, responses)
+
+
+def step_means(totals: dict[str, list[float]]) -> dict[str, float]:
+    """The update's metrics from what its microbatches and steps recorded in `totals` (popping the entropy and KL
+    sums): means over the optimizer steps (and microbatches), except maxima, which stay maxima; train/entropy and
+    train/kl over every token / response on every rank. Every rank calls it (the sums are collective)."""
+    # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+    entropy_sum, entropy_tokens = parallel.sum_over_ranks(
+        [sum(totals.pop(_ENTROPY_SUM, [])), sum(totals.pop(_ENTROPY_TOKENS, []))]
+    )
+    if entropy_tokens:  # the mean over every token of the model's in the update, on every rank
+        totals["train/entropy"] = [entropy_sum / entropy_tokens]
+    if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
+        kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
+        if kl is not None:
+            totals["train/kl"] = [kl]
+    metrics = {
+        key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
+    }
+    return metrics

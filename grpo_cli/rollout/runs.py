@@ -35,7 +35,7 @@ class Samples:
     ground_truths: list[Any]  # each sample's example's (whatever the task's examples hold)
     truncated: list[bool]  # its last model turn cut at its token limit mid-generation (train.mask_truncated's)
     model_tokens: list[int]  # the model's sampled tokens (the response length; tool/environment tokens aside)
-    context_limited: list[bool]  # ended because the model's context was full (empty: none was)
+    context_limited: list[bool]  # ended because the model's context was full
     # Per completion id, the sampler's log-prob (0.0 at tool/environment tokens); None when the engine gives none.
     sampler_log_probs: list[list[float]] | None = None
     # Per completion id: 1 a model token (in the loss), 0 a tool/environment token; None: every one is the model's.
@@ -125,7 +125,8 @@ class OneTurnRun:
             ground_truths=[e.ground_truth for e in examples for _ in range(settings.n)],
             truncated=batch.truncated,
             model_tokens=[len(ids) for ids in batch.completion_ids],
-            context_limited=batch.context_limited,
+            # The engines list it only when some completion was cut there: one flag per sample here, joinable.
+            context_limited=batch.context_limited or [False] * len(batch.completion_ids),
             sampler_log_probs=batch.sampler_log_probs,
         )
 

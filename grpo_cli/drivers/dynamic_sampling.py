@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo_cli.core import compute_advantages
-from grpo_cli.learner.batch import RolloutData, concat_rollouts, select_completions
+from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
 
 # Extra round r of step k samples with batch number k + r * EXTRA_ROUND_OFFSET: a sampling seed no regular step
 # (1..train.steps) and no other extra round of the run uses.

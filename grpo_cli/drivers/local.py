@@ -12,9 +12,9 @@ from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_num
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
-from grpo_cli.learner.batch import RolloutData
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.worker import RolloutWorker
+from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

@@ -48,9 +48,9 @@ from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
 from grpo_cli.errors import RunStopped, UserFacingError
-from grpo_cli.learner.batch import RolloutData
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.worker import RolloutWorker
+from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

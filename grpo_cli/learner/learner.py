@@ -36,20 +36,6 @@ from grpo_cli.core import (
 from grpo_cli.core.packing import assign_rows, packed_row_tokens
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
-from grpo_cli.learner.batch import (
-    RolloutData,
-    ScoringSettings,
-    concat_rollouts,
-    log_probs_of_rows,
-    make_microbatch,
-    model_token_mask,
-    per_completion_rows,
-    score_microbatch,
-    scoring_microbatches,
-    shares_in_forward,
-    shortest_row,
-    tokens_through_model,
-)
 from grpo_cli.learner.checkpoint import (
     CheckpointError,
     State,
@@ -60,16 +46,7 @@ from grpo_cli.learner.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from grpo_cli.learner.microbatches import (
-    StepLayout,
-    TokenCounts,
-    equalize,
-    fixed_microbatches,
-    positions_processed,
-    rank_shares,
-    token_microbatches,
-)
-from grpo_cli.learner.settings import loss_settings, scoring_settings
+from grpo_cli.learner.settings import loss_settings
 from grpo_cli.learner.update import (
     PaddingTotals,
     optimizer_step_totals,
@@ -87,6 +64,27 @@ from grpo_cli.models.runtime import (
     seed_everything,
     timed,
 )
+from grpo_cli.scoring.batch import RolloutData, concat_rollouts, make_microbatch, model_token_mask
+from grpo_cli.scoring.forward import (
+    ScoringSettings,
+    log_probs_of_rows,
+    per_completion_rows,
+    score_microbatch,
+    scoring_microbatches,
+    shares_in_forward,
+    shortest_row,
+    tokens_through_model,
+)
+from grpo_cli.scoring.microbatches import (
+    StepLayout,
+    TokenCounts,
+    equalize,
+    fixed_microbatches,
+    positions_processed,
+    rank_shares,
+    token_microbatches,
+)
+from grpo_cli.scoring.settings import scoring_settings
 
 log = logging.getLogger(__name__)
 _LAYOUTS_LOGGED: set[bool] = set()  # train.microbatch_tokens: each layout choice once per process

@@ -1,22 +1,17 @@
-"""The config read once into the settings objects the step passes down: the loss's (core.LossSettings, for every
-microbatch's train step) and the scoring's (ScoringSettings, for every pass that scores completions: the
-learner's training, old and reference passes and the generator's behaviour log-probs).
+"""The config read once into the loss's settings (core.LossSettings), for every microbatch's train step; the
+scoring's (ScoringSettings, for every pass that scores completions) are read in grpo_cli/scoring/settings.py.
 
-The one place that maps config keys to them: a new scoring option is declared in the schema, read here, and used
-where it matters, with no keyword list in between to forget; a new loss.* option needs nothing here (every loss.*
-key goes over by name: docs/architecture.md, "Adding a loss option").
+The one place that maps loss config keys to them: a new loss option is declared in the schema and used where
+it matters, with no keyword list in between to forget: every loss.* key goes over by name (docs/architecture.md,
+"Adding a loss option").
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import torch
-
-from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import LossSettings
-from grpo_cli.learner.batch import ScoringSettings, packs_sequences, shares_prompts
 
 
 def episode_length_constant(max_tokens_per_turn: int, max_turns: int, max_episode_tokens: int | None) -> int:
@@ -60,22 +55,4 @@ def loss_settings(cfg: GRPOConfig) -> LossSettings:
         importance_level=rollout.importance_level,
         importance_threshold=rollout.importance_threshold,
         importance_threshold_low=rollout.importance_threshold_low,
-    )
-
-
-def scoring_settings(cfg: GRPOConfig, model: torch.nn.Module, pad_token_id: int, sharded: bool) -> ScoringSettings:
-    """How `model`'s completions are scored, at the training rollouts' temperature (rollout.temperature).
-    `sharded`: the model is FSDP2-sharded, whose every rank must run the same sequence of layer calls; the shared
-    prompt pass runs the decoder once or twice depending on the batch, so it stays off there, and off for a model
-    it cannot score (shares_prompts)."""
-    return ScoringSettings(
-        temperature=cfg.rollout.temperature,
-        share_prompts=not sharded and shares_prompts(model, cfg.train.share_prompt_forward),
-        logits_chunk_tokens=cfg.train.logits_chunk_tokens,
-        microbatch_size=BatchShape.from_config(cfg).microbatch_size,
-        microbatch_tokens=cfg.train.microbatch_tokens,
-        pad_token_id=pad_token_id,
-        pack_sequences=packs_sequences(
-            model, cfg.train.pack_sequences, cfg.rollout.temperature, cfg.train.logits_chunk_tokens
-        ),
     )

@@ -12,7 +12,7 @@ import torch
 
 from grpo_cli.core import LossSettings, compute_importance_weights
 from grpo_cli.distributed import parallel
-from grpo_cli.learner.batch import RolloutData, model_tokens
+from grpo_cli.scoring.batch import RolloutData, model_tokens
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
 # train/kl is apart: the mean over every response in the loss (`kl_over_responses`).

@@ -9,9 +9,11 @@ which other episodes are still running in the round, how the batch is chunked, o
 data-parallel ranks (each rank passes its share's first episode index, as single-turn rollouts pass their first
 prompt's).
 
-`episode_batch` turns finished episodes into what the learner scores: per episode the prompt ids, the ids after
-them as the completion (model and tool/environment tokens, as built), a per-token mask with holes (model tokens 1,
-tool/environment tokens 0), the sampler's log-probs aligned with the completion, and `truncated`.
+`episode_batch` turns finished episodes into what the learner scores (`runs.Samples`): per episode the prompt
+ids, the ids after them as the completion (model and tool/environment tokens, as built), a per-token mask with holes
+(model tokens 1, tool/environment tokens 0), the sampler's log-probs aligned with the completion, and `truncated`.
+`EpisodeRun` is a multi-turn task's `runs.RolloutRun`: the worker and evaluation run it as they run a single-turn
+task's one-turn episodes.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from grpo_cli.rollout.episodes import (
     SampledTurn,
     TurnHook,
     episode_metrics,
+    last_model_turn,
     run_episodes,
 )
+from grpo_cli.rollout.runs import OneTurnRun, RolloutRun, Samples
 from grpo_cli.rollout.sampling import turn_seed
+from grpo_cli.rollout.scoring import Scores
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
-    from grpo_cli.rollout.scoring import Scores
     from grpo_cli.tasks.base import Example, RewardFn
     from grpo_cli.tasks.trainer_state import TrainerState
 
@@ -106,36 +110,22 @@ def run_on_engine(
     )
 
 
-@dataclass
-class EpisodeBatch:
-    """Finished episodes as the learner scores them, in the episodes' order (per episode, the completion is every
-    id after its prompt)."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]  # model and tool/environment tokens, as built
-    token_masks: list[list[int]]  # per completion id: 1 a model token (in the loss), 0 a tool/environment token
-    # Per completion id: the sampler's log-prob at model tokens, 0.0 at tool/environment tokens (never in the loss);
-    # None when the engine gave none for some model token (vLLM with top_p < 1).
-    sampler_log_probs: list[list[float]] | None
-    truncated: list[bool]
-    model_tokens: list[int]  # per episode: tokens in the loss
-
-    @property
-    def n_generated_tokens(self) -> int:
-        return sum(self.model_tokens)
-
-
-def episode_batch(episodes: Sequence[Episode]) -> EpisodeBatch:
-    """What the learner scores of finished `episodes` (module docstring)."""
+def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | None = None) -> Samples:
+    """What the learner scores of finished `episodes` (module docstring), as `Samples`; `ground_truths`: each
+    episode's example's (default None)."""
     log_probs = [list(e.sampler_logprobs) for e in episodes]
     given = all(not math.isnan(lp) for row in log_probs for lp in row)
-    return EpisodeBatch(
+    return Samples(
         prompt_ids=[list(e.prompt_ids) for e in episodes],
         completion_ids=[list(e.ids) for e in episodes],
-        token_masks=[list(e.loss_mask) for e in episodes],
-        sampler_log_probs=log_probs if given else None,
+        responses=[last_model_turn(e) for e in episodes],
+        ground_truths=list(ground_truths) if ground_truths is not None else [None] * len(episodes),
         truncated=[e.truncated for e in episodes],
         model_tokens=[e.model_tokens for e in episodes],
+        context_limited=[e.stop_reason == "context" for e in episodes],
+        sampler_log_probs=log_probs if given else None,
+        token_masks=[list(e.loss_mask) for e in episodes],
+        episodes=list(episodes),
     )
 
 
@@ -184,14 +174,15 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
     }
 
 
-def episode_run_for(cfg: GRPOConfig, tokenizer: Any, reward_fn: RewardFn) -> EpisodeRun | None:
-    """How `cfg`'s task runs and scores its episodes (rollout/multiturn.py's setup and scorer, `reward_fn` the
-    task's reward), or None for a single-turn task. `tokenizer`: a transformers tokenizer (library boundary)."""
+def run_for(cfg: GRPOConfig, tokenizer: Any, reward_fn: RewardFn) -> RolloutRun:
+    """How `cfg`'s task runs and scores its episodes, `reward_fn` the task's reward: a multi-turn task's through
+    rollout/multiturn.py's setup and scorer, a single-turn task's as episodes of one turn (`runs.OneTurnRun`).
+    `tokenizer`: a transformers tokenizer (library boundary)."""
     from grpo_cli.rollout.multiturn import episode_setup, score_episodes
 
     setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, cfg.model.name)
-    if setup is None:
-        return None
+    if setup is None:  # no task.tools, no task.environment
+        return OneTurnRun(tokenizer, reward_fn)
 
     def score(episodes: Sequence[Episode], trainer_state: TrainerState | None) -> Scores:
         return score_episodes(reward_fn, episodes, setup.env_weight, trainer_state)
@@ -223,10 +214,11 @@ EpisodeScorer = Callable[[Sequence[Episode], "TrainerState | None"], "Scores"]
 
 @dataclass(frozen=True)
 class EpisodeRun:
-    """A multi-turn task as the rollout worker runs it: its episodes' runner and their scorer."""
+    """A multi-turn task as the rollout worker runs it (a `runs.RolloutRun`): its episodes' runner and their
+    scorer."""
 
     setup: EpisodeRunner
-    score: EpisodeScorer
+    scorer: EpisodeScorer
 
     def generate(
         self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example], first_prompt_index: int
@@ -244,13 +236,28 @@ class EpisodeRun:
         self.setup.finish(episodes)
         return episodes
 
-    def generate_and_score(
-        self,
-        engine: RolloutEngine,
-        settings: SamplingSettings,
-        examples: Sequence[Example],
-        first_prompt_index: int,
-        trainer_state: TrainerState | None,
-    ) -> tuple[list[Episode], Scores]:
-        episodes = self.generate(engine, settings, examples, first_prompt_index)
-        return episodes, self.score(episodes, trainer_state)
+    def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
+        episodes = self.generate(engine, settings, examples, settings.first_prompt_index)
+        return episode_batch(episodes, [e.ground_truth for e in examples for _ in range(settings.n)])
+
+    def score(self, samples: Samples, trainer_state: TrainerState | None) -> Scores:
+        """The episodes' rewards, scored whole (their reward components, `env` included)."""
+        return self.scorer(samples.episodes, trainer_state)
+
+    def metrics(self, samples: Samples, prefix: str) -> dict[str, float]:
+        return episode_train_metrics(samples.episodes, prefix)
+
+    def transcripts(self, samples: Samples, rewards: Sequence[dict[str, float]] | None) -> list[dict[str, Any]] | None:
+        given = rewards if rewards is not None else [None] * len(samples.episodes)
+        return [transcript(e, r) for e, r in zip(samples.episodes, given, strict=True)]
+
+    def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        return self.setup.template.decode(prompt_ids)
+
+    def first_prompt_past_context(self, examples: Sequence[Example], context_length: int) -> tuple[int, int] | None:
+        """None: an episode's opening is checked as it opens (episodes.run_episodes), after its environment's reset
+        gave it."""
+        return None
+
+    def close(self) -> None:
+        self.setup.close()

@@ -501,6 +501,14 @@ def run_episodes(
             apply_outcome(episode, template, outcome, limits)
 
 
+def last_model_turn(episode: Episode) -> str:
+    """The text of the episode's last model turn (its final answer; "" before any turn)."""
+    for message in reversed(episode.messages):
+        if message.get("role") == "assistant":
+            return str(message.get("content", ""))
+    return ""
+
+
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Per-episode means over a batch: `turns` (model turns), `env_tokens` (tokens out of the loss after the
     prompt), `truncated_episodes` (the fraction whose last model turn was cut mid-generation),

@@ -10,23 +10,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.rollout.episode_rollout import (
-    TRANSCRIPT_COLUMNS,
-    EpisodeRun,
-    episode_train_metrics,
-    transcript,
-)
-from grpo_cli.rollout.episodes import Episode
-from grpo_cli.rollout.multiturn import last_model_turn
+from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
+from grpo_cli.rollout.episode_rollout import TRANSCRIPT_COLUMNS
+from grpo_cli.rollout.runs import RolloutRun, Samples, join_samples
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
-from grpo_cli.rollout.scoring import Scores, reward_metrics, score_responses, with_logged_metrics
-from grpo_cli.tasks import Example, RewardFn, TaskSpec
+from grpo_cli.rollout.scoring import Scores, reward_metrics, with_logged_metrics
+from grpo_cli.tasks import Example, TaskSpec
 from grpo_cli.tasks.trainer_state import TrainerState
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
     from grpo_cli.tasks.schema import TaskConfig
 
 log = logging.getLogger(__name__)
@@ -61,67 +53,45 @@ def is_correct(reward: dict[str, float]) -> bool:
 
 
 def evaluate(
+    run: RolloutRun,
     engine: RolloutEngine,
-    tokenizer: PreTrainedTokenizerBase,
-    reward_fn: RewardFn,
     examples: list[Example],
     settings: SamplingSettings,
     on_generated: Callable[[int], None] | None = None,
     voting: Voting | None = None,
     pass_ks: list[int] | None = None,
     trainer_state: TrainerState | None = None,
-    episodes: EpisodeRun | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Generate settings.n completions per held-out example and score them (`episodes`: a multi-turn task's
-    episodes instead, `evaluate_episodes`).
+    """Sample settings.n episodes per held-out example with the task's `run` (a completion is an episode of one
+    turn) and score them.
 
-    eval/reward and the other reward metrics are means over every completion. With settings.n > 1 the metrics
-    add eval/mean@n, eval/pass@k (k in `pass_ks`, default 1 and n) and eval/maj@n (votes grouped by `voting`,
-    default: the normalized text), and each record its sample number and whether it holds the majority answer.
-    on_generated(k) is called after each chunk of k prompts (a progress bar). task=custom's reward functions get
-    the sampled token ids and `trainer_state`; what they log with log_extra becomes columns of the records, and
-    with log_metric eval/<name>.
-    Returns (metrics named eval/*, one record per completion for the eval JSONL, prompt-major).
+    eval/reward and the other reward metrics are means over every sample. With settings.n > 1 the metrics add
+    eval/mean@n, eval/pass@k (k in `pass_ks`, default 1 and n) and eval/maj@n (votes grouped by `voting`, default:
+    the normalized text; an episode's answer is its last model turn), and each record its sample number and whether
+    it holds the majority answer. on_generated(k) is called after each chunk of k prompts (a progress bar).
+    task=custom's reward functions get the sampled token ids and `trainer_state`; what they log with log_extra
+    becomes columns of the records, and with log_metric eval/<name>. A multi-turn run's records add the episode's
+    transcript (`messages`, `turns`, `stop_reason`, ...), `response` its last model turn and `n_tokens` its model
+    tokens; its metrics add eval/turns, eval/tool_calls, eval/tool_errors, eval/env_tokens, ...
+    Returns (metrics named eval/*, one record per sample for the eval JSONL, prompt-major).
     """
     n = settings.n
-    if episodes is not None:
-        return evaluate_episodes(episodes, engine, examples, settings, on_generated, voting, pass_ks, trainer_state)
-    prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
-    rollout = generate_in_chunks(engine, prompt_ids, settings, on_generated)
-    truths = [e.ground_truth for e in examples for _ in range(n)]
-    lengths = [len(ids) for ids in rollout.completion_ids]
-    scores = score_responses(reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, trainer_state)
-    prompts = [str(tokenizer.decode(p, skip_special_tokens=False)) for p in prompt_ids]
-    return summarize(prompts, rollout.texts, truths, scores, lengths, rollout.truncated, n, voting, pass_ks)
-
-
-def evaluate_episodes(
-    episodes: EpisodeRun,
-    engine: RolloutEngine,
-    examples: list[Example],
-    settings: SamplingSettings,
-    on_generated: Callable[[int], None] | None = None,
-    voting: Voting | None = None,
-    pass_ks: list[int] | None = None,
-    trainer_state: TrainerState | None = None,
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """`evaluate` for a multi-turn task: settings.n episodes per held-out example, scored whole (their reward
-    components, `env` included); mean@n, pass@k and maj@n over episodes (an episode's answer: its last model turn).
-    Each record is the episode's transcript (`messages`, `turns`, `stop_reason`, ...) beside the usual columns,
-    its `response` the last model turn and `n_tokens` its model tokens; the metrics add eval/turns, eval/tool_calls,
-    eval/tool_errors, eval/env_tokens, eval/truncated_episodes."""
-    n = settings.n
-    run, scores = episodes.generate_and_score(engine, settings, examples, 0, trainer_state)
-    if on_generated is not None:
-        on_generated(len(examples))
-    truths = [e.ground_truth for e in examples for _ in range(n)]
-    texts = [last_model_turn(e) for e in run]
-    # One prompt per example (its first episode's opening; each record's messages hold its own conversation).
-    prompts = [episodes.setup.template.decode(run[i * n].prompt_ids) for i in range(len(examples))]
-    lengths = [e.model_tokens for e in run]
-    truncated = [e.truncated for e in run]
-    metrics, records = summarize(prompts, texts, truths, scores, lengths, truncated, n, voting, pass_ks, run)
-    metrics.update(episode_train_metrics(run, "eval"))
+    samples = generate_in_chunks(run, engine, examples, settings, on_generated)
+    scores = run.score(samples, trainer_state)
+    prompts = [run.prompt_text(samples.prompt_ids[i * n]) for i in range(len(examples))]
+    metrics, records = summarize(
+        prompts,
+        samples.responses,
+        samples.ground_truths,
+        scores,
+        samples.model_tokens,
+        samples.truncated,
+        n,
+        voting,
+        pass_ks,
+        run.transcripts(samples, None),
+    )
+    metrics.update(run.metrics(samples, "eval"))
     return metrics, records
 
 
@@ -135,10 +105,11 @@ def summarize(
     n: int,
     voting: Voting | None = None,
     pass_ks: list[int] | None = None,
-    episodes: list[Episode] | None = None,
+    transcripts: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The eval metrics and records of scored completions (or episodes: their transcripts go in the records),
-    `prompts` one per example, the rest prompt-major (n per example)."""
+    """The eval metrics and records of scored samples (an episode's `transcripts` go in the records, their rewards
+    and truncated aside: the record has its own), `prompts` one per example, the rest prompt-major (n per
+    example)."""
     metrics = reward_metrics(scores, "eval")
     metrics["eval/response_length_mean"] = sum(lengths) / len(lengths)
     metrics["eval/truncated_frac"] = sum(truncated) / len(lengths)
@@ -155,9 +126,9 @@ def summarize(
             zip(texts, truths, scores.rewards, lengths, truncated, strict=True)
         )
     ]
-    if episodes is not None:
-        for record, episode in zip(records, episodes, strict=True):
-            record.update({k: v for k, v in transcript(episode).items() if k not in ("rewards", "truncated")})
+    if transcripts is not None:
+        for record, episode_transcript in zip(records, transcripts, strict=True):
+            record.update({k: v for k, v in episode_transcript.items() if k not in ("rewards", "truncated")})
     add_extra_columns(records, scores.extra_columns)
     for index in scores.no_correctness:
         records[index]["correctness"] = None  # unknown, not 0
@@ -219,28 +190,29 @@ def add_extra_columns(records: list[dict[str, Any]], columns: dict[str, list[Any
 
 
 def generate_in_chunks(
+    run: RolloutRun,
     engine: RolloutEngine,
-    prompt_ids: list[list[int]],
+    examples: Sequence[Example],
     settings: SamplingSettings,
     on_generated: Callable[[int], None] | None = None,
-) -> RolloutBatch:
-    """engine.generate over about EVAL_CHUNK_PROMPTS completions at a time (EVAL_CHUNK_PROMPTS / n prompts),
-    concatenated in prompt order; on_generated gets the number of prompts of each chunk.
+) -> Samples:
+    """run.sample over about EVAL_CHUNK_PROMPTS samples at a time (EVAL_CHUNK_PROMPTS / n prompts), joined in
+    prompt order; on_generated gets the number of prompts of each chunk.
 
-    Each chunk starts at its first prompt's index in the whole list (`first_prompt_index`), so its completions
-    continue the random streams where the previous chunk stopped: the result is one generate() call's over every
+    Each chunk starts at its first prompt's index in the whole list (`first_prompt_index`), so its samples
+    continue the random streams where the previous chunk stopped: the result is one sample() call's over every
     prompt, and a prompt repeated in another chunk gets fresh samples rather than the first chunk's again.
     """
-    out = RolloutBatch([], [], [], [])
+    parts = []
     per_call = max(1, EVAL_CHUNK_PROMPTS // settings.n)
-    for start in range(0, len(prompt_ids), per_call):
-        chunk = prompt_ids[start : start + per_call]
-        part = engine.generate(chunk, replace(settings, first_prompt_index=settings.first_prompt_index + start))
-        for name in ("prompt_ids", "completion_ids", "texts", "truncated"):
-            getattr(out, name).extend(getattr(part, name))
+    for start in range(0, len(examples), per_call):
+        chunk = examples[start : start + per_call]
+        parts.append(
+            run.sample(engine, replace(settings, first_prompt_index=settings.first_prompt_index + start), chunk)
+        )
         if on_generated is not None:
             on_generated(len(chunk))
-    return out
+    return join_samples(parts)
 
 
 def prefixed(metrics: dict[str, float], set_name: str) -> dict[str, float]:

@@ -53,11 +53,12 @@ from grpo_cli.rollout.episodes import (
     Message,
     TurnHook,
     TurnOutcome,
+    last_model_turn,
     run_episodes,
     start_episode,
     tools_hook,
 )
-from grpo_cli.rollout.scoring import Scores, score_responses
+from grpo_cli.rollout.scoring import Scores, score_responses, scores_of_batch
 from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
 from grpo_cli.tasks.environments import (
     EnvironmentRunner,
@@ -221,14 +222,6 @@ def episode_setup(
     return EpisodeSetup(ChatTemplate(tokenizer), limits, weight, on_error, environment=env_runner)
 
 
-def last_model_turn(episode: Episode) -> str:
-    """The text of the episode's last model turn (its final answer; "" before any turn)."""
-    for message in reversed(episode.messages):
-        if message.get("role") == "assistant":
-            return str(message.get("content", ""))
-    return ""
-
-
 def score_episodes(
     reward_fn: RewardFn,
     episodes: Sequence[Episode],
@@ -301,14 +294,7 @@ def _score_ended(
             prompts=[[dict(m) for m in e.prompt_messages] for e in episodes],
             env_rewards=[e.step_reward for e in episodes],
         )
-        return Scores(
-            [_kept(r) for r in batch.rewards],
-            batch.n_errors,
-            batch.n_timeouts,
-            batch.extra,
-            batch.metrics,
-            no_correctness=dict(batch.no_correctness),
-        )
+        return scores_of_batch(batch)
     answers = ["" if e.turn_limited else text for e, text in zip(episodes, responses, strict=True)]
     if uses_n_tokens(reward_fn):
         scores = score_responses(reward_fn, answers, list(truths), last_lengths)
@@ -321,15 +307,6 @@ def _score_ended(
         reward[f"reward/{ENV_COMPONENT}"] = value
         reward["reward"] = reward["reward"] + env_weight * value
     return scores
-
-
-def _kept(result: dict[str, Any]) -> dict[str, float]:
-    """The keys the scorer keeps of a reward's result (rollout.scoring's rule)."""
-    from grpo_cli.tasks.base import OPTIONAL_REWARD_KEYS, REWARD_KEYS
-
-    kept = {key: float(result[key]) for key in REWARD_KEYS}
-    kept.update({k: float(v) for k, v in result.items() if k in OPTIONAL_REWARD_KEYS or k.startswith("reward/")})
-    return kept
 
 
 def _truth_of(episode: Episode) -> GroundTruth:

@@ -62,6 +62,19 @@ def _kept_keys(result: dict[str, Any]) -> dict[str, float]:
     return kept
 
 
+def scores_of_batch(batch: Any) -> Scores:
+    """The Scores of a reward's `score_batch` result (task=custom's BatchScores: rewards, n_errors, n_timeouts,
+    extra, metrics, no_correctness; Any: rollout/ does not import the task's type), each reward's kept keys only."""
+    return Scores(
+        [_kept_keys(r) for r in batch.rewards],
+        batch.n_errors,
+        batch.n_timeouts,
+        batch.extra,
+        batch.metrics,
+        no_correctness=dict(batch.no_correctness),
+    )
+
+
 def score_responses(
     reward_fn: RewardFn,
     responses: list[str],
@@ -81,15 +94,7 @@ def score_responses(
     far the run is, which its functions get as TRL passes them."""
     score_batch = getattr(reward_fn, "score_batch", None)
     if score_batch is not None:
-        batch = score_batch(responses, ground_truths, n_tokens, completion_ids, trainer_state)
-        return Scores(
-            [_kept_keys(r) for r in batch.rewards],
-            batch.n_errors,
-            batch.n_timeouts,
-            batch.extra,
-            batch.metrics,
-            no_correctness=dict(batch.no_correctness),
-        )
+        return scores_of_batch(score_batch(responses, ground_truths, n_tokens, completion_ids, trainer_state))
     lengths: list[int | None] = list(n_tokens) if n_tokens is not None else [None] * len(responses)
     with_length = n_tokens is not None and uses_n_tokens(reward_fn)
     rewards, n_errors, n_timeouts = [], 0, 0

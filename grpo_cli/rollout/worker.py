@@ -21,29 +21,17 @@ from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
 from grpo_cli.errors import UserFacingError
-from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
-from grpo_cli.learner.settings import scoring_settings
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.rollout.base import (
-    RolloutBatch,
-    RolloutEngine,
-    SamplingSettings,
-    first_prompt_past_context,
-    render_prompts,
-)
+from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.engines import build_rollout_engine
-from grpo_cli.rollout.episode_rollout import (
-    EpisodeBatch,
-    EpisodeRun,
-    episode_batch,
-    episode_run_for,
-    episode_train_metrics,
-    transcript,
-)
-from grpo_cli.rollout.episodes import Episode
+from grpo_cli.rollout.episode_rollout import run_for
 from grpo_cli.rollout.evaluation import evaluate, voting_for
-from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
+from grpo_cli.rollout.runs import RolloutRun
+from grpo_cli.rollout.scoring import reward_metrics, with_logged_metrics
+from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
+from grpo_cli.scoring.settings import scoring_settings
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
 from grpo_cli.tasks.trainer_state import TrainerState
 
@@ -80,9 +68,9 @@ class RolloutWorker:
         model: torch.nn.Module | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         threads: int = 0,
-        episodes: EpisodeRun | None = None,
+        run: RolloutRun | None = None,
     ) -> None:
-        """`episodes`: how a multi-turn task's episodes run and are scored (None: single-turn completions)."""
+        """`run`: how the task's episodes are sampled and scored (None: the task's own, `run_for`)."""
         limit_threads(threads)
         self.cfg = cfg
         self.shape = BatchShape.from_config(cfg)
@@ -105,8 +93,8 @@ class RolloutWorker:
         self.engine: RolloutEngine = build_rollout_engine(cfg, self.model, self.tokenizer)
         self.version = 0  # the policy version the engine samples from (its copy's; in-process: the learner's)
         self.load_s = 0.0  # weight loads since the last batch: reported with the next batch
-        # A multi-turn task (task.tools / task.environment): its episodes' runner and scorer.
-        self.episodes = episodes if episodes is not None else episode_run_for(cfg, self.tokenizer, self.reward_fn)
+        # The task's episodes: one-turn completions, or a multi-turn task's turns with its tools / environment.
+        self.run = run if run is not None else run_for(cfg, self.tokenizer, self.reward_fn)
 
     @cached_property
     def scoring(self) -> ScoringSettings:
@@ -138,31 +126,15 @@ class RolloutWorker:
         cfg, shape = self.cfg, self.shape
         timings: dict[str, float] = {}
         busy_start = time.perf_counter()
-        run = self.episodes  # None: single-turn completions
-        prompt_ids = render_prompts([e.prompt for e in examples], self.tokenizer) if run is None else []
-        episodes: list[Episode] | None = None
-        rollout: RolloutBatch | EpisodeBatch
         with timed(timings, "time/generation_s"), self.autocast():
             sampling = replace(
                 sampling_settings(cfg, shape.group_size, seed=rollout_seed(cfg.seed, batch_number)),
                 first_prompt_index=first_prompt_index,
             )
-            if run is None:
-                rollout = self.engine.generate(prompt_ids, sampling)
-            else:  # a multi-turn task: G episodes per prompt, turn by turn (rollout/episode_rollout.py)
-                episodes = run.generate(self.engine, sampling, examples, first_prompt_index)
-                rollout = episode_batch(episodes)
+            samples = self.run.sample(self.engine, sampling, examples)
 
         with timed(timings, "time/scoring_s"):
-            if isinstance(rollout, RolloutBatch):
-                truths = [e.ground_truth for e in examples for _ in range(shape.group_size)]
-                lengths = [len(ids) for ids in rollout.completion_ids]
-                scores = score_responses(
-                    self.reward_fn, rollout.texts, truths, lengths, rollout.completion_ids, self.trainer_state(epoch)
-                )
-            else:
-                assert run is not None and episodes is not None  # an EpisodeBatch comes from episodes only
-                scores = run.score(episodes, self.trainer_state(epoch))
+            scores = self.run.score(samples, self.trainer_state(epoch))
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
             # An episode skipped under task.on_reward_error=skip has no reward: out of its group's statistics.
             scored = torch.ones(len(raw_rewards), dtype=torch.bool)
@@ -174,22 +146,22 @@ class RolloutWorker:
                 cfg.normalization.advantage_eps,
                 keep=scored if scores.skipped else None,
             )
-        data = RolloutData(rollout.prompt_ids, rollout.completion_ids, raw_rewards, advantages)
+        data = RolloutData(samples.prompt_ids, samples.completion_ids, raw_rewards, advantages)
         if scores.skipped:
             data.scored = scored
         data.policy_version = self.version
-        if rollout.sampler_log_probs is not None:
-            data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in rollout.sampler_log_probs]
+        if samples.sampler_log_probs is not None:
+            data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in samples.sampler_log_probs]
         if cfg.train.mask_truncated:
             # DAPO's overlong filtering: a cut-off completion's reward says little about its tokens, so it stays
             # in its group's advantage statistics but leaves the loss (an episode: its last turn cut mid-generation;
             # one that ran out of turns ended, and its environment scored it).
-            data.loss_mask = torch.tensor([0.0 if cut else 1.0 for cut in rollout.truncated])
+            data.loss_mask = torch.tensor([0.0 if cut else 1.0 for cut in samples.truncated])
         if scores.skipped:  # no reward: out of the loss too
             data.loss_mask = (data.loss_mask if data.loss_mask is not None else torch.ones(len(raw_rewards))) * scored
-        if isinstance(rollout, EpisodeBatch):
-            # The episode's tool/environment tokens are scored as context but are holes in the loss.
-            data.token_masks = [torch.tensor(m, dtype=torch.float32) for m in rollout.token_masks]
+        if samples.token_masks is not None:
+            # An episode's tool/environment tokens are scored as context but are holes in the loss.
+            data.token_masks = [torch.tensor(m, dtype=torch.float32) for m in samples.token_masks]
 
         # The behaviour policy's log-probs, by the exact weights that sampled (the learner may have moved on).
         with timed(timings, "time/old_log_probs_s"):
@@ -198,9 +170,7 @@ class RolloutWorker:
                     data.old_log_probs = per_completion_log_probs(self.model, data, self.device, self.scoring)
 
         # Response lengths and generated tokens count the model's tokens (an episode's tool/environment ones aside).
-        lengths = (
-            rollout.model_tokens if isinstance(rollout, EpisodeBatch) else [len(ids) for ids in rollout.completion_ids]
-        )
+        lengths = samples.model_tokens
         kept_rewards = raw_rewards[scored]
         data.metrics = {
             **reward_metrics(scores, "train"),
@@ -210,12 +180,9 @@ class RolloutWorker:
             ),
             "train/response_length_mean": sum(lengths) / len(lengths),
             "train/response_length_max": max(lengths),
-            "train/truncated_frac": sum(rollout.truncated) / len(lengths),
-            # Completions cut because the model's context was full (the engine's context_length); an episode's
-            # count replaces it below (episode_train_metrics).
-            "train/context_limited": (
-                rollout.n_context_limited / len(lengths) if isinstance(rollout, RolloutBatch) else 0.0
-            ),
+            "train/truncated_frac": sum(samples.truncated) / len(lengths),
+            # Samples cut or ended because the model's context was full (the engine's context_length).
+            "train/context_limited": sum(samples.context_limited) / len(lengths),
             # Completions left out of the loss (train.mask_truncated, skipped episodes), as a fraction of the batch.
             "train/masked_frac": (
                 float((data.loss_mask == 0).sum()) / len(lengths) if data.loss_mask is not None else 0.0
@@ -230,22 +197,19 @@ class RolloutWorker:
         # A reward function's log_metric values become train/<name>; its log_extra columns are shown with the
         # evaluation samples only (a training batch has no samples table).
         data.metrics = with_logged_metrics(data.metrics, scores, "train")
-        if episodes is not None:
-            # train/turns, tool_calls, tool_errors, env_tokens, truncated_episodes, turn_limited_episodes,
-            # skipped_episodes; the transcripts for the run's logs.
-            data.metrics.update(episode_train_metrics(episodes))
-            data.transcripts = [transcript(e, r) for e, r in zip(episodes, scores.rewards, strict=True)]
+        # The run's own statistics (an episode's train/turns, tool_calls, env_tokens, ...; none for one turn) and
+        # its transcripts for the run's logs.
+        data.metrics.update(self.run.metrics(samples, "train"))
+        data.transcripts = self.run.transcripts(samples, scores.rewards)
         self.load_s = 0.0
         return data
 
     def check_prompts_fit(self, examples: list[Example]) -> None:
-        """Stop the run (one line naming the example) when a single-turn training prompt leaves no room in the
-        model's context for one sampled token: the engine would sample nothing after it. A multi-turn task's
-        openings are checked as its episodes open (rollout.episodes)."""
+        """Stop the run (one line naming the example) when a training prompt leaves no room in the model's context
+        for one sampled token: the engine would sample nothing after it. A multi-turn task's openings are checked
+        as its episodes open (rollout.episodes)."""
         context = self.engine.context_length
-        if context is None or self.episodes is not None:
-            return
-        found = first_prompt_past_context([e.prompt for e in examples], self.tokenizer, context)
+        found = None if context is None else self.run.first_prompt_past_context(examples, context)
         if found is None:
             return
         index, length = found
@@ -289,23 +253,20 @@ class RolloutWorker:
         sampling = sampling_settings(self.cfg, self.cfg.eval.n_samples, seed=self.cfg.seed, for_eval=True)
         with self.autocast():
             metrics, records = evaluate(
+                self.run,
                 self.engine,
-                self.tokenizer,
-                self.reward_fn,
                 examples,
                 sampling,
                 on_generated=on_generated,
                 voting=voting_for(task_for(self.cfg.task), self.cfg.task.prompt),
                 pass_ks=self.cfg.eval.pass_k,
                 trainer_state=self.trainer_state(epoch),
-                episodes=self.episodes,
             )
         return metrics, records, self.version
 
     def close(self) -> None:
         self.engine.close()
-        if self.episodes is not None:  # the tools' and the environment's worker processes
-            self.episodes.setup.close()
+        self.run.close()  # the tools' and the environment's worker processes
         close_reward = getattr(self.reward_fn, "close", None)  # task=custom: its reward worker processes
         if close_reward is not None:
             close_reward()

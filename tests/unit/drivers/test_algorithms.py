@@ -12,7 +12,7 @@ import torch
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number, groups_with_signal
 from grpo_cli.errors import UserFacingError
-from grpo_cli.learner.batch import RolloutData, concat_rollouts, select_completions
+from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
 from tests.conftest import compose_config
 
 # --- the presets: what each sets, and that everything stays overridable -----------------------------------------

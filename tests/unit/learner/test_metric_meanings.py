@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_cli.drivers.dynamic_sampling import SignalBatch
-from grpo_cli.learner.batch import RolloutData
+from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 
 

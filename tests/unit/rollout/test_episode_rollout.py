@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.learner.batch import RolloutData, ScoringSettings, per_completion_log_probs
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.base import RolloutEngine
@@ -26,6 +25,8 @@ from grpo_cli.rollout.episode_rollout import (
 from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.rollout.evaluation import evaluate
 from grpo_cli.rollout.scoring import Scores
+from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 from grpo_cli.tasks.base import Example
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
@@ -219,13 +220,11 @@ def test_evaluation_over_episodes_has_pass_at_k_and_transcripts(tiny) -> None:
     setup = GuessSetup(template)
     examples = [Example("guess", 3), Example("guess", 5)]
     metrics, records = evaluate(
+        EpisodeRun(setup, env_scores),  # the episodes' scorer scores
         HFRolloutEngine(model, tokenizer),
-        tokenizer,
-        lambda *a, **k: {},  # not called: the episodes' scorer scores
         examples,
         SamplingSettings(n=3, temperature=1.0, seed=0),
         pass_ks=[1, 3],
-        episodes=EpisodeRun(setup, env_scores),
     )
     assert len(records) == 6 and len(setup.finished) == 6
     assert [r["sample"] for r in records] == [0, 1, 2, 0, 1, 2]
@@ -254,10 +253,10 @@ def worker(tmp_path_factory):
     )
     worker = RolloutWorker(cfg)
     template = ChatTemplate(worker.tokenizer, chat_template=(TEMPLATES / "qwen2_5_tools.jinja").read_text())
-    worker.episodes = EpisodeRun(GuessSetup(template), env_scores)
+    worker.run = EpisodeRun(GuessSetup(template), env_scores)
     yield worker
     worker.close()
-    assert worker.episodes.setup.closed
+    assert worker.run.setup.closed
 
 
 def test_the_worker_produces_episodes_with_holes_and_the_learners_old_log_probs_are_the_samplers(worker) -> None:
@@ -316,14 +315,14 @@ def test_a_skipped_episode_leaves_the_loss_and_its_groups_advantage_statistics(w
     def score(episodes: Sequence[Episode], trainer_state: object) -> Scores:
         return score_episodes(by_length, episodes, 1.0, None, truths=[e.context.ground_truth for e in episodes])
 
-    template = worker.episodes.setup.template
-    saved = worker.episodes, worker.shape
-    worker.episodes = EpisodeRun(FailingGuessSetup(template, failing={1, 6}), score)
+    template = worker.run.setup.template
+    saved = worker.run, worker.shape
+    worker.run = EpisodeRun(FailingGuessSetup(template, failing={1, 6}), score)
     worker.shape = replace(saved[1], group_size=4)
     try:
         data = worker.produce([Example("guess", 3), Example("guess", 5)], batch_number=2)
     finally:
-        worker.episodes, worker.shape = saved
+        worker.run, worker.shape = saved
     episodes = [t for t in data.transcripts]
     assert [t["error"] is not None for t in episodes] == [i in {1, 6} for i in range(8)]
     kept = torch.tensor([i not in {1, 6} for i in range(8)])

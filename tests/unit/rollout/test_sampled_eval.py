@@ -12,11 +12,12 @@ from rich.console import Console
 
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
-from grpo_cli.learner.batch import RolloutData
 from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
+from grpo_cli.rollout.runs import OneTurnRun
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
 from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import get_task, load_eval_sets, make_reward_fn
 from grpo_cli.tasks.rewards import SHAPING_CASES, overlong_penalty, repetition_penalty, shaping_case_value
 from grpo_cli.tracking.report import extra_eval_keys, write_report
@@ -120,9 +121,8 @@ def test_evaluate_scores_n_samples_and_grades_the_vote():
     )
     cfg = compose_config(["task=math", "task.prompt=question_only"])
     metrics, records = evaluate(
+        OneTurnRun(ListTokenizer(), make_reward_fn(cfg.task)),
         engine,
-        ListTokenizer(),
-        make_reward_fn(cfg.task),
         examples,
         SamplingSettings(n=4, temperature=1.0),
         voting=voting_for(get_task("math"), "question_only"),
@@ -152,7 +152,7 @@ def test_a_chunked_eval_samples_what_one_generate_call_samples():
     assert 32 * 4 > EVAL_CHUNK_PROMPTS  # more than one chunk
     chunks: list[int] = []
     _metrics, records = evaluate(
-        engine, tokenizer, lambda text, truth: {"reward": 0.0}, examples, settings, chunks.append
+        OneTurnRun(tokenizer, lambda text, truth: {"reward": 0.0}), engine, examples, settings, chunks.append
     )
     assert chunks == [16, 16]
     prompt_ids = render_prompts([e.prompt for e in examples], tokenizer)
@@ -168,9 +168,8 @@ def test_pass_at_k_reads_the_tasks_own_reward_when_shaping_terms_are_weighted():
     cfg = compose_config(["task.reward_weights.repetition=1"])
     from grpo_cli.tasks import Example
 
-    metrics, records = evaluate(
-        engine, ListTokenizer(), make_reward_fn(cfg.task), [Example("q", ["red", "apple"])], SamplingSettings(n=2)
-    )
+    run = OneTurnRun(ListTokenizer(), make_reward_fn(cfg.task))
+    metrics, records = evaluate(run, engine, [Example("q", ["red", "apple"])], SamplingSettings(n=2))
     # The right answer's reward is 1 - 1/3 (3-grams: red-apple-apple, apple-apple-apple twice: 2 distinct of 3) ...
     assert metrics["eval/reward"] == pytest.approx((1 - 1 / 3 + 0) / 2)
     # ... but it is still a right answer, for pass@k and for job=baseline_eval's accuracy (= mean@n).
@@ -269,7 +268,7 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
     from grpo_cli.learner.learner import Learner
-    from grpo_cli.learner.microbatches import TokenCounts
+    from grpo_cli.scoring.microbatches import TokenCounts
 
     # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
     # autocast would round the differently grouped rows differently).

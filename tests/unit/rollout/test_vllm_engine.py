@@ -15,7 +15,9 @@ import torch
 
 from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, evaluation, render_prompts
+from grpo_cli.rollout.runs import OneTurnRun
 from grpo_cli.rollout.vllm_engine import WeightSyncError, _run_with_time_limit, export_weights
+from grpo_cli.tasks.base import Example
 from tests.conftest import random_weights
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -130,7 +132,9 @@ def test_tiny_model_greedy_parity_and_sampling_contract(monkeypatch):
         # The held-out evaluation's chunks (2 prompts of 3 samples each here) continue the streams likewise.
         monkeypatch.setattr(evaluation, "EVAL_CHUNK_PROMPTS", 6)
         settings = SamplingSettings(n=3, temperature=1.0, max_tokens=10, seed=5)
-        assert evaluation.generate_in_chunks(engine, prompts, settings).completion_ids == sampled.completion_ids
+        examples = [Example([{"role": "user", "content": q}], None) for q in QUESTIONS]  # chat_prompts' prompts
+        run = OneTurnRun(tokenizer, lambda text, truth: {})
+        assert evaluation.generate_in_chunks(run, engine, examples, settings).completion_ids == sampled.completion_ids
         # Neither engine samples past the model's context (issue #39): a prompt 5 tokens short of it gets 5 new
         # tokens, one past it none (vLLM would refuse it), both counted as context-limited.
         context = engine.context_length

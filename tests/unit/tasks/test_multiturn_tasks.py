@@ -306,6 +306,7 @@ def played(example: Example, guesses: list[str]) -> Episode:
 
 
 def test_correctness_of_an_environment_only_task_is_the_environments_reward(tmp_path):
+    from grpo_cli.rollout.episode_rollout import transcript
     from grpo_cli.rollout.evaluation import summarize
 
     cfg = guess8_cfg(tmp_path)
@@ -322,7 +323,7 @@ def test_correctness_of_an_environment_only_task_is_the_environments_reward(tmp_
     texts = [e.messages[-1]["content"] for e in episodes]
     metrics, records = summarize(
         ["p5", "p3"], texts, [e.context.example.ground_truth for e in episodes], scores, [1] * 4, [False] * 4, 2,
-        episodes=episodes,
+        transcripts=[transcript(e) for e in episodes],
     )  # fmt: skip
     # eval/reward is the environment's mean, and so are mean@2, pass@1 (each prompt won 1 of 2) and the correctness
     # of each record; before, correctness was the custom rewards' total without env: 0 everywhere.

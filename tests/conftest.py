@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from grpo_cli import tasks
 from grpo_cli.config import GRPOConfig, register_configs
-from grpo_cli.tasks import Example, TaskSpec
+from grpo_cli.config.task_registry import TASK_SCHEMAS
+from grpo_cli.tasks import Example, TaskConfig, TaskSpec
 
 # The repository and the data files tests read, wherever a test module sits below tests/.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,8 @@ def write_my_tools(folder: Path) -> Path:
 @pytest.fixture
 def letter_e_task(monkeypatch):
     monkeypatch.setitem(tasks.TASKS, "letter_e", TaskSpec("letter_e", starts_with_e, build_prompts))
+    # The config's task registry (config/task_registry.py) knows the tasks by name: task.name=letter_e validates.
+    monkeypatch.setitem(TASK_SCHEMAS, "letter_e", TaskConfig)
 
 
 class FakeDatasets:

@@ -105,7 +105,7 @@ def test_eval_runs_at_start_every_n_steps_and_at_the_end(tmp_path, letter_e_task
     ]
 
 
-def test_a_crashing_reward_scores_zero_and_is_counted(tmp_path, monkeypatch):
+def test_a_crashing_reward_scores_zero_and_is_counted(tmp_path, monkeypatch, letter_e_task):
     def flaky(response, truth):
         raise RuntimeError("grader bug")
 

@@ -299,4 +299,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The page lists every task's keys and the config never imports a task: the command moved to the tasks package.
+    sys.exit("grpo_cli.config.reference is now run as: python -m grpo_cli.tasks.config_reference")

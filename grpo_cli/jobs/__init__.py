@@ -1,7 +1,7 @@
 """The jobs `job=<name>` runs, found by name. Each module has `run(cfg: GRPOConfig, output_dir: Path, console:
 Console) -> summary dict`, cfg being the typed config cli.py built.
 
-Modules are imported only when their job runs, so `job=report` and `job=check_reward` never import torch.
+Modules are imported only when their job runs: importing this package loads no job's dependencies.
 """
 
 from __future__ import annotations

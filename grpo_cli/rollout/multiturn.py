@@ -72,6 +72,7 @@ from grpo_cli.tasks.multiturn_config import (
     ENVIRONMENT_KEY,
     base_dir_of_task,
     env_weight,
+    environment_factory_value,
     environment_spec,
     tool_specs,
 )
@@ -79,6 +80,7 @@ from grpo_cli.tasks.rewards import uses_n_tokens
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.tools import ToolPrompt, ToolRunner, load_tools, tool_prompt
 from grpo_cli.tasks.trainer_state import TrainerState
+from grpo_cli.tasks.trl_environments import ENVIRONMENT_FACTORY_KEY, EnvironmentResult, load_environments
 
 
 @dataclass
@@ -89,6 +91,8 @@ class EpisodeContext:
     example: Example
     row: dict[str, Any]
     session: EnvSession | None = None
+    # What the environment gave when its instance was released (task.environment_factory: EnvironmentResult).
+    result: Any = None
 
 
 def episode_row(example: Example) -> dict[str, Any]:
@@ -156,8 +160,14 @@ class EpisodeSetup:
         """The environment sessions closed, and task.on_reward_error applied to an episode it failed on."""
         if self.environment is None:
             return
-        sessions = [e.context.session for e in episodes if isinstance(e.context, EpisodeContext)]
-        self.environment.close([s for s in sessions if s is not None])
+        held = [e for e in episodes if isinstance(e.context, EpisodeContext) and e.context.session is not None]
+        results = self.environment.close([e.context.session for e in held])
+        for episode, result in zip(held, results, strict=True):
+            episode.context.result = result
+            if isinstance(result, EnvironmentResult):  # get_reward: the env component, at the episode's end
+                episode.step_rewards.append(result.reward)
+                if "get_reward" in result.errors and episode.error is None:
+                    episode.error = f"get_reward {result.errors['get_reward']}"
         for episode in episodes:
             if episode.error is not None and isinstance(episode.context, EpisodeContext):
                 check_error(ENVIRONMENT_KEY, self.on_error, episode.error, episode.context.row)
@@ -216,10 +226,18 @@ def episode_setup(
         template = ChatTemplate.for_tools(tokenizer, prompt)
         return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
     assert environment is not None
+    template, key = ChatTemplate(tokenizer), ENVIRONMENT_KEY
+    factory = environment_factory_value(task_cfg)
+    if factory is not None:  # TRL's environment class: its methods are the tools the template shows
+        loaded = load_environments(factory, base_dir)
+        prompt = tool_prompt(tokenizer, loaded.tools, task_cfg.tool_call_format, model_name)
+        assert isinstance(environment, dict)
+        environment = {**environment, "tool_call_format": prompt.fmt.name}
+        template, key = ChatTemplate.for_tools(tokenizer, prompt), ENVIRONMENT_FACTORY_KEY
     env_runner = EnvironmentRunner(
-        ENVIRONMENT_KEY, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
+        key, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
     )
-    return EpisodeSetup(ChatTemplate(tokenizer), limits, weight, on_error, environment=env_runner)
+    return EpisodeSetup(template, limits, weight, on_error, environment=env_runner)
 
 
 def score_episodes(
@@ -293,6 +311,7 @@ def _score_ended(
             completions=[e.completion_messages for e in episodes],
             prompts=[[dict(m) for m in e.prompt_messages] for e in episodes],
             env_rewards=[e.step_reward for e in episodes],
+            **_computed_rewards(episodes),
         )
         return scores_of_batch(batch)
     answers = ["" if e.turn_limited else text for e, text in zip(episodes, responses, strict=True)]
@@ -307,6 +326,23 @@ def _score_ended(
         reward[f"reward/{ENV_COMPONENT}"] = value
         reward["reward"] = reward["reward"] + env_weight * value
     return scores
+
+
+def _computed_rewards(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """score_batch's `computed`: the values (and failures) of the rewards that took environments=, computed where the
+    instances live (trl_environments.TRLEnvironment.close); {} when no episode has any."""
+    results = [e.context.result if isinstance(e.context, EpisodeContext) else None for e in episodes]
+    names = {n for r in results if isinstance(r, EnvironmentResult) for n in [*r.rewards, *r.errors]}
+    names.discard("get_reward")
+    if not names:
+        return {}
+    computed: dict[str, list[tuple[Any, str | None]]] = {}
+    for name in sorted(names):
+        computed[name] = [
+            (r.rewards.get(name), r.errors.get(name)) if isinstance(r, EnvironmentResult) else (None, "no environment")
+            for r in results
+        ]
+    return {"computed": computed}
 
 
 def _truth_of(episode: Episode) -> GroundTruth:

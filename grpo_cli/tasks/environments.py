@@ -200,7 +200,7 @@ class EnvironmentServer:
         if op == "close":
             instance = self.instances.pop(session, None)
             if instance is not None and callable(getattr(instance, "close", None)):
-                instance.close()
+                return instance.close()  # what it returns comes back (TRLEnvironment's rewards)
             return None
         if op == "reset":
             self.instances.pop(session, None)
@@ -269,9 +269,10 @@ class EnvironmentRunner:
             steps.append(EnvStep(*value))
         return steps
 
-    def close(self, sessions: Sequence[EnvSession]) -> None:
-        """The episodes are over: their instances' close() run (its errors ignored) and the instances dropped."""
-        self._run([(s, "close", []) for s in sessions])
+    def close(self, sessions: Sequence[EnvSession]) -> list[Any]:
+        """The episodes are over: their instances' close() run and the instances dropped. Returns what each close()
+        returned (None where it failed: its errors are ignored)."""
+        return [value for value, _ in self._run([(s, "close", []) for s in sessions])]
 
     def shutdown(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""

@@ -1,5 +1,6 @@
 """The multi-turn keys every task has (task.tools, task.tool_call_format, task.tool_timeout_s, task.environment,
-task.max_turns, task.max_episode_tokens, task.reward_weights.env, task.sandbox), read and checked here. No torch.
+task.environment_factory, task.max_turns, task.max_episode_tokens, task.reward_weights.env, task.sandbox), read and
+checked here. No torch.
 
 A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment; otherwise
 it is single-turn and none of these keys is read. `validate_multiturn` runs at preflight, before any model loads:
@@ -19,7 +20,21 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
 from grpo_cli.tasks.sandbox import configure, require, settings_from_config
 from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
-from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, named_specs, with_absolute_reference
+from grpo_cli.tasks.trl_environments import (
+    ENVIRONMENT_FACTORY_KEY,
+    SINGLE,
+    adapter_node,
+    factory_specs,
+    load_environments,
+    takes_environments,
+)
+from grpo_cli.tasks.user_code import (
+    RewardSpec,
+    UserCodeError,
+    load_reward_spec,
+    named_specs,
+    with_absolute_reference,
+)
 
 # The reward component the environment's summed step rewards are logged and weighted under.
 ENV_COMPONENT = "env"
@@ -48,8 +63,31 @@ def configure_sandbox(task_cfg: TaskConfig) -> None:
     configure(settings_from_config(_plain(task_cfg.sandbox)))
 
 
+def environment_factory_value(task_cfg: TaskConfig) -> Any:
+    """task.environment_factory as plain data (tasks/trl_environments.py reads it), None when the task has none."""
+    value = _plain(getattr(task_cfg, "environment_factory", None))
+    return None if value is None or value == "" else value
+
+
+def environment_rewards(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
+    """The task.rewards (task=custom) whose function takes environments=: they run beside the instances."""
+    specs = named_specs(getattr(task_cfg, "rewards", None) or {}, "task.rewards")
+    base_dir = base_dir_of_task(task_cfg)
+    return {
+        name: with_absolute_reference(spec, base_dir)
+        for name, spec in specs.items()
+        if takes_environments(load_reward_spec(f"task.rewards.{name}", spec, base_dir))
+    }
+
+
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
-    """task.environment as plain data (a reference string or a node), None when the task has none."""
+    """task.environment as plain data (a reference string or a node), None when the task has none. A task with
+    task.environment_factory has the node of its adapter (trl_environments.TRLEnvironment) here."""
+    factory = environment_factory_value(task_cfg)
+    if factory is not None:
+        base_dir = base_dir_of_task(task_cfg)
+        rewards = environment_rewards(task_cfg)
+        return adapter_node(factory, base_dir, task_cfg.tool_call_format, task_cfg.max_turns, rewards)
     value = _plain(task_cfg.environment)
     if value is None or value == "":
         return None
@@ -89,6 +127,12 @@ def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
     specs = tool_specs(task_cfg)
     if specs:
         task_cfg.tools = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
+    factory = environment_factory_value(task_cfg)
+    if factory is not None:
+        specs = factory_specs(factory)
+        absolute = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
+        task_cfg.environment_factory = absolute[SINGLE] if SINGLE in absolute else absolute
+        return
     spec = environment_spec(task_cfg)
     if spec is not None:
         task_cfg.environment = with_absolute_reference(spec, base_dir)
@@ -100,6 +144,20 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
     from grpo_cli.tasks.tools import load_tools  # transformers' get_json_schema: only for a task with tools
 
     specs = tool_specs(task_cfg)
+    factory = environment_factory_value(task_cfg)
+    if factory is not None and (specs or _plain(task_cfg.environment) not in (None, "")):
+        other = "task.tools" if specs else ENVIRONMENT_KEY
+        raise UserFacingError(
+            f"{ENVIRONMENT_FACTORY_KEY} and {other} together: an episode's turns are answered by one of them: "
+            "drop one (the environment class's public methods are its tools; add the functions as methods)"
+        )
+    if factory is None:
+        takers = [name for name in environment_rewards(task_cfg)]
+        if takers:
+            raise UserFacingError(
+                f"task.rewards.{takers[0]} takes environments=, which only {ENVIRONMENT_FACTORY_KEY} gives (TRL's "
+                "environment instances): set it, or drop the argument"
+            )
     environment = environment_spec(task_cfg)
     if not specs and environment is None:
         if task_cfg.tool_call_format is not None:
@@ -113,7 +171,7 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
             "task.tools and task.environment together: an episode's turns are answered by the tools or by the "
             "environment, not both: drop one (an environment can call the functions itself in its step)"
         )
-    what = "task.tools" if specs else ENVIRONMENT_KEY
+    what = "task.tools" if specs else ENVIRONMENT_FACTORY_KEY if factory is not None else ENVIRONMENT_KEY
     if task_cfg.prompt != "chat":
         raise UserFacingError(
             f"{what} with task.prompt={task_cfg.prompt}: an episode is a conversation the chat template renders, "
@@ -125,8 +183,10 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
     uses: list[object] = []
     if specs:
         uses += [tool.fn for tool in load_tools(specs, base_dir).values()]
-    if environment is not None:
-        factory = load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)
-        uses.append(getattr(factory, "func", factory))  # a node's class, its arguments bound
+    if factory is not None:
+        uses += list(load_environments(factory, base_dir).classes.values())
+    elif environment is not None:
+        made = load_environment_factory(ENVIRONMENT_KEY, environment, base_dir)
+        uses.append(getattr(made, "func", made))  # a node's class, its arguments bound
     if any(getattr(fn, "uses_sandbox", False) for fn in uses):
         require()

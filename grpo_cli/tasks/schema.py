@@ -211,6 +211,14 @@ class TaskConfig:
         "path/to/file.py:Class, package.module:Class, or a node {_target_: ..., <constructor arguments>} "
         "(grpo_cli/tasks/environments.py); null: none.",
     )
+    environment_factory: Any = any_value(
+        None,
+        help="TRL's environment_factory: a class with reset(**row) (its string appended to the prompt), its public "
+        "methods as the model's tools and an optional get_reward (the env component), one pooled instance per "
+        "episode: path/to/file.py:Class, package.module:Class, a node {_target_: ..., <arguments>}, or "
+        "{<the row's environment column>: file.py:Class, ...}; rewards may take environments= "
+        "(grpo_cli/tasks/trl_environments.py). Not with task.environment or task.tools; null: none.",
+    )
     max_turns: int = positive(
         4, help="Multi-turn episodes: at most this many model turns, each at most rollout.max_tokens tokens."
     )

@@ -128,6 +128,7 @@ class CustomReward:
         completions: Sequence[Any] | None = None,
         prompts: Sequence[Any] | None = None,
         env_rewards: Sequence[float | None] | None = None,
+        computed: dict[str, list[tuple[Any, str | None]]] | None = None,
     ) -> BatchScores:
         """Every reward on the batch. `completion_ids` are the sampled token ids of each completion (what TRL's
         completion_ids= holds; their lengths stand in for `n_tokens` when it is not given). `completions`, when
@@ -137,7 +138,9 @@ class CustomReward:
         repetition term reads). `prompts`, when given, is trl's prompts= instead of the rows' prompts (an episode's
         opening messages, what its environment's reset gave the model). `env_rewards` (a task with an environment:
         each episode's summed step rewards, None where it gave none) are the component `env`, weighted by
-        `env_weight`.
+        `env_weight`. `computed`: the rewards computed elsewhere, by name, (value, how it failed or None) per sample
+        (those taking environments=, run beside the environment instances: tasks/trl_environments.py); they are
+        checked and weighted as the others.
 
         Each sample's answer_reward and correctness are `answer_source`'s value (the weighted total, env included,
         when it is None); a sample where that reward gave None has no correctness, said in `no_correctness`."""
@@ -153,9 +156,18 @@ class CustomReward:
         counts = {"errors": 0, "timeouts": 0}
         values: dict[str, list[float | None]] = {}
         # Every function's calls first, then their results: with workers, the calls run in parallel.
-        calls = {reward.name: self._start_batch(reward, batch) for reward in self.rewards}
+        computed = computed or {}
+        calls = {
+            reward.name: self._start_batch(reward, batch) for reward in self.rewards if reward.name not in computed
+        }
         for reward in self.rewards:
             failed = counts["errors"] + counts["timeouts"]
+            if reward.name in computed:
+                values[reward.name] = [
+                    self._computed(reward, value, error, truth, counts)
+                    for (value, error), truth in zip(computed[reward.name], batch.truths, strict=True)
+                ]
+                continue
             values[reward.name] = self._values(reward, batch, counts, calls[reward.name])
             if n > 1 and counts["errors"] + counts["timeouts"] == failed:
                 warn_if_no_reward(reward.key, values[reward.name])
@@ -284,6 +296,17 @@ class CustomReward:
             counts["errors"] += 1
             return None
         return self._checked(reward, value, truth, counts)
+
+    def _computed(
+        self, reward: NamedReward, value: Any, error: str | None, truth: GroundTruth, counts: dict[str, int]
+    ) -> float | None:
+        """A value computed elsewhere (score_batch's `computed`), or its failure under task.on_reward_error."""
+        if error is None:
+            return self._checked(reward, value, truth, counts)
+        if self.on_error == "stop":
+            self._fail(reward, error, truth)
+        counts["errors"] += 1
+        return None
 
     def _checked(self, reward: NamedReward, value: Any, truth: GroundTruth, counts: dict[str, int]) -> float | None:
         if hasattr(value, "item") and not isinstance(value, str):  # a 0-d tensor or numpy scalar

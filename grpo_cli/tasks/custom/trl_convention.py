@@ -27,7 +27,16 @@ from grpo_cli.tasks.user_code import (
 )
 
 # TRL 1.16 passes these itself (GRPOTrainer._calculate_rewards); a column with one of these names is not passed.
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+# `environments` only with task.environment_factory (multiturn_config checks that; trl_environments passes it).
+TRL_ARGUMENTS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+)
 # Columns TRL never passes as columns: the prompt is `prompts`, and these two are its own.
 NOT_COLUMNS = ("prompt", "completion", "completion_ids")
 

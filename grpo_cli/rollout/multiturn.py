@@ -119,6 +119,7 @@ class EpisodeSetup:
     tools: ToolRunner | None = None
     tool_prompt: ToolPrompt | None = None
     environment: EnvironmentRunner | None = None
+    environment_key: str = ENVIRONMENT_KEY  # the key the environment's failures name (task.environment_factory)
     _hook: TurnHook | None = field(default=None, repr=False)
 
     @property
@@ -143,7 +144,7 @@ class EpisodeSetup:
         episodes = []
         for example, row, session in zip(examples, rows, sessions, strict=True):
             if session.error is not None:
-                check_error(ENVIRONMENT_KEY, self.on_error, f"reset {session.error}", row)
+                check_error(self.environment_key, self.on_error, f"reset {session.error}", row)
             # A reset that failed under skip: the episode opens with the example's prompt and ends after the
             # model's first turn with that error (no env reward).
             opening = session.opening if session.error is None else opening_messages(example)
@@ -170,7 +171,7 @@ class EpisodeSetup:
                     episode.error = f"get_reward {result.errors['get_reward']}"
         for episode in episodes:
             if episode.error is not None and isinstance(episode.context, EpisodeContext):
-                check_error(ENVIRONMENT_KEY, self.on_error, episode.error, episode.context.row)
+                check_error(self.environment_key, self.on_error, episode.error, episode.context.row)
 
     def close(self) -> None:
         """Stop the tools' and the environment's worker processes."""
@@ -237,7 +238,7 @@ def episode_setup(
     env_runner = EnvironmentRunner(
         key, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
     )
-    return EpisodeSetup(template, limits, weight, on_error, environment=env_runner)
+    return EpisodeSetup(template, limits, weight, on_error, environment=env_runner, environment_key=key)
 
 
 def score_episodes(

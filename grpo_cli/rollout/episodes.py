@@ -212,7 +212,7 @@ class Episode:
     # The caller's own data for this episode (its row, its environment session, ...); the driver never reads it.
     context: Any = None
     # Messages as rewards and transcripts see them where that differs from what the template renders, by index
-    # in `messages`: a tool-calling turn with its parsed `tool_calls` (TRL 1.16's shape, tools_hook sets it).
+    # in `messages`: a model turn of a tool episode as TRL 1.16 parses it (`tool_calls`, ...; tools_hook sets it).
     parsed: dict[int, Message] = field(default_factory=dict)
 
     @property
@@ -242,8 +242,8 @@ class Episode:
 
     @property
     def public_messages(self) -> list[Message]:
-        """The whole conversation as rewards, transcripts and check_reward see it: `messages`, a tool-calling
-        assistant turn as TRL 1.16 gives it (its text before the calls as `content`, the calls as `tool_calls`)."""
+        """The whole conversation as rewards, transcripts and check_reward see it: `messages`, a tool episode's
+        model turns as TRL 1.16 gives them (tools.assistant_message: the calls as `tool_calls`, ...)."""
         return [self.parsed.get(index, message) for index, message in enumerate(self.messages)]
 
     @property
@@ -561,7 +561,7 @@ def tools_hook(runner: ToolRunner, prompt: ToolPrompt) -> TurnHook:
         texts = [str(e.messages[-1]["content"]) for e in episodes]
         for episode, text in zip(episodes, texts, strict=True):
             shown = prompt.assistant_message(text)
-            if shown.get("tool_calls"):  # the template keeps rendering the text as sampled
+            if shown != episode.messages[-1]:  # the template keeps rendering the text as sampled
                 episode.parsed[len(episode.messages) - 1] = shown
         calls = [prompt.parse(text) for text in texts]
         results = runner.run(calls)

@@ -287,34 +287,67 @@ def tool_prompt(
 # ---------------------------------------------------------------------------------- TRL 1.16's message shapes
 
 
-def tool_call_entry(name: str, arguments: Any) -> dict[str, Any]:
-    """One call as TRL 1.16 (and OpenAI's messages, parsed) write it in an assistant message's `tool_calls`."""
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+# TRL 1.16's response template for the hermes tags (trl.chat_template_utils.qwen3_template, which TRL also gives
+# Qwen2.5): a turn is segments, each <think>...</think> and each <tool_call>...</tool_call> (with the whitespace
+# after it) a field of its own, the text between them the content.
+_TRL_SEGMENT = re.compile(r"<think>(.*?)</think>\s*|<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
 
 
 def assistant_message(text: str, fmt: ToolCallFormat) -> Message:
-    """An assistant turn's text as TRL 1.16 hands it to rewards (trl.chat_template_utils.parse_response with
-    Qwen3's response schema): `content` the text before its first call (less the newline before it), `tool_calls`
-    each call as {"type": "function", "function": {"name", "arguments"}}. A turn without calls, or with a call
-    whose JSON does not read as {"name": ..., "arguments": {...}}, is plain `content` with no `tool_calls`, TRL's
-    fallback (the calls that do read are still run here, and their errors read back by the model)."""
-    calls = []
-    for raw in fmt.find(text):
-        try:
-            call = json.loads(raw)
-            arguments = call.get("arguments", call.get("parameters", {})) if isinstance(call, dict) else None
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments) if arguments.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return {"role": "assistant", "content": text}
-        if not isinstance(arguments, dict) or not isinstance(call.get("name"), str):
-            return {"role": "assistant", "content": text}
-        calls.append(tool_call_entry(call["name"], arguments))
-    if not calls:
-        return {"role": "assistant", "content": text}
+    """An assistant turn's text as TRL 1.16 hands it to rewards (trl.chat_template_utils.parse_response with the
+    response template it sets for Qwen2.5/Qwen3, as transformers 5 parses it): `tool_calls` each call's JSON
+    object as written, as {"type": "function", "function": {"name": ..., "arguments": ...}} (`arguments` {} when
+    missing), `reasoning_content` the <think> text when not blank, and `content` the last stretch of other text,
+    stripped ("" when none). A turn whose calls do not all read (not JSON, not an object with a string name, or a
+    call left open) is `{"role": "assistant", "content": <its text>}` with no `tool_calls`, TRL's fallback (the
+    calls that do read are still run here, and the model reads the others' errors). A format other than hermes:
+    its calls, and the text before them as content."""
+    plain: Message = {"role": "assistant", "content": text}
+    if fmt.name != "hermes":
+        return _assistant_message_of(text, fmt, plain)
+    segments, calls, reasoning, at = [], [], "", 0
+    for match in _TRL_SEGMENT.finditer(text):
+        segments.append(text[at : match.start()])
+        at = match.end()
+        if match.group(1) is not None:
+            reasoning = match.group(1).strip()
+            continue
+        call = _call_entry(match.group(2))
+        if call is None:
+            return plain
+        calls.append(call)
+    segments.append(text[at:])
+    if any("<tool_call>" in part or "<think>" in part for part in segments):  # a field left open
+        return plain
+    content = next((part.strip() for part in reversed(segments) if part.strip()), "")
+    message: Message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _call_entry(raw: str) -> dict[str, Any] | None:
+    """One call's JSON as TRL writes it in `tool_calls`; None when it does not read as an object with a name."""
+    try:
+        call = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    function = dict(call)
+    if function.get("arguments") is None:
+        function["arguments"] = {}
+    return {"type": "function", "function": function}
+
+
+def _assistant_message_of(text: str, fmt: ToolCallFormat, plain: Message) -> Message:
+    calls = [_call_entry(raw) for raw in fmt.find(text)]
+    if not calls or any(call is None for call in calls):
+        return plain
     at = text.find(fmt.template_marker)
-    content = text[:at] if at >= 0 else ""
-    return {"role": "assistant", "content": content.removesuffix("\n"), "tool_calls": calls}
+    return {"role": "assistant", "content": (text[:at] if at >= 0 else "").strip(), "tool_calls": calls}
 
 
 def tool_content(value: Any) -> Any:

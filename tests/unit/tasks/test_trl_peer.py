@@ -70,16 +70,22 @@ CASES: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def trl_completion(tokenizer: Any, turns: list[str], tool: Any) -> list[dict[str, Any]]:
-    """The completion TRL 1.16 builds for these model turns: each parsed by trl's parse_response (Qwen3's response
-    template), each call run and its result shaped as GRPOTrainer._tool_call_loop shapes it."""
+def trl_parsed(tokenizer: Any, text: str) -> dict[str, Any]:
+    """A model turn's text as TRL 1.16 parses it: trl's parse_response with the response template TRL sets for
+    Qwen2.5/Qwen3 (the turn's ids end with the stop token, as sampled)."""
     from trl.chat_template_utils import parse_response, qwen3_template
 
     tokenizer.response_template = qwen3_template
+    ids = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    return parse_response(tokenizer, ids, prefix=[])
+
+
+def trl_completion(tokenizer: Any, turns: list[str], tool: Any) -> list[dict[str, Any]]:
+    """The completion TRL 1.16 builds for these model turns: each parsed by TRL, each call run and its result
+    shaped as GRPOTrainer._tool_call_loop shapes it."""
     completion: list[dict[str, Any]] = []
     for text in turns:
-        ids = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
-        message = parse_response(tokenizer, ids, prefix=[])
+        message = trl_parsed(tokenizer, text)
         completion.append(message)
         for tool_call in message.get("tool_calls") or []:
             result = tool(**tool_call["function"]["arguments"])
@@ -122,16 +128,24 @@ def test_an_assistant_turns_message_is_trls(tmp_path):
 
     cfg = compose_config(["job=check_reward", "task=custom"])
     tokenizer, _ = episode_tokenizer(cfg.model.name_or_path, Console(file=io.StringIO()))
+    one = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     texts = [
         call(HIT),
         f"Let me look.\n{call(HIT)}\n{call('SELECT 1')}",
         "No call, just text.",
+        "  plain  \n",
         "<tool_call>\n{not json}\n</tool_call>",  # TRL falls back to the text as content, no tool_calls
+        '<tool_call>["x"]</tool_call>',
+        '<tool_call>{"name": "f"}</tool_call>',  # arguments {}
+        'a <tool_call>{"name": "f", "arguments": {"a": 1}}',  # left open: the text
+        f"<think>\nhmm\n</think>\n\nLet me.\n{one}",  # reasoning_content
+        f"<think>\n\n</think>\n\n{one}",
+        f"before\n{one}\nafter",  # the last stretch of text is the content
+        'x<tool_call>{"name": "g", "arguments": "{\\"x\\": 2}"}</tool_call>',  # string arguments stay a string
+        "mid<think>y</think>z",
     ]
     for text in texts:
-        (trl_message,) = trl_completion(tokenizer, [text], tool=lambda **kwargs: "unused")[:1]
-        assert assistant_message(text, HERMES) == {"role": "assistant", **{k: v for k, v in trl_message.items()
-                                                                            if k != "role"}}  # fmt: skip
+        assert assistant_message(text, HERMES) == trl_parsed(tokenizer, text), text
 
 
 def test_trl_docs_tools_sync_and_async_run_as_tools(tmp_path):

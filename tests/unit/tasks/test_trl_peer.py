@@ -175,7 +175,8 @@ def test_a_tool_returning_a_list_keeps_it_as_trl_does(tmp_path):
     assert result.message() == {"role": "tool", "name": "rows", "content": [(0, "0"), (1, "1")]}
 
 
-def test_trl_docs_async_reward_is_awaited(tmp_path):
+@pytest.mark.parametrize("workers", [1, 0])  # awaited in its worker process, and in this one
+def test_trl_docs_async_reward_is_awaited(tmp_path, workers):
     docs = peer_module("docs_tools")
     expected = asyncio.run(docs.async_reward_func(prompts=[PROMPT, PROMPT], completions=["a", ""]))
     cases = [
@@ -187,6 +188,7 @@ def test_trl_docs_async_reward_is_awaited(tmp_path):
     task = CustomTaskConfig(
         name="custom", train_path="train.jsonl", eval_path="train.jsonl", cases_path="cases.jsonl",
         rewards={"r": f"{PEERS / 'docs_tools.py'}:async_reward_func"}, completion_format="text",
+        reward_workers=workers,
     )  # fmt: skip
     absolutize_paths(task, tmp_path)
     cfg = compose_config(["job=check_reward", "task=custom", f"task.base_dir={tmp_path}"])

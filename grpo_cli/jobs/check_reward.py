@@ -275,6 +275,10 @@ def transcript(episode: Episode, width: int = 160) -> list[str]:
     lines = []
     for message in episode.completion_messages:
         text = " ".join(str(message.get("content", "")).split())
+        for call in message.get("tool_calls") or ():  # TRL 1.16's shape: the calls are not in the content
+            function = call.get("function", {})
+            text += f" [tool_call {function.get('name')}({json.dumps(function.get('arguments'))})]"
+        text = text.strip()
         text = text if len(text) <= width else text[: width - 3] + "..."
         lines.append(f"{message.get('role')}: {text}")
     return lines

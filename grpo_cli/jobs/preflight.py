@@ -31,6 +31,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
         from grpo_cli.tracking.tensorboard_sink import require_tensorboard
 
         require_tensorboard()
+    check_tools_in_workers(cfg)
     examples = {split: load_examples(cfg.task, split) for split in splits}
     if "eval" in splits:
         load_eval_sets(cfg.task)  # a bad file or split of task.eval_sets fails here, before the model loads
@@ -40,6 +41,19 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
         warnings.append(repaired)
     warnings.append(pure_half_precision_warning(cfg.model.dtype))
     return [warning for warning in warnings if warning is not None]
+
+
+def check_tools_in_workers(cfg: GRPOConfig) -> None:
+    """task.tools, each loaded in a worker process as its calls will be (tasks/tools.py): a tool that cannot run
+    there is one line now, not an error at the first call after the model loaded."""
+    from grpo_cli.tasks.multiturn_config import base_dir_of_task, tool_specs
+
+    specs = tool_specs(cfg.task)
+    if not specs or not cfg.task.reward_workers:
+        return
+    from grpo_cli.tasks.tools import check_tools_load_in_worker, load_tools
+
+    check_tools_load_in_worker(load_tools(specs, base_dir_of_task(cfg.task)))
 
 
 def check_devices_for_ranks(cfg: GRPOConfig) -> None:

@@ -161,7 +161,7 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
     its messages, reward components, turns, token counts, truncated (its last turn cut mid-generation),
     turn_limited (ended by a limit) and why it stopped."""
     return {
-        "messages": [dict(m) for m in episode.messages],
+        "messages": [dict(m) for m in episode.public_messages],
         "rewards": dict(rewards or {}),
         "turns": episode.n_turns,
         "model_tokens": episode.model_tokens,

@@ -211,6 +211,9 @@ class Episode:
     rendered: str = ""
     # The caller's own data for this episode (its row, its environment session, ...); the driver never reads it.
     context: Any = None
+    # Messages as rewards and transcripts see them where that differs from what the template renders, by index
+    # in `messages`: a model turn of a tool episode as TRL 1.16 parses it (`tool_calls`, ...; tools_hook sets it).
+    parsed: dict[int, Message] = field(default_factory=dict)
 
     @property
     def n_turns(self) -> int:
@@ -238,9 +241,15 @@ class Episode:
         return float(sum(given)) if given else None
 
     @property
+    def public_messages(self) -> list[Message]:
+        """The whole conversation as rewards, transcripts and check_reward see it: `messages`, a tool episode's
+        model turns as TRL 1.16 gives them (tools.assistant_message: the calls as `tool_calls`, ...)."""
+        return [self.parsed.get(index, message) for index, message in enumerate(self.messages)]
+
+    @property
     def completion_messages(self) -> list[Message]:
         """The messages after the opening ones (what a reward function gets as this episode's completion)."""
-        return self.messages[len(self.prompt_messages) :]
+        return self.public_messages[len(self.prompt_messages) :]
 
 
 class ChatTemplate:
@@ -549,7 +558,12 @@ def tools_hook(runner: ToolRunner, prompt: ToolPrompt) -> TurnHook:
     calls, a tool's error or time-out: text the model reads, not the episode's error)."""
 
     def hook(episodes: Sequence[Episode]) -> list[TurnOutcome]:
-        calls = [prompt.parse(str(e.messages[-1]["content"])) for e in episodes]
+        texts = [str(e.messages[-1]["content"]) for e in episodes]
+        for episode, text in zip(episodes, texts, strict=True):
+            shown = prompt.assistant_message(text)
+            if shown != episode.messages[-1]:  # the template keeps rendering the text as sampled
+                episode.parsed[len(episode.messages) - 1] = shown
+        calls = [prompt.parse(text) for text in texts]
         results = runner.run(calls)
         return [
             TurnOutcome(

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grpo_cli.errors import EnvironmentFailed
+from grpo_cli.tasks.awaiting import resolved
 from grpo_cli.tasks.reward_workers import PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 from grpo_cli.tasks.user_code import (
@@ -200,7 +201,7 @@ class EnvironmentServer:
         if op == "close":
             instance = self.instances.pop(session, None)
             if instance is not None and callable(getattr(instance, "close", None)):
-                return instance.close()  # what it returns comes back (TRLEnvironment's rewards)
+                return resolved(instance.close())  # what it returns comes back (TRLEnvironment's rewards)
             return None
         if op == "reset":
             self.instances.pop(session, None)
@@ -210,14 +211,15 @@ class EnvironmentServer:
             self._reset(session, row)
             instance = self.instances[session]
             for conversation in earlier:
-                instance.step([dict(m) for m in conversation])
-        return check_step(instance.step([dict(m) for m in messages]))
+                resolved(instance.step([dict(m) for m in conversation]))
+        # An async method's coroutine is awaited here, in the call's worker, within its time limit.
+        return check_step(resolved(instance.step([dict(m) for m in messages])))
 
     def _reset(self, session: str, row: dict[str, Any]) -> list[Message]:
         instance = self.factory()
         self.instances[session] = instance
         reset = getattr(instance, "reset", None)
-        opening = reset(dict(row)) if callable(reset) else default_opening(row)
+        opening = resolved(reset(dict(row))) if callable(reset) else default_opening(row)
         checked = _messages("reset's opening messages", opening)
         if not checked:
             raise BadEnvironmentReturn("reset must return the opening messages (a non-empty list of {role, content})")

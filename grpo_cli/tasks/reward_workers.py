@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from grpo_cli.tasks.awaiting import resolved
 from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 
 # A worker's start plus the user's imports (a module that imports torch or transformers takes seconds).
@@ -194,7 +195,7 @@ def _serve(request: bytes, functions: dict[bytes, Callable[..., Any]], conn: Con
         conn.send_bytes(pickle.dumps(("loaded",)))
     _RECORDED.clear()
     try:
-        value = fn(*args, **kwargs)
+        value = resolved(fn(*args, **kwargs))  # an async function's coroutine is awaited here, within the limit
     except SystemExit as e:
         return _reply("failed", f"called sys.exit({'' if e.code is None else repr(e.code)})")
     except BaseException as e:  # noqa: BLE001 - the user's code: its error goes back to the parent
@@ -252,7 +253,12 @@ class InProcessCall:
         self.fn, self.args, self.kwargs, self.limit = fn, args, kwargs, limit
 
     def result(self) -> Any:
-        return call_with_time_limit(self.limit, self.fn, *self.args, **self.kwargs)
+        return call_with_time_limit(self.limit, _called, self.fn, self.args, self.kwargs)
+
+
+def _called(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)`, awaited when `fn` is async (under the caller's time limit)."""
+    return resolved(fn(*args, **kwargs))
 
 
 @dataclass

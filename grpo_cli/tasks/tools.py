@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import pickle
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,8 +100,61 @@ def load_tools(specs: Mapping[str, RewardSpec], base_dir: Path) -> dict[str, Too
             )
         spec = with_absolute_reference(given, base_dir)
         loader = functools.partial(load_reward_spec, key, spec, base_dir)
+        check_sendable(key, given, loader)
         tools[name] = Tool(name, spec, tool_schema(key, given, fn, name), loader, fn)
     return tools
+
+
+def check_sendable(key: str, spec: RewardSpec, loader: Callable[[], Callable[..., Any]]) -> None:
+    """One line naming `key` when the loader a worker process loads the tool with cannot be sent there (a
+    `_target_` node holding an object pickle cannot send): the run would otherwise fail at the first call."""
+    try:
+        pickle.dumps(loader, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - whatever pickle raises, the tool cannot reach its worker process
+        raise UserCodeError(
+            f"{key}={spec_text(spec)}: cannot be sent to its worker process ({' '.join(str(e).split())[:160]}): "
+            "give plain values to its _target_ node (or a file.py:function), or run tools in this process with "
+            "task.reward_workers=0"
+        ) from None
+
+
+def _nothing() -> None:
+    """What a worker calls once a tool loaded there (check_tools_load_in_worker)."""
+
+
+class ToolLoadFailed(Exception):
+    """A tool did not load in a worker process (check_tools_load_in_worker): its error, less the key it names."""
+
+
+def _load_then_nothing(loader: Callable[[], Callable[..., Any]], said: str) -> Callable[[], None]:
+    try:
+        loader()
+    except UserCodeError as e:  # its line starts with the key the caller's line names already
+        raise ToolLoadFailed(str(e).removeprefix(said)) from None
+    return _nothing
+
+
+def check_tools_load_in_worker(tools: Mapping[str, Tool]) -> None:
+    """Each tool loaded in a worker process as its calls will be (one worker, started and stopped here; before the
+    model loads): a tool that imports here but not there (a module found only through this process's state, an
+    import that fails in a fresh interpreter) is one line naming it, not an error at the run's first call."""
+    if not tools:
+        return
+    pool = RewardWorkers(1, None)
+    try:
+        for tool in tools.values():
+            said = f"{TOOLS_KEY}.{tool.name}={spec_text(tool.spec)}: "
+            loader = functools.partial(_load_then_nothing, tool.loader, said)
+            try:
+                pool.submit(loader, (), {}, label=f"tool {tool.name}").result()
+            except RewardCallFailed as e:
+                raise UserCodeError(
+                    f"{said}{e.what}: a tool runs in a worker process "
+                    "(task.reward_workers), so it must import there from its file or module alone; or run tools "
+                    "in this process with task.reward_workers=0"
+                ) from None
+    finally:
+        pool.close()
 
 
 # ------------------------------------------------------------------------------------------ showing the tools
@@ -174,6 +228,7 @@ class ToolPrompt:
                 shown[0]["content"] = f"{shown[0].get('content') or ''}\n\n{text}".lstrip("\n")
             else:
                 shown.insert(0, {"role": "system", "content": text})
+        shown = [{**m, "content": shown_content(m.get("content", ""))} if m.get("role") == "tool" else m for m in shown]
         if self.tool_messages_native:
             return shown
         merged: list[Message] = []
@@ -183,7 +238,7 @@ class ToolPrompt:
                 merged.append(message)
                 after_tool = False
                 continue
-            result = self.fmt.wrap_result(str(message.get("content", "")))
+            result = self.fmt.wrap_result(block_text(message.get("content", "")))
             if after_tool:
                 merged[-1]["content"] += "\n" + result
             else:
@@ -201,6 +256,10 @@ class ToolPrompt:
     def parse(self, text: str) -> list[ParsedCall]:
         """The tool calls of an assistant turn's text (tool_calls.parse_tool_calls in this prompt's format)."""
         return parse_tool_calls(text, self.fmt, {s["function"]["name"]: s for s in self.schemas})
+
+    def assistant_message(self, text: str) -> Message:
+        """The assistant turn `text` as TRL 1.16 gives it to rewards (tools.assistant_message)."""
+        return assistant_message(text, self.fmt)
 
 
 def tool_prompt(
@@ -225,21 +284,114 @@ def tool_prompt(
     return ToolPrompt(tuple(t.schema for t in tools.values()), fmt, native, renders_tool_messages)
 
 
+# ---------------------------------------------------------------------------------- TRL 1.16's message shapes
+
+
+# TRL 1.16's response template for the hermes tags (trl.chat_template_utils.qwen3_template, which TRL also gives
+# Qwen2.5): a turn is segments, each <think>...</think> and each <tool_call>...</tool_call> (with the whitespace
+# after it) a field of its own, the text between them the content.
+_TRL_SEGMENT = re.compile(r"<think>(.*?)</think>\s*|<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
+
+
+def assistant_message(text: str, fmt: ToolCallFormat) -> Message:
+    """An assistant turn's text as TRL 1.16 hands it to rewards (trl.chat_template_utils.parse_response with the
+    response template it sets for Qwen2.5/Qwen3, as transformers 5 parses it): `tool_calls` each call's JSON
+    object as written, as {"type": "function", "function": {"name": ..., "arguments": ...}} (`arguments` {} when
+    missing), `reasoning_content` the <think> text when not blank, and `content` the last stretch of other text,
+    stripped ("" when none). A turn whose calls do not all read (not JSON, not an object with a string name, or a
+    call left open) is `{"role": "assistant", "content": <its text>}` with no `tool_calls`, TRL's fallback (the
+    calls that do read are still run here, and the model reads the others' errors). A format other than hermes:
+    its calls, and the text before them as content."""
+    plain: Message = {"role": "assistant", "content": text}
+    if fmt.name != "hermes":
+        return _assistant_message_of(text, fmt, plain)
+    segments, calls, reasoning, at = [], [], "", 0
+    for match in _TRL_SEGMENT.finditer(text):
+        segments.append(text[at : match.start()])
+        at = match.end()
+        if match.group(1) is not None:
+            reasoning = match.group(1).strip()
+            continue
+        call = _call_entry(match.group(2))
+        if call is None:
+            return plain
+        calls.append(call)
+    segments.append(text[at:])
+    if any("<tool_call>" in part or "<think>" in part for part in segments):  # a field left open
+        return plain
+    content = next((part.strip() for part in reversed(segments) if part.strip()), "")
+    message: Message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _call_entry(raw: str) -> dict[str, Any] | None:
+    """One call's JSON as TRL writes it in `tool_calls`; None when it does not read as an object with a name."""
+    try:
+        call = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    function = dict(call)
+    if function.get("arguments") is None:
+        function["arguments"] = {}
+    return {"type": "function", "function": function}
+
+
+def _assistant_message_of(text: str, fmt: ToolCallFormat, plain: Message) -> Message:
+    calls = [_call_entry(raw) for raw in fmt.find(text)]
+    if not calls or any(call is None for call in calls):
+        return plain
+    at = text.find(fmt.template_marker)
+    return {"role": "assistant", "content": (text[:at] if at >= 0 else "").strip(), "tool_calls": calls}
+
+
+def tool_content(value: Any) -> Any:
+    """A tool's return value as the content of its `tool` message, as TRL 1.16 gives it: a list as it is
+    (content blocks, or rows a reward reads back), anything else `str(value)`."""
+    return value if isinstance(value, list) else str(value)
+
+
+def _is_block(part: Any) -> bool:
+    return isinstance(part, Mapping) and isinstance(part.get("type"), str)
+
+
+def block_text(content: Any) -> str:
+    """The text a tool message's content reads as: a string as it is, the text parts of content blocks joined
+    by newlines, any other list as `str(list)` (what a template printing it would show)."""
+    if isinstance(content, list) and content and all(_is_block(p) for p in content):
+        return "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return content if isinstance(content, str) else str(content)
+
+
+def shown_content(content: Any) -> Any:
+    """A tool message's content as the chat template is given it: content blocks as they are (templates render
+    their text parts), any other list as its text (a list of rows is not something a template can render)."""
+    if isinstance(content, list) and content and all(_is_block(p) for p in content):
+        return content
+    return block_text(content)
+
+
 # ------------------------------------------------------------------------------------------------ running calls
 
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What one call gave: its result as text, or the error text the model reads instead."""
+    """What one call gave: its result (tool_content), or the error text the model reads instead."""
 
     name: str
-    content: str
+    content: Any  # a string, or the list a tool returned (tool_content: TRL 1.16's shape)
     error: bool = False
     timed_out: bool = False
 
     def message(self) -> Message:
         """The `tool` message appended to the conversation (Qwen2.5's template reads its content; TRL's and
-        OpenAI's messages also carry the tool's name)."""
+        OpenAI's messages also carry the tool's name). A list stays a list here (what rewards and transcripts
+        see); the chat template is given its text (shown_content)."""
         return {"role": "tool", "name": self.name, "content": self.content}
 
 
@@ -291,4 +443,4 @@ class ToolRunner:
             return ToolResult(call.name, f"error: tool {call.name} {e.what}", error=True)
         except Exception as e:  # noqa: BLE001 - in-process: the tool's own error is the model's to read
             return ToolResult(call.name, f"error: tool {call.name} {describe_error(e)}", error=True)
-        return ToolResult(call.name, str(value))
+        return ToolResult(call.name, tool_content(value))

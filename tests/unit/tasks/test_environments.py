@@ -233,3 +233,38 @@ def test_the_environment_failure_line_cuts_the_row_between_words() -> None:
     assert shown.endswith("...") and row["question"].startswith(shown.removesuffix("...").removeprefix("'"))
     assert row["question"][len(shown.removesuffix("...").removeprefix("'"))] == " "  # the cut falls on a space
     assert "id=7" in line and len(shown) <= 43
+
+
+# The same counter with async methods (TRL's and OpenRLHF's environments may be written so).
+ASYNC_COUNTER = """
+import asyncio
+
+class AsyncCounter:
+    async def reset(self, row):
+        await asyncio.sleep(0)
+        self.count, self.turns = 0, row["turns"]
+        return [{"role": "user", "content": "count"}]
+
+    async def step(self, messages):
+        await asyncio.sleep(0)
+        self.count += 1
+        return [{"role": "user", "content": str(self.count)}], float(self.count), self.count >= self.turns
+
+    async def close(self):
+        await asyncio.sleep(0)
+"""
+
+
+@pytest.mark.parametrize("n_workers", [1, 0])
+def test_an_environments_async_methods_are_awaited_where_they_run(tmp_path: Path, n_workers: int) -> None:
+    (tmp_path / "async_counter.py").write_text(textwrap.dedent(ASYNC_COUNTER))
+    runner = EnvironmentRunner("task.environment", "async_counter.py:AsyncCounter", tmp_path, n_workers, 30)
+    try:
+        (session,) = runner.reset([{"turns": 2}])
+        assert session.error is None and session.opening == [{"role": "user", "content": "count"}]
+        (first,) = runner.step([session], [conversation(session.opening, "one")])
+        (second,) = runner.step([session], [conversation(session.opening, "one", "two")])
+        assert (first.reward, first.done, second.reward, second.done) == (1.0, False, 2.0, True)
+        runner.close([session])
+    finally:
+        runner.shutdown()

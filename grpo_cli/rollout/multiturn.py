@@ -66,6 +66,7 @@ from grpo_cli.tasks.environments import (
     EnvStep,
     check_error,
     default_opening,
+    with_skyrl_max_turns,
 )
 from grpo_cli.tasks.multiturn_config import (
     ENV_COMPONENT,
@@ -216,6 +217,7 @@ def episode_setup(
         template = ChatTemplate.for_tools(tokenizer, prompt)
         return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
     assert environment is not None
+    environment = with_skyrl_max_turns(environment, task_cfg.max_turns)  # SkyRL's extras["max_turns"]
     env_runner = EnvironmentRunner(
         ENVIRONMENT_KEY, environment, base_dir, task_cfg.reward_workers, task_cfg.reward_timeout_s or None
     )

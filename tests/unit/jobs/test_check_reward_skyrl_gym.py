@@ -1,9 +1,10 @@
-"""skyrl-gym 0.4.0's own test cases for its shipped environments (gsm8k, gsm8k_multi_turn, text2sql), run through
-`job=check_reward` against the installed, unchanged environments (the SkyRL adapter of tasks/environments.py), and
-compared with SkyRL's own scoring of the same scripted turns: the environment driven as SkyRL's generator drives it
-(`skyrl_generator_score`). The actions and expected rewards are those of skyrl-gym 0.4.0's sdist, tests/test_gsm8k.py
-and tests/test_sql.py; gsm8k_multi_turn has no test there, so its rows are shaped as SkyRL's own dataset script
-(examples/train/turn_level_rewards/gsm8k_multi_turn_dataset.py) makes them.
+"""skyrl-gym 0.4.0's own test cases for its shipped environments (gsm8k, gsm8k_multi_turn, text2sql, search), run
+through `job=check_reward` against the installed, unchanged environments (the SkyRL adapter of
+tasks/environments.py), and compared with SkyRL's own scoring of the same scripted turns: the environment driven as
+SkyRL's generator drives it (`skyrl_generator_score`). The actions and expected rewards are those of skyrl-gym
+0.4.0's sdist, tests/test_gsm8k.py, tests/test_sql.py (on a real SQLite database built here) and tests/test_search.py
+(against a retrieval server on loopback started here); gsm8k_multi_turn has no test there, so its rows are shaped as
+SkyRL's own dataset script (examples/train/turn_level_rewards/gsm8k_multi_turn_dataset.py) makes them.
 Results: docs/results/2026-11-28-skyrl-gym.md.
 """
 
@@ -52,6 +53,7 @@ def skyrl_generator_score(env_class: str, env_config: dict[str, Any], row: dict[
 def run_cases(tmp_path: Path, env: str, env_config: dict[str, Any], cases: list[dict[str, Any]],
               max_turns: int) -> tuple[dict[str, Any], str]:  # fmt: skip
     """`grpo-run job=check_reward task=custom` on the cases, the environment the SkyRL adapter over `env`."""
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     row = {k: v for k, v in cases[0].items() if k not in ("turns", "expected", "why")}
     (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
@@ -175,3 +177,90 @@ def test_skyrl_gyms_text2sql_cases_pass_check_reward(tmp_path: Path) -> None:
     assert result == {"n": 4, "n_disagree": 0}, text
     assert "You have 2 turns left to complete the task." in text and "John Doe" in text
     assert "Your previous action is invalid." in text  # the 4th case's first turn has no <sql>
+
+
+# ------------------------------------------------------------ search (tests/test_search.py), a local retriever
+
+# The documents skyrl-gym's test mocks its search API with, served by a retriever on loopback instead: search's
+# call_search_api POSTs {"query", "topk", "return_scores"} to env_config.search_url as SkyRL's retrieval server
+# takes them. (Their timeout and server-error cases exercise the client's retries, not a reward: not played here.)
+SEARCH_DOCUMENTS = {
+    "Who is the president of France?": {"result": [[
+        {"document": {"contents": "Emmanuel Macron is the current President of France, serving since 2017."}},
+        {"document": {"contents": "France is a republic with a president as head of state."}},
+    ]]},
+    "What is the capital of Italy?": {"result": [[
+        {"document": {"contents": "Rome is the capital and largest city of Italy."}},
+    ]]},
+    "Invalid query": {"result": []},
+}  # fmt: skip
+
+
+@pytest.fixture
+def retriever():
+    """A retrieval server on a random loopback port answering SEARCH_DOCUMENTS (else no results): its URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Retrieve(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            query = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["query"]
+            body = json.dumps(SEARCH_DOCUMENTS.get(query, {"result": []})).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Retrieve)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+MACRON = {"target": "Emmanuel Macron"}
+FRANCE = "<search>Who is the president of France?</search>"
+SEARCH_CASES = [  # (turns, ground truth, expected reward, the test of theirs it comes from), max_turns 3
+    ([FRANCE, "<answer>Emmanuel Macron</answer>"], MACRON, 1.0, "test_successful_search_and_answer"),
+    ([FRANCE, "<answer>Nicolas Sarkozy</answer>"], MACRON, 0.0, "test_search_then_wrong_answer"),
+    (["<search>Invalid query</search>"], MACRON, 0.0, "test_search_with_no_results"),
+    (["<answer>Emmanuel Macron</answer>"], MACRON, 1.0, "test_reward_computation"),
+    (["<answer>Nicolas Sarkozy</answer>"], MACRON, 0.0, "test_reward_computation"),
+    (["<search>Who is the president?</search>"], MACRON, 0.0, "test_reward_computation"),
+    (["<answer>  Emmanuel Macron  </answer>"], MACRON, 1.0, "test_reward_computation"),
+    (["<answer>emmanuel macron</answer>"], MACRON, 1.0, "test_reward_computation"),
+    (["<answer>Emmanuel Macron</answer>"], {"target": "The Emmanuel Macron"}, 1.0, "test_reward_computation"),
+    (["Just text without answer tag"], MACRON, 0.0, "test_reward_computation"),
+]
+
+
+def search_cases(cases: list[tuple[list[str], dict[str, str], float, str]], env_config: dict[str, Any],
+                 max_turns: int) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    for turns, truth, expected, why in cases:
+        row = {"prompt": prompt("Who is the president of France?"),
+               "reward_spec": {"method": "rule", "ground_truth": truth}}  # fmt: skip
+        peer, _ = skyrl_generator_score("search", env_config, row, turns, max_turns)
+        assert peer == expected, why  # the peer's own number, against the local retriever
+        out.append({**row, "turns": turns, "expected": {"env": expected}, "why": why})
+    return out
+
+
+def test_skyrl_gyms_search_cases_pass_check_reward_with_a_local_retriever(tmp_path: Path, retriever: str) -> None:
+    env_config = {"log_requests": False, "search_url": retriever, "topk": 3, "timeout": 30}
+    result, text = run_cases(tmp_path / "three", "search", env_config, search_cases(SEARCH_CASES, env_config, 3), 3)
+    assert result == {"n": len(SEARCH_CASES), "n_disagree": 0}, text
+    assert "Doc 1: Emmanuel Macron is the current President of France" in text and "No search results found" in text
+    # test_max_turns_reached: max_turns 2, two searches: the environment ends the episode itself, no reward
+    two = search_cases(
+        [([FRANCE, "<search>More info about France?</search>"], MACRON, 0.0, "max turns")], env_config, 2
+    )
+    result, text = run_cases(tmp_path / "two", "search", env_config, two, 2)
+    assert result == {"n": 1, "n_disagree": 0} and "ended: done" in text, text

@@ -66,6 +66,7 @@ from grpo_cli.tasks.environments import (
     EnvStep,
     check_error,
     default_opening,
+    with_skyrl_max_turns,
 )
 from grpo_cli.tasks.multiturn_config import (
     ENV_COMPONENT,
@@ -227,6 +228,7 @@ def episode_setup(
         template = ChatTemplate.for_tools(tokenizer, prompt)
         return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
     assert environment is not None
+    environment = with_skyrl_max_turns(environment, task_cfg.max_turns)  # SkyRL's extras["max_turns"]
     template, key = ChatTemplate(tokenizer), ENVIRONMENT_KEY
     factory = environment_factory_value(task_cfg)
     if factory is not None:  # TRL's environment class: its methods are the tools the template shows

@@ -346,31 +346,82 @@ def check_error(key: str, on_error: str, error: str | None, row: Mapping[str, An
 
 
 # ------------------------------------------------------------------------------------------- SkyRL-gym adapter
+# What SkyRL's generator passes an environment, matched here: SkyRLGymGenerator.agent_loop in
+# skyrl/train/generators/skyrl_gym_generator.py, lines 335-339, of github.com/NovaSky-AI/SkyRL at commit
+# b8a5caaab81d75190b55d22c8774f5cc9d5f1f54 (the one that released skyrl-gym 0.4.0), with the row split by
+# skyrl/train/dataset/dataset.py's __getitem__ (lines 86-94):
+#     env_extras = {every column of the row but the prompt and env_class}
+#     env_extras["max_turns"] = generator.max_turns
+#     env_config = getattr(cfg.environment.skyrl_gym, env_class, dict())
+#     env = skyrl_gym.make(env_class, env_config=env_config, extras=env_extras)
+#     chat_history, _ = env.init(prompt); ... env.step(output_text) per turn ...; env.close()
+# where env_class is the row's `env_class` column, else environment.env_class. env_config is read by attribute
+# (text2sql: `env_config.db_path`): SkyRL's Hydra config gave a DictConfig node, its dataclass config now gives
+# Text2SQLEnvConfig, skyrl-gym's own tests pass DictConfig(...); a DictConfig reads both ways, so it is passed here.
+
+SKYRL_ADAPTER = "grpo_cli.tasks.environments.SkyRLGymEnvironment"
+# The dataset columns SkyRL's dataset takes out of the row before the rest become env_extras (its prompt_key and
+# env_class_key defaults).
+SKYRL_PROMPT_KEY = "prompt"
+SKYRL_ENV_CLASS_KEY = "env_class"
+
+
+def skyrl_extras(row: Mapping[str, Any], max_turns: int | None) -> dict[str, Any]:
+    """SkyRL's env_extras for a row: its columns but the prompt and env_class, and `max_turns` (SkyRL's
+    generator.max_turns, here task.max_turns) overriding any column of that name, as SkyRL's generator does."""
+    extras = {k: v for k, v in row.items() if k not in (SKYRL_PROMPT_KEY, SKYRL_ENV_CLASS_KEY)}
+    if max_turns is not None:
+        extras["max_turns"] = max_turns
+    return extras
+
+
+def with_skyrl_max_turns(spec: EnvironmentSpec, max_turns: int) -> EnvironmentSpec:
+    """task.environment with task.max_turns given to the SkyRL adapter (SkyRL's generator.max_turns, which its
+    generator writes into every environment's extras); any other environment's spec as it is."""
+    if isinstance(spec, dict) and str(spec.get(TARGET_KEY, "")).replace(":", ".") == SKYRL_ADAPTER:
+        return {**spec, "max_turns": max_turns}
+    return spec
 
 
 class SkyRLGymEnvironment:
     """Runs a skyrl_gym `BaseTextEnv` unchanged: task.environment={_target_:
     grpo_cli.tasks.environments.SkyRLGymEnvironment, env: gsm8k_multi_turn, env_config: {...}}.
 
-    `env` is a registered skyrl_gym id (`gsm8k_multi_turn`) or the class itself (`package.module:Class`,
-    `file.py:Class`). Each episode constructs it as SkyRL does, `Env(env_config=env_config, extras=row)` (the row
-    is SkyRL's dataset row: `prompt`, `reward_spec`, `extra_info`, ...), opens with `init(prompt)`'s messages, and
-    steps with the model's last turn as the action; `observations` (an empty list: none), `reward` and `done` are
-    passed on, `metadata` dropped."""
+    `env` is a registered skyrl_gym id (`gsm8k_multi_turn`, SkyRL's environment.env_class) or the class itself
+    (`package.module:Class`, `file.py:Class`); a row's `env_class` column, where it has one, names the id instead,
+    as in SkyRL. Each episode constructs it as SkyRL's generator does (the comment above):
+    `skyrl_gym.make(env_class, env_config=DictConfig(env_config), extras=...)`, the extras being the row's columns
+    but `prompt` and `env_class`, with `max_turns` (task.max_turns, set by the run). It opens with
+    `init(prompt)`'s messages and steps with the model's last turn as the action; `observations` (an empty list:
+    none), `reward` and `done` are passed on, `metadata` dropped. `env_config` is SkyRL's
+    environment.skyrl_gym.<env_class> node, given to the adapter's `env` (a row naming another class gets an
+    empty one)."""
 
-    def __init__(self, env: str, env_config: Mapping[str, Any] | None = None, base_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        env: str,
+        env_config: Mapping[str, Any] | None = None,
+        base_dir: str | None = None,
+        max_turns: int | None = None,
+    ) -> None:
         self.env = env
         self.env_config = dict(env_config or {})
         self.base_dir = Path(base_dir) if base_dir else Path.cwd()
+        self.max_turns = max_turns
         self._instance: Any = None
 
     def _make(self, row: dict[str, Any]) -> Any:
-        if ":" in self.env:
-            cls = load_callable("task.environment.env", self.env, self.base_dir, what="class")
-            return cls(env_config=self.env_config, extras=row)
+        from omegaconf import OmegaConf  # SkyRL hands environments a DictConfig: `env_config.db_path` reads it
+
+        env_class = str(row.get(SKYRL_ENV_CLASS_KEY) or self.env)
+        env_config = OmegaConf.create(self.env_config if env_class == self.env else {})
+        extras = skyrl_extras(row, self.max_turns)
+        if ":" in env_class:
+            cls = load_callable("task.environment.env", env_class, self.base_dir, what="class")
+            return cls(env_config=env_config, extras=extras)
         import skyrl_gym  # only this adapter needs it
 
-        return skyrl_gym.make(self.env, env_config=self.env_config, extras=row)
+        return skyrl_gym.make(env_class, env_config=env_config, extras=extras)
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self._instance = self._make(row)

@@ -204,6 +204,54 @@ def test_a_skyrl_gym_environment_runs_in_the_workers_from_a_target_node(tmp_path
         runner.shutdown()
 
 
+RECORDER_PY = """
+class Recorder:
+    made = []
+
+    def __init__(self, env_config, extras):
+        Recorder.made.append((env_config, extras))
+        self.db_path = env_config.db_path  # SkyRL's text2sql reads its env_config by attribute
+
+    def init(self, prompt):
+        return prompt, {}
+
+    def step(self, action):
+        return {"observations": [], "reward": float(self.db_path == "/data"), "done": True, "metadata": {}}
+
+    def close(self):
+        pass
+"""
+
+
+def test_the_skyrl_adapter_passes_what_skyrls_generator_passes(tmp_path: Path) -> None:
+    from omegaconf import DictConfig
+
+    from grpo_cli.tasks.environments import skyrl_extras, with_skyrl_max_turns
+
+    (tmp_path / "recorder.py").write_text(RECORDER_PY)
+    spec = {"_target_": "grpo_cli.tasks.environments.SkyRLGymEnvironment", "env": "recorder.py:Recorder",
+            "env_config": {"db_path": "/data"}, "base_dir": str(tmp_path)}  # fmt: skip
+    # task.max_turns reaches the adapter (SkyRL's generator.max_turns); other environments' specs are left alone
+    assert with_skyrl_max_turns(spec, 3) == {**spec, "max_turns": 3}
+    assert with_skyrl_max_turns("envs.py:Maze", 3) == "envs.py:Maze"
+    assert with_skyrl_max_turns({"_target_": "envs.py:Maze"}, 3) == {"_target_": "envs.py:Maze"}
+    env = SkyRLGymEnvironment(**{k: v for k, v in with_skyrl_max_turns(spec, 3).items() if k != "_target_"})
+    row = {**GSM8K_ROW, "data_source": "gsm8k", "max_turns": 9}
+    assert env.reset(row) == GSM8K_ROW["prompt"]
+    assert env.step(conversation(GSM8K_ROW["prompt"], "x")) == (None, 1.0, True)
+    recorder = env._instance.__class__
+    env_config, extras = recorder.made[-1]
+    # env_config a DictConfig; extras: the row's columns but the prompt, max_turns from the task over the row's
+    assert isinstance(env_config, DictConfig) and env_config.db_path == "/data"
+    assert extras == {"reward_spec": GSM8K_ROW["reward_spec"], "extra_info": GSM8K_ROW["extra_info"],
+                      "data_source": "gsm8k", "max_turns": 3}  # fmt: skip
+    assert skyrl_extras({"prompt": "p", "env_class": "gsm8k", "a": 1}, None) == {"a": 1}
+    # a row's env_class names the environment, as SkyRL's dataset column does (here skyrl_gym's registered gsm8k)
+    env.reset({**GSM8K_ROW, "env_class": "gsm8k"})
+    assert type(env._instance).__name__ == "GSM8kEnv"
+    assert env.step(conversation(GSM8K_ROW["prompt"], "#### 42")) == (None, 1.0, True)
+
+
 def test_numpy_scalars_are_taken_where_python_numbers_are() -> None:
     import numpy as np
 

@@ -65,13 +65,13 @@ def configure_sandbox(task_cfg: TaskConfig) -> None:
 
 def environment_factory_value(task_cfg: TaskConfig) -> Any:
     """task.environment_factory as plain data (tasks/trl_environments.py reads it), None when the task has none."""
-    value = _plain(getattr(task_cfg, "environment_factory", None))
+    value = _plain(task_cfg.environment_factory)
     return None if value is None or value == "" else value
 
 
 def environment_rewards(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
     """The task.rewards (task=custom) whose function takes environments=: they run beside the instances."""
-    specs = named_specs(getattr(task_cfg, "rewards", None) or {}, "task.rewards")
+    specs = named_specs(task_cfg.user_rewards() or {}, "task.rewards")
     base_dir = base_dir_of_task(task_cfg)
     return {
         name: with_absolute_reference(spec, base_dir)

@@ -242,6 +242,10 @@ class TaskConfig:
         process's working directory (task=custom: its task.base_dir)."""
         return Path.cwd()
 
+    def user_rewards(self) -> Any:
+        """task.rewards, the user's reward functions as configured (task=custom); a built-in task has none."""
+        return {}
+
 
 @dataclass
 class NumericCloseOptions:

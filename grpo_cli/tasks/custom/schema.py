@@ -149,6 +149,10 @@ class CustomTaskConfig(TaskConfig):
         directory."""
         return Path(self.base_dir) if self.base_dir else Path.cwd()
 
+    def user_rewards(self) -> Any:
+        """task.rewards as configured."""
+        return self.rewards
+
 
 def reward_specs(task_cfg: CustomTaskConfig) -> dict[str, RewardSpec]:
     """task.rewards as plain data: {name: reference string or plain dict node} (one line for another value)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from grpo_cli import tasks
 from grpo_cli.config import GRPOConfig, register_configs
 from grpo_cli.config.task_registry import TASK_SCHEMAS
 from grpo_cli.tasks import Example, TaskConfig, TaskSpec
+from grpo_cli.tracking import read_metrics
 
 # The repository and the data files tests read, wherever a test module sits below tests/.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +49,20 @@ def run_grpo(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedPr
     exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")
     command = [exe] if os.path.exists(exe) else [sys.executable, "-m", "grpo_cli.cli"]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_to_the_end(args: list[str], cwd: Path, run_dir: Path, timeout: int = 600) -> list[dict]:
+    """Run `grpo-run <args>` into `run_dir` as a user would; it must succeed. Returns its training steps' metrics
+    (the metrics.jsonl lines with a train/loss)."""
+    result = run_grpo([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [row for row in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in row]
+
+
+def episodes_of(run_dir: Path, step: int) -> list[dict]:
+    """The run's training episodes of `step` (episodes/step_NNNNN.jsonl), one dict each."""
+    lines = (run_dir / "episodes" / f"step_{step:05d}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
 
 
 def starts_with_e(response: str, _truth) -> dict[str, float]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_cli.tracking import read_metrics
-from tests.conftest import run_grpo
+from tests.conftest import episodes_of, train_to_the_end
 
 # The random model never writes "#### N", so the environment's reward is 0 throughout; a reward of the user's own
 # (the last turn's length parity) gives each group a signal, so the 2 steps update the weights.
@@ -46,16 +45,12 @@ def test_a_skyrl_gym_environment_trains_two_steps(tmp_path: Path) -> None:
         "task.max_turns=2",
         "train.eval_every=0",
         "model.mixed_precision=no",
-        f"hydra.run.dir={run_dir}",
     ]
-    result = run_grpo(args, cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    rows = train_to_the_end(args, tmp_path, run_dir, timeout=300)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["train/reward/env"] == 0.0 and r["train/turns"] == 2.0 for r in rows)
     assert any(r["train/grad_norm"] > 0 for r in rows)
-    for line in (run_dir / "episodes" / "step_00001.jsonl").read_text().splitlines():
-        episode = json.loads(line)
+    for episode in episodes_of(run_dir, 1):
         # task.max_turns=2 reached the environment as extras["max_turns"] (the row says 5): after the first turn it
         # asks for the final answer, and it ends the episode itself at the second (done, not turn-limited).
         assert episode["messages"][2]["content"].startswith("Now provide only the final numeric answer")

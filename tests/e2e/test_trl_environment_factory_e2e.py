@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.tracking import read_metrics
-from tests.conftest import REPO_ROOT, run_grpo
+from tests.conftest import REPO_ROOT, episodes_of, train_to_the_end
 
 GAME = REPO_ROOT / "tests" / "fixtures" / "peers" / "trl" / "grpo_2048.py"
 # A reward the random model's turns differ in, so that groups have signal beside 2048's score (0 without a move).
@@ -36,15 +35,12 @@ def test_trls_2048_environment_trains_for_two_steps(tmp_path: Path) -> None:
         "rollout.max_tokens=6",
         "model.mixed_precision=no",
         "train.eval_every=0",
-        f"hydra.run.dir={run_dir}",
     ]
-    result = run_grpo(args, cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    rows = train_to_the_end(args, tmp_path, run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all("train/reward/score" in r and "train/reward/parity" in r for r in rows)
     assert any(r["train/grad_norm"] > 0 for r in rows)
-    episodes = [json.loads(line) for line in (run_dir / "episodes" / "step_00001.jsonl").read_text().splitlines()]
+    episodes = episodes_of(run_dir, 1)
     assert episodes
     for episode in episodes:  # the opening is TRL's: reset's board appended to the prompt's last message
         opening = episode["messages"][0]["content"]

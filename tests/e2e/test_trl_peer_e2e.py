@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_cli.tracking import read_metrics
-from tests.conftest import run_grpo
+from tests.conftest import episodes_of, train_to_the_end
 from tests.unit.tasks.test_trl_peer import PEERS, PROMPT, biogrid_db
 
 
@@ -35,13 +34,10 @@ def test_trls_agent_example_trains_two_steps(tmp_path: Path) -> None:
         "model.mixed_precision=no",
         "train.steps=2",
         "train.eval_every=0",
-        f"hydra.run.dir={run_dir}",
     ]
-    result = run_grpo(args, cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    trained = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    trained = train_to_the_end(args, tmp_path, run_dir)
     assert [r["step"] for r in trained] == [1, 2]
-    episodes = [json.loads(line) for line in (run_dir / "episodes" / "step_00002.jsonl").read_text().splitlines()]
+    episodes = episodes_of(run_dir, 2)
     for episode in episodes:  # each of TRL's rewards (and the docs' async one, awaited) scored every episode
         for key in ("correctness", "structure", "query", "async_nonempty"):
             assert isinstance(episode["rewards"][f"reward/{key}"], float), key

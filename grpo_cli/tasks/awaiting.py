@@ -43,13 +43,3 @@ def resolved(value: Any) -> Any:
 
 async def _awaited(value: Any) -> Any:
     return await value
-
-
-def is_async_callable(fn: Any) -> bool:
-    """Whether calling `fn` returns an awaitable: an ``async def`` function or method, or an object whose
-    ``__call__`` is one (checked before a run, so an async user function is known to need awaiting)."""
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        return True
-    if inspect.isfunction(fn) or inspect.ismethod(fn) or not callable(fn):
-        return False
-    return inspect.iscoroutinefunction(type(fn).__call__)

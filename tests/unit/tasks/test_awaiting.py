@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from grpo_cli.tasks.awaiting import is_async_callable, resolved
+from grpo_cli.tasks.awaiting import resolved
 
 
 async def add(a: int, b: int) -> int:
@@ -46,8 +46,3 @@ def test_the_user_codes_exception_comes_back_as_it_was():
 
     with pytest.raises(ValueError, match="user bug"):
         asyncio.run(caller())
-
-
-def test_async_callables_are_recognized_before_they_are_called():
-    assert is_async_callable(add) and is_async_callable(AsyncCallable())
-    assert not is_async_callable(len) and not is_async_callable(lambda: 1)

@@ -383,17 +383,17 @@ def add_model_turn(episode: Episode, template: ChatTemplate, sampled: SampledTur
 def add_env_turn(episode: Episode, template: ChatTemplate, new: Sequence[Message]) -> list[int]:
     """Append the messages that answer the last model turn: their delta tokenized once, mask 0; its ids."""
     new_messages = [dict(m) for m in new]
-    delta_ids, after, rerendered = _env_delta(episode, template, new_messages)
-    _append_env(episode, new_messages, delta_ids, after, rerendered)
+    delta_ids, after, rerendered = env_delta(episode, template, new_messages)
+    append_env(episode, new_messages, delta_ids, after, rerendered)
     return delta_ids
 
 
-def _env_delta(episode: Episode, template: ChatTemplate, new: list[Message]) -> tuple[list[int], str, bool]:
+def env_delta(episode: Episode, template: ChatTemplate, new: list[Message]) -> tuple[list[int], str, bool]:
     delta, after, rerendered = template.delta(episode.rendered, episode.messages, episode.model_turns[-1], new)
     return template.encode(delta), after, rerendered
 
 
-def _append_env(episode: Episode, new: list[Message], delta_ids: list[int], after: str, rerendered: bool) -> None:
+def append_env(episode: Episode, new: list[Message], delta_ids: list[int], after: str, rerendered: bool) -> None:
     start = len(episode.ids)
     episode.ids.extend(delta_ids)
     episode.loss_mask.extend([0] * len(delta_ids))
@@ -404,7 +404,7 @@ def _append_env(episode: Episode, new: list[Message], delta_ids: list[int], afte
     episode.rerendered_turns += int(rerendered)
 
 
-def _finish(episode: Episode, reason: StopReason, limit_hit: bool = False) -> None:
+def finish_episode(episode: Episode, reason: StopReason, limit_hit: bool = False) -> None:
     """The episode ends for `reason`: turn-limited when the reason is one of TURN_LIMITED (`limit_hit` says so
     for a reason that is not), truncated when its last model turn was cut mid-generation."""
     episode.finished = True
@@ -436,7 +436,7 @@ def cut_observation(template: ChatTemplate, message: Message, max_tokens: int) -
     return {**message, "content": kept + OBSERVATION_CUT.format(kept=max_tokens, total=len(ids))}, True
 
 
-def _cut(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) -> SampledTurn:
+def cut_turn(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) -> SampledTurn:
     """The turn cut after its first stop token (an engine may pad after it) and at the episode's budget (exact:
     a token's log-prob depends only on the tokens before it)."""
     ids = list(sampled.ids)
@@ -464,20 +464,20 @@ def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome
     if outcome.error is not None or outcome.done or not new:
         episode.messages.extend(new)
         episode.error = outcome.error
-        _finish(episode, "error" if outcome.error is not None else "done" if outcome.done else "no_messages")
+        finish_episode(episode, "error" if outcome.error is not None else "done" if outcome.done else "no_messages")
         return
     if episode.n_turns >= limits.max_turns:
         episode.messages.extend(new)
-        _finish(episode, "max_turns")
+        finish_episode(episode, "max_turns")
         return
-    delta_ids, after, rerendered = _env_delta(episode, template, new)
+    delta_ids, after, rerendered = env_delta(episode, template, new)
     # Room for the environment's tokens and at least one sampled token after them, or the episode ends here.
     room, limit = limits.room(episode)
     if room is not None and len(delta_ids) >= room:
         episode.messages.extend(new)
-        _finish(episode, limit)
+        finish_episode(episode, limit)
         return
-    _append_env(episode, new, delta_ids, after, rerendered)
+    append_env(episode, new, delta_ids, after, rerendered)
 
 
 def run_episodes(
@@ -502,7 +502,7 @@ def run_episodes(
         if len(sampled) != len(active):
             raise ValueError(f"generate returned {len(sampled)} turns for {len(active)} prompts")
         for episode, turn, budget in zip(active, sampled, budgets, strict=True):
-            add_model_turn(episode, template, _cut(turn, budget, template.stop_token_ids))
+            add_model_turn(episode, template, cut_turn(turn, budget, template.stop_token_ids))
         outcomes = on_turn(active)
         if len(outcomes) != len(active):
             raise ValueError(f"on_turn returned {len(outcomes)} outcomes for {len(active)} episodes")

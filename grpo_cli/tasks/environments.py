@@ -333,14 +333,17 @@ def clipped(text: str, limit: int) -> str:
     return (cut[:space] if space >= limit // 2 else cut).rstrip(" ,") + "..."
 
 
-def check_error(key: str, on_error: str, error: str | None, row: Mapping[str, Any]) -> None:
-    """task.on_reward_error for an environment's failure on an episode: stop raises EnvironmentFailed (one line
-    naming the key, the failure and the row), skip returns (the episode is skipped: no reward, out of the loss)."""
+def check_error(
+    key: str, on_error: str, error: str | None, row: Mapping[str, Any], what: str = "the environment"
+) -> None:
+    """task.on_reward_error for an environment's (or `what`'s) failure on an episode: stop raises EnvironmentFailed
+    (one line naming the key, the failure and the row), skip returns (the episode is skipped: no reward, out of the
+    loss)."""
     if error is None or on_error == "skip":
         return
     shown = ", ".join(f"{k}={clipped(repr(v), 40)}" for k, v in list(row.items())[:4])
     raise EnvironmentFailed(
-        f"{key}: the environment {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to skip "
+        f"{key}: {what} {error} on the row ({shown}): fix it, or set task.on_reward_error=skip to skip "
         "such episodes (no reward, out of the loss)"
     )
 

@@ -1,8 +1,9 @@
 """The multi-turn keys every task has (task.tools, task.tool_call_format, task.tool_timeout_s, task.environment,
-task.environment_factory, task.max_turns, task.max_episode_tokens, task.reward_weights.env, task.sandbox), read and
-checked here. No torch.
+task.environment_factory, task.agent, task.agent_timeout_s, task.max_turns, task.max_episode_tokens,
+task.reward_weights.env, task.sandbox), read and checked here. No torch.
 
-A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment; otherwise
+A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment, or an agent
+drives them (grpo_cli/rollout/agent_run.py); otherwise
 it is single-turn and none of these keys is read. `validate_multiturn` runs at preflight, before any model loads:
 every tool and the environment are imported and checked there (a spec that does not load, a tool without a
 docstring, an environment class without step()), each a one-line UserFacingError naming the key; a tool or
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tasks.agents import AGENT_KEY, load_agent
 from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
 from grpo_cli.tasks.sandbox import configure, require, settings_from_config
 from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
@@ -101,9 +103,15 @@ def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
     )
 
 
+def agent_value(task_cfg: TaskConfig) -> str | None:
+    """task.agent, None when the task has none."""
+    value = task_cfg.agent
+    return None if value is None or value == "" else str(value)
+
+
 def is_multiturn(task_cfg: TaskConfig) -> bool:
-    """Whether the task runs multi-turn episodes (it names tools or an environment)."""
-    return bool(tool_specs(task_cfg)) or environment_spec(task_cfg) is not None
+    """Whether the task runs multi-turn episodes (it names tools or an environment, or an agent drives them)."""
+    return bool(tool_specs(task_cfg)) or environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None
 
 
 def base_dir_of_task(task_cfg: TaskConfig) -> Path:
@@ -127,6 +135,9 @@ def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
     specs = tool_specs(task_cfg)
     if specs:
         task_cfg.tools = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
+    agent = agent_value(task_cfg)
+    if agent is not None:
+        task_cfg.agent = str(with_absolute_reference(agent, base_dir))
     factory = environment_factory_value(task_cfg)
     if factory is not None:
         specs = factory_specs(factory)
@@ -145,6 +156,9 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
 
     specs = tool_specs(task_cfg)
     factory = environment_factory_value(task_cfg)
+    if agent_value(task_cfg) is not None:
+        validate_agent(task_cfg, prompt_styles)
+        return
     if factory is not None and (specs or _plain(task_cfg.environment) not in (None, "")):
         other = "task.tools" if specs else ENVIRONMENT_KEY
         raise UserFacingError(
@@ -190,3 +204,29 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
         uses.append(getattr(made, "func", made))  # a node's class, its arguments bound
     if any(getattr(fn, "uses_sandbox", False) for fn in uses):
         require()
+
+
+def validate_agent(task_cfg: TaskConfig, prompt_styles: tuple[str, ...]) -> None:
+    """task.agent's checks, one line each: alone (an agent answers its own turns), a chat prompt, its function
+    loaded and its signature one an agent can be called with."""
+    agent = agent_value(task_cfg)
+    assert agent is not None
+    others = [
+        key
+        for key, given in (
+            ("task.tools", bool(tool_specs(task_cfg))),
+            (ENVIRONMENT_KEY, _plain(task_cfg.environment) not in (None, "")),
+            (ENVIRONMENT_FACTORY_KEY, environment_factory_value(task_cfg) is not None),
+        )
+        if given
+    ]
+    if others:
+        raise UserFacingError(
+            f"{AGENT_KEY} and {others[0]} together: the agent runs its own tools and environment between its model "
+            f"calls: drop {others[0]} (call it from the agent's code)"
+        )
+    if task_cfg.prompt != "chat" or "chat" not in prompt_styles:
+        raise UserFacingError(
+            f"{AGENT_KEY}: an agent's episode opens with the task's chat prompt: use task.prompt=chat"
+        )
+    load_agent(agent, base_dir_of_task(task_cfg))

@@ -219,8 +219,24 @@ class TaskConfig:
         "{<the row's environment column>: file.py:Class, ...}; rewards may take environments= "
         "(grpo_cli/tasks/trl_environments.py). Not with task.environment or task.tools; null: none.",
     )
+    agent: str | None = any_value(
+        None,
+        help="Agent code that drives each episode itself through an OpenAI client: path/to/file.py:fn or "
+        "package.module:fn, called with the keyword arguments it names of row, prompt, base_url, api_key, model, "
+        "client, async_client; it returns its reward (a number) or None. The policy is served on a loopback "
+        "OpenAI-compatible endpoint, and exactly the sampled tokens train (grpo_cli/tasks/agents.py, "
+        "docs/multi-turn.md#agents). Not with task.tools, task.environment or task.environment_factory; null: none.",
+    )
+    agent_timeout_s: float = non_negative(
+        600.0,
+        hint="0: no time limit",
+        help="Wall-clock limit per agent episode (task.agent); an agent past it is that episode's error "
+        "(task.on_reward_error). 0: none.",
+    )
     max_turns: int = positive(
-        4, help="Multi-turn episodes: at most this many model turns, each at most rollout.max_tokens tokens."
+        4,
+        help="Multi-turn episodes: at most this many model turns (an agent's model calls), each at most "
+        "rollout.max_tokens tokens.",
     )
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     max_episode_tokens: int | None = positive(

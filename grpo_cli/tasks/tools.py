@@ -280,8 +280,19 @@ def tool_prompt(
             model_name,
             fmt.name,
         )
+    return prompt_for_schemas(tokenizer, [t.schema for t in tools.values()], tool_call_format)
+
+
+def prompt_for_schemas(
+    tokenizer: Any, schemas: Sequence[Mapping[str, Any]], tool_call_format: str | None = None
+) -> ToolPrompt:
+    """tool_prompt for tools given as OpenAI's JSON schemas ({"type": "function", "function": {...}}), as an
+    agent's call gives them (rollout/agent_episodes.py); a schema without the "function" wrapper is wrapped."""
+    wrapped = tuple(dict(s) if "function" in s else {"type": "function", "function": dict(s)} for s in schemas)
+    native = template_renders_tools(tokenizer)
+    fmt = find_tool_call_format(tool_call_format, getattr(tokenizer, "chat_template", None), native)
     renders_tool_messages = native and template_renders_tool_messages(tokenizer, with_tools=True)
-    return ToolPrompt(tuple(t.schema for t in tools.values()), fmt, native, renders_tool_messages)
+    return ToolPrompt(wrapped, fmt, native, renders_tool_messages)
 
 
 # ---------------------------------------------------------------------------------- TRL 1.16's message shapes

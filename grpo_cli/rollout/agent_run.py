@@ -1,0 +1,350 @@
+"""Agent-driven episodes on the one rollout path: `AgentRun` is a task.agent task's `runs.RolloutRun`.
+
+The user's agents (tasks/agents.py) run in the worker processes and call the policy through the OpenAI-compatible
+endpoint (rollout/agent_server.py); this module is the other side, in the rollout's own thread: it opens one
+`agent_episodes.AgentEpisode` per sample, gives each agent its episode's URL, and serves their calls on the engine
+until every agent has ended, then hands back the episodes as any multi-turn task's (`Samples`), scored by
+`multiturn.score_episodes` (the agent's reward is the episode's `env` component beside task.rewards).
+
+Batching. Calls are gathered until every episode still running has one waiting (or none has arrived for
+`GATHER_S`), then sampled together: one engine.generate per (model call number, sampling fields). Each call is
+sampled from the random streams of (turn_seed(step seed, its episode's call number), its episode's index), the
+streams a task's own episode turn uses (rollout/episode_rollout.py), so which calls happen to share a batch never
+changes what is sampled.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Reply
+from grpo_cli.rollout.agent_requests import chat_response, completion_response, sampling_of
+from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
+from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
+from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, transcript
+from grpo_cli.rollout.episodes import ChatTemplate, EpisodeLimits, SampledTurn
+from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, opening_messages, score_episodes
+from grpo_cli.rollout.runs import Samples
+from grpo_cli.rollout.sampling import turn_seed
+from grpo_cli.rollout.scoring import Scores
+from grpo_cli.tasks.agents import AGENT_KEY, AgentJob, AgentShare, load_agent, run_agents
+from grpo_cli.tasks.environments import check_error
+from grpo_cli.tasks.multiturn_config import agent_value, base_dir_of_task, env_weight
+from grpo_cli.tasks.reward_workers import PendingCall, RewardWorkers, describe_error
+from grpo_cli.tasks.tools import prompt_for_schemas
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.tasks.base import Example, RewardFn
+    from grpo_cli.tasks.trainer_state import TrainerState
+
+# How long a gathered batch waits for more calls when some running episode has none waiting (its agent is busy
+# with its own work): short against a sampled turn, long against an agent's bookkeeping between calls.
+GATHER_S = 0.05
+_POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the run gives its agents: task.agent, where its file is found, the worker count, the per-episode time
+    limit, the episodes' limits, task.on_reward_error, the `env` weight, the model's name."""
+
+    reference: str
+    base_dir: str
+    workers: int
+    timeout_s: float | None
+    limits: EpisodeLimits
+    on_error: str
+    env_weight: float
+    model_name: str
+    tool_call_format: str | None = None
+
+
+def agent_settings(cfg: GRPOConfig) -> AgentSettings:
+    """AgentSettings from the run's config (task.agent and the episode keys, rollout.max_tokens per call)."""
+    task = cfg.task
+    limits = EpisodeLimits(
+        task.max_turns,
+        cfg.rollout.max_tokens,
+        task.max_episode_tokens,
+        max_observation_tokens=task.max_observation_tokens,
+    )
+    return AgentSettings(
+        reference=str(agent_value(task)),
+        base_dir=str(base_dir_of_task(task)),
+        workers=task.reward_workers,
+        timeout_s=task.agent_timeout_s or None,
+        limits=limits,
+        on_error=task.on_reward_error,
+        env_weight=env_weight(task),
+        model_name=cfg.model.name,
+        tool_call_format=task.tool_call_format,
+    )
+
+
+class Share(NamedTuple):
+    """One worker's share of the agents: its episode keys, its pool (None: threads here), its call or thread."""
+
+    keys: list[str]
+    pool: RewardWorkers | None
+    handle: PendingCall | threading.Thread
+
+
+class AgentRun:
+    """A task.agent task as the rollout worker runs it (module docstring)."""
+
+    def __init__(self, settings: AgentSettings, tokenizer: Any, reward_fn: RewardFn) -> None:
+        self.settings = settings
+        self.template = ChatTemplate(tokenizer)
+        self.reward_fn = reward_fn
+        self._server: AgentServer | None = None
+        self._pools = [RewardWorkers(1, None) for _ in range(settings.workers)]
+        self._loader = functools.partial(AgentShare, settings.reference, settings.base_dir, settings.timeout_s)
+        self._prompts: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------------------------------- RolloutRun
+    def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
+        server = self._start()
+        n = settings.n
+        limits = replace(self.settings.limits, context_length=engine.context_length)
+        first = settings.first_prompt_index * n
+        examples_n = [example for example in examples for _ in range(n)]
+        episodes: dict[str, AgentEpisode] = {}
+        jobs: list[tuple[str, AgentJob]] = []
+        for offset, example in enumerate(examples_n):
+            key = new_episode_id()
+            row = episode_row(example)
+            episodes[key] = AgentEpisode(
+                first + offset, self.template, limits, self._prompt_for, EpisodeContext(example, row)
+            )
+            jobs.append((key, self._job(server, key, row, example)))
+        ends: dict[str, tuple[float | None, str | None]] = {}
+        server.known.update(episodes)
+        try:
+            shares = self._start_agents(jobs)
+            self._serve(server, engine, settings, episodes, ends, shares, [k for k, _ in jobs])
+        finally:
+            server.known.difference_update(episodes)
+        finished = []
+        for key, agent_episode in episodes.items():
+            reward, error = ends.get(key, (None, "did not report its end"))
+            episode = agent_episode.end(reward, error)
+            if episode.error is not None:
+                assert isinstance(episode.context, EpisodeContext)
+                check_error(AGENT_KEY, self.settings.on_error, episode.error, episode.context.row, "the agent")
+            finished.append(episode)
+        return episode_batch(finished, [e.ground_truth for e in examples_n])
+
+    def score(self, samples: Samples, trainer_state: TrainerState | None) -> Scores:
+        return score_episodes(self.reward_fn, samples.episodes, self.settings.env_weight, trainer_state)
+
+    def metrics(self, samples: Samples, prefix: str) -> dict[str, float]:
+        metrics = episode_train_metrics(samples.episodes, prefix)
+        for name in ("rewritten_turns", "dropped_model_tokens", "retried_turns"):
+            metrics.setdefault(f"{prefix}/{name}", 0.0)
+        return metrics
+
+    def transcripts(self, samples: Samples, rewards: Sequence[dict[str, float]] | None) -> list[dict[str, Any]] | None:
+        given = rewards if rewards is not None else [None] * len(samples.episodes)
+        return [transcript(e, r) for e, r in zip(samples.episodes, given, strict=True)]
+
+    def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        return self.template.decode(prompt_ids)
+
+    def first_prompt_past_context(self, examples: Sequence[Example], context_length: int) -> tuple[int, int] | None:
+        return None  # the agent writes the opening; a call past the context is refused and the episode ends
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.close()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    # ----------------------------------------------------------------------------------------- machinery
+    def _start(self) -> AgentServer:
+        if self._server is None:
+            self._server = AgentServer(self.settings.model_name)
+        return self._server
+
+    def _prompt_for(self, tools: list[dict[str, Any]]) -> Any:
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._prompts:
+            self._prompts[key] = prompt_for_schemas(self.template.tokenizer, tools, self.settings.tool_call_format)
+        return self._prompts[key]
+
+    def _job(self, server: AgentServer, key: str, row: dict[str, Any], example: Example) -> AgentJob:
+        base_url = server.base_url(key)
+        return AgentJob(
+            row=row,
+            prompt=opening_messages(example),
+            base_url=base_url,
+            api_key=server.token,
+            model=self.settings.model_name,
+            end_url=f"{base_url.removesuffix('/v1')}/end",
+        )
+
+    def _start_agents(self, jobs: list[tuple[str, AgentJob]]) -> list[Share]:
+        """Each worker's share of the agents started: (its episode keys, its PendingCall or thread)."""
+        if not self._pools:  # task.reward_workers=0: threads of this process
+            fn = load_agent(self.settings.reference, Path(self.settings.base_dir))
+            thread = threading.Thread(
+                target=run_agents, args=(fn, [j for _, j in jobs], self.settings.timeout_s), daemon=True
+            )
+            thread.start()
+            return [Share([k for k, _ in jobs], None, thread)]
+        shares: list[Share] = []
+        for index, pool in enumerate(self._pools):
+            mine = jobs[index :: len(self._pools)]
+            if not mine:
+                continue
+            payload = [vars(job) for _, job in mine]
+            pending = pool.submit(self._loader, (payload,), {}, label="the agent (task.agent)")
+            shares.append(Share([k for k, _ in mine], pool, pending))
+        return shares
+
+    def _serve(
+        self,
+        server: AgentServer,
+        engine: RolloutEngine,
+        settings: SamplingSettings,
+        episodes: dict[str, AgentEpisode],
+        ends: dict[str, tuple[float | None, str | None]],
+        shares: list[Share],
+        order: list[str],
+    ) -> None:
+        """Answer the agents' calls until every episode has ended (module docstring)."""
+        waiting: list[ModelCall] = []
+        last_arrival = time.monotonic()
+        while len(ends) < len(episodes):
+            try:
+                call = server.calls.get(timeout=_POLL_S)
+                last_arrival = time.monotonic()
+                if call.episode not in episodes:
+                    call.answer.set_result((404, error_body("no open episode at this URL", "unknown_episode")))
+                elif call.route == "end":
+                    ends.setdefault(call.episode, (call.body.get("reward"), call.body.get("error")))
+                    call.answer.set_result((200, {"ok": True}))
+                elif call.episode in ends:
+                    call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
+                else:
+                    waiting.append(call)
+                continue  # take every call already queued before deciding
+            except queue.Empty:
+                pass
+            self._check_shares(shares, ends)
+            running = {key for key in episodes if key not in ends}
+            asking = {call.episode for call in waiting}
+            if waiting and (running <= asking or time.monotonic() - last_arrival > GATHER_S):
+                self._answer(engine, settings, episodes, waiting, order)
+                waiting = []
+        for call in waiting:
+            call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
+
+    def _check_shares(
+        self, shares: list[Share], ends: dict[str, tuple[float | None, str | None]]
+    ) -> None:
+        """A share whose worker died or was killed ends its episodes that have not reported, with that error."""
+        for keys, pool, handle in shares:
+            if isinstance(handle, PendingCall):
+                assert pool is not None
+                pool.poll(0)
+                if not handle.done:
+                    continue
+                try:
+                    left = handle.result().get("left_running", 0)
+                    error = "did not report its end"
+                    if left:  # threads still running in that worker: it is replaced before the next step
+                        pool.close()
+                except Exception as e:  # noqa: BLE001 - the worker crashed or was killed: its episodes' error
+                    error = describe_error(e)
+            else:
+                if handle.is_alive():
+                    continue
+                error = "did not report its end"
+            for key in keys:
+                ends.setdefault(key, (None, error))
+
+    def _answer(
+        self,
+        engine: RolloutEngine,
+        settings: SamplingSettings,
+        episodes: dict[str, AgentEpisode],
+        calls: list[ModelCall],
+        order: list[str],
+    ) -> None:
+        """Plan each call on its episode, sample the planned ones in groups, answer every call."""
+        planned: dict[tuple[Any, ...], list[tuple[ModelCall, CallPlan]]] = {}
+        rank = {key: i for i, key in enumerate(order)}
+        for call in sorted(calls, key=lambda c: (rank[c.episode], c.arrived)):
+            episode = episodes[call.episode]
+            sampling = sampling_of(call.body, settings.temperature, settings.top_p)
+            try:
+                if call.route == "chat":
+                    plan = episode.plan_chat(
+                        call.body["messages"], call.body.get("tools"), sampling.n, sampling.max_tokens
+                    )
+                else:
+                    prompt = call.body["prompt"]
+                    ids = self.template.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                    plan = episode.plan_tokens(ids, sampling.n, sampling.max_tokens)
+            except Refused as e:
+                call.answer.set_result((400, error_body(str(e), e.code)))
+                continue
+            except Exception as e:  # noqa: BLE001 - a message the template cannot render: that call's 400
+                call.answer.set_result((400, error_body(describe_error(e), "invalid_request")))
+                continue
+            planned.setdefault((plan.turn, sampling), []).append((call, plan))
+        for (turn, sampling), group in planned.items():
+            group_settings = replace(
+                settings,
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                stop=sampling.stop,
+                max_tokens=max(plan.max_tokens for _, plan in group),
+                min_tokens=min([settings.min_tokens, *(plan.max_tokens for _, plan in group)]),
+                seed=turn_seed(settings.seed, turn),
+                first_prompt_index=0,
+                prompt_indices=tuple(episodes[call.episode].index for call, _ in group),
+            )
+            try:
+                batch = engine.generate([plan.prompt_ids for _, plan in group], group_settings)
+            except Exception as e:  # noqa: BLE001 - answered, then raised: the run's own failure
+                for call, _ in group:
+                    call.answer.set_result((500, error_body(describe_error(e), "engine_error", "server_error")))
+                raise
+            for row, (call, plan) in enumerate(group):
+                rows = range(row * sampling.n, (row + 1) * sampling.n)
+                turns = [
+                    SampledTurn(
+                        list(batch.completion_ids[r]),
+                        None if batch.sampler_log_probs is None else list(batch.sampler_log_probs[r]),
+                        not batch.truncated[r],
+                    )
+                    for r in rows
+                ]
+                replies = episodes[call.episode].take(turns, with_tools=bool(call.body.get("tools")))
+                call.answer.set_result((200, self._response(call, plan, replies)))
+
+    def _response(self, call: ModelCall, plan: CallPlan, replies: list[Reply]) -> dict[str, Any]:
+        logprobs = bool(call.body.get("logprobs"))
+
+        def text_of(token: int) -> str:  # a token's text, as OpenAI's log-prob entries show it
+            return self.template.decode([token])
+
+        if call.route == "chat":
+            return chat_response(plan, replies, self.settings.model_name, logprobs, text_of)
+        if call.route == "generate":
+            from grpo_cli.rollout.verifiers_route import generate_response
+
+            return generate_response(plan, replies)
+        return completion_response(plan, replies, self.settings.model_name, logprobs, text_of)

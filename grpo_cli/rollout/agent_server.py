@@ -1,0 +1,170 @@
+"""The OpenAI-compatible endpoint over the policy, for agent code (task.agent): FastAPI routes served by uvicorn in a
+thread of the rollout process, on the loopback interface, at a port the OS picks, behind a bearer token made for
+the run.
+
+Each episode has its own base URL, `http://127.0.0.1:<port>/<episode id>/v1`, so a call says whose it is by where
+it goes and any OpenAI client works unchanged (base_url=..., api_key=<the run's token>). The routes:
+
+    POST /<episode>/v1/chat/completions   messages, tools, n, temperature, top_p, max_tokens /
+                                          max_completion_tokens, stop, logprobs (the sampled tokens' own)
+    POST /<episode>/v1/completions        a prompt as text or token ids, the same sampling fields
+    POST /<episode>/inference/v1/generate vLLM's token-in route that verifiers' trainer client calls
+    GET  /<episode>/v1/models             the one model served
+    POST /<episode>/end                   the agent runner's report of the episode's end (reward or error)
+
+The handlers only check and queue a call (`ModelCall`); the rollout's own thread takes the queue, samples on the
+engine in batches (rollout/agent_run.py) and answers each call's future with the JSON to send. Responses are built
+with the openai package's own types and also carry vLLM's token fields (`prompt_token_ids`, and `token_ids` per
+choice), which some agent frameworks read. Streaming and top_logprobs are refused with one line (HTTP 400): the
+recorded tokens are what trains, and the engine gives the sampled tokens' log-probs only.
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the routes' annotations (Request, imported inside
+# build_app, since FastAPI is an optional extra) as objects, which deferred annotations would hide from it.
+import asyncio
+import hmac
+import queue
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from grpo_cli.errors import UserFacingError
+
+Route = Literal["chat", "completions", "generate", "end"]
+
+
+@dataclass
+class ModelCall:
+    """One request, queued for the rollout thread: its episode, its route, its checked body; `answer` gets
+    (HTTP status, JSON body)."""
+
+    episode: str
+    route: Route
+    body: dict[str, Any]
+    answer: Future[tuple[int, dict[str, Any]]] = field(default_factory=Future)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+def error_body(message: str, code: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    """OpenAI's error shape, which its clients raise as APIStatusError with this message."""
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+def _missing_extra(error: ImportError) -> UserFacingError:
+    return UserFacingError(
+        f"task.agent serves the policy over HTTP with FastAPI and uvicorn, which are not installed ({error}): "
+        "pip install 'grpo-cli[agents]'"
+    )
+
+
+def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_name: str) -> Any:
+    """The FastAPI app of the routes (module docstring); `known` holds the episode ids open now."""
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+    except ImportError as e:
+        raise _missing_extra(e) from None
+    from grpo_cli.rollout.agent_requests import check_body
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
+        return JSONResponse(error_body(message, code, kind), status_code=status)
+
+    async def queued(request: Request, episode: str, route: Route) -> Any:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return refused(
+                401,
+                "wrong or missing API key: use the api_key the agent was given",
+                "invalid_api_key",
+                "authentication_error",
+            )
+        if episode not in known:
+            return refused(
+                404,
+                f"no open episode {episode!r} at this URL (it ended, or the URL is wrong)",
+                "unknown_episode",
+                "not_found_error",
+            )
+        try:
+            raw = await request.json()
+        except ValueError:
+            return refused(400, "the request body is not JSON", "invalid_json")
+        body, problem = check_body(route, raw)
+        if problem is not None:
+            return refused(400, problem, "invalid_request")
+        call = ModelCall(episode, route, body)
+        calls.put(call)
+        status, answer = await asyncio.wrap_future(call.answer)
+        return JSONResponse(answer, status_code=status)
+
+    @app.post("/{episode}/v1/chat/completions")
+    async def chat(episode: str, request: Request) -> Any:
+        return await queued(request, episode, "chat")
+
+    @app.post("/{episode}/v1/completions")
+    async def completions(episode: str, request: Request) -> Any:
+        return await queued(request, episode, "completions")
+
+    @app.post("/{episode}/inference/v1/generate")
+    async def generate(episode: str, request: Request) -> Any:
+        return await queued(request, episode, "generate")
+
+    @app.post("/{episode}/end")
+    async def end(episode: str, request: Request) -> Any:
+        return await queued(request, episode, "end")
+
+    @app.get("/{episode}/v1/models")
+    async def models(episode: str) -> Any:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "grpo-cli"}]}
+
+    return app
+
+
+class AgentServer:
+    """The endpoint, started once per run and kept across steps: `calls` is the queue of model calls, `known` the
+    episode ids it answers now (the rollout thread adds and drops them)."""
+
+    def __init__(self, model_name: str) -> None:
+        try:
+            import uvicorn
+        except ImportError as e:
+            raise _missing_extra(e) from None
+        self.token = secrets.token_urlsafe(24)
+        self.calls: queue.Queue[ModelCall] = queue.Queue()
+        self.known: set[str] = set()
+        app = build_app(self.token, self.calls, self.known, model_name)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="grpo-cli-agent-endpoint", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise UserFacingError("the agent endpoint (uvicorn on 127.0.0.1) did not start within 30s")
+            time.sleep(0.01)
+        self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+
+    def base_url(self, episode: str) -> str:
+        """The OpenAI base URL of one episode."""
+        return f"http://127.0.0.1:{self.port}/{episode}/v1"
+
+    def close(self) -> None:
+        """Stop serving; calls still waiting get HTTP 503."""
+        while True:
+            try:
+                call = self.calls.get_nowait()
+            except queue.Empty:
+                break
+            call.answer.set_result((503, error_body("the run is stopping", "stopping", "server_error")))
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def new_episode_id() -> str:
+    """An episode's part of its URL: unguessable, so one agent cannot write into another's episode."""
+    return secrets.token_hex(8)

@@ -248,6 +248,20 @@ class AgentRun:
                 waiting = []
         for call in waiting:
             call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
+        for share in shares:  # every agent has reported: its share's call returns (or its time limit ends it)
+            self._settle(share)
+
+    def _settle(self, share: Share) -> None:
+        """Wait for a share's call or thread to return; a worker with agents still running is replaced."""
+        if isinstance(share.handle, threading.Thread):
+            share.handle.join()
+            return
+        try:
+            left = share.handle.result().get("left_running", 0)
+        except Exception:  # noqa: BLE001 - the worker crashed after every agent reported: nothing is lost
+            left = 0
+        if left and share.pool is not None:
+            share.pool.close()
 
     def _check_shares(
         self, shares: list[Share], ends: dict[str, tuple[float | None, str | None]]
@@ -260,10 +274,8 @@ class AgentRun:
                 if not handle.done:
                     continue
                 try:
-                    left = handle.result().get("left_running", 0)
+                    handle.result()
                     error = "did not report its end"
-                    if left:  # threads still running in that worker: it is replaced before the next step
-                        pool.close()
                 except Exception as e:  # noqa: BLE001 - the worker crashed or was killed: its episodes' error
                     error = describe_error(e)
             else:

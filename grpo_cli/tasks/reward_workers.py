@@ -409,7 +409,8 @@ class RewardWorkers:
             worker.call, worker.loading, worker.started = pending, pending.loader not in worker.loaded, time.monotonic()
 
     def poll(self, timeout: float) -> None:
-        """Wait up to `timeout` s for a busy worker to reply, die or reach its deadline, and settle those calls."""
+        """Wait up to `timeout` s for a busy worker to reply, die or reach its deadline, settle those calls, and hand
+        queued calls to the workers that are free."""
         with self._lock:
             busy = [w for w in self._workers if w.call is not None]
             if not busy:
@@ -425,6 +426,7 @@ class RewardWorkers:
                     self._read(worker)  # died: a reply it sent first still counts
                 if worker.call is not None:
                     self._enforce_deadline(worker, worker.call)
+            self._dispatch()  # a worker freed here takes the next queued call
 
     def _deadline(self, worker: _Worker) -> float | None:
         if worker.loading:

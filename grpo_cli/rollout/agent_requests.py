@@ -3,6 +3,7 @@ with pydantic, and the replies built with the openai package's own response type
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class _Sampling(BaseModel):
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0)
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
 
 
 class ChatRequest(_Sampling):
@@ -47,24 +49,52 @@ class EndRequest(BaseModel):
     error: str | None = None
 
 
-_MODELS: dict[str, type[BaseModel]] = {"chat": ChatRequest, "completions": CompletionRequest, "end": EndRequest}
+class GenerateRequest(BaseModel):
+    """vLLM's token-in route (vllm/entrypoints/scale_out/token_in_token_out/protocol.py, GenerateRequest), as
+    verifiers' trainer client (renderers.client.generate) sends it: the prompt's token ids and vLLM's sampling
+    parameters, of which these are read (the others it sends, stop_token_ids and skip_special_tokens among them,
+    are the engine's own behaviour here: it stops at the model's end-of-turn tokens and returns ids)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    stream: bool | None = None
+
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "chat": ChatRequest,
+    "completions": CompletionRequest,
+    "end": EndRequest,
+    "generate": GenerateRequest,
+}
 
 
 def check_body(route: str, raw: Any) -> tuple[dict[str, Any], str | None]:
     """(the body, None) or ({}, the one line saying what is wrong with it)."""
-    model = _MODELS.get(route)
-    if model is None:
-        from grpo_cli.rollout.verifiers_route import check_generate_body
-
-        return check_generate_body(raw)
+    model = _MODELS[route]
     try:
         body = model.model_validate(raw).model_dump()
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return {}, f"{where}: {first['msg']}"
-    if body.get("stream"):
-        return {}, "stream=true is not served: the endpoint answers each call whole (leave stream unset)"
+    if route == "generate":
+        if body.get("stream"):
+            return {}, "stream=true is not served on /inference/v1/generate (vLLM's tokens mode answers whole)"
+        params = body.pop("sampling_params")
+        if int(params.get("n", 1)) != 1:
+            return {}, "sampling_params.n: one sample per call on /inference/v1/generate"
+        body.update(
+            prompt=body.pop("token_ids"),
+            temperature=params.get("temperature"),
+            top_p=params.get("top_p"),
+            max_tokens=params.get("max_tokens"),
+            stop=params.get("stop"),
+            logprobs=True,
+        )
+        return body, None
     top = body.get("top_logprobs") or (body.get("logprobs") if route == "completions" else 0)
     if isinstance(top, int) and not isinstance(top, bool) and top > (0 if route == "chat" else 1):
         return {}, "top_logprobs is not served: the engine gives the sampled tokens' log-probs only (logprobs=true)"
@@ -174,3 +204,76 @@ def completion_response(
 
 def _logprobs(reply: Reply) -> list[float]:
     return [float(x) for x in reply.turn.logprobs or ()]
+
+
+def generate_response(plan: CallPlan, reply: Reply) -> dict[str, Any]:
+    """vLLM's GenerateTokensResponse (tokens mode) of one reply, each log-prob entry also carrying
+    "token": "token_id:<id>", which verifiers' renderers 0.1.12 requires (and vLLM 0.32 does not send)."""
+    entries = None
+    if reply.turn.logprobs is not None:
+        entries = {
+            "content": [
+                {"token": f"token_id:{t}", "token_id": t, "logprob": lp, "top_logprobs": []}
+                for t, lp in zip(reply.turn.ids, _logprobs(reply), strict=True)
+            ]
+        }
+    reason = "stop" if reply.finish_reason != "length" else "length"
+    sampled = len(reply.turn.ids)
+    return {
+        "request_id": f"generate-{plan.turn}-{time.monotonic_ns()}",
+        "prompt_token_ids": list(plan.prompt_ids),
+        "choices": [{"index": 0, "token_ids": list(reply.turn.ids), "finish_reason": reason, "logprobs": entries}],
+        "usage": {
+            "prompt_tokens": len(plan.prompt_ids),
+            "completion_tokens": sampled,
+            "total_tokens": len(plan.prompt_ids) + sampled,
+        },
+    }
+
+
+def stream_events(route: str, answer: dict[str, Any], include_usage: bool) -> list[str]:
+    """A whole answer as the server-sent events a streaming client reads: chat.completion.chunk (or a
+    text_completion per choice) events, the usage when asked for, then [DONE]. The reply is sampled whole
+    before the first event (the recorded tokens are what trains), so the stream is its chunks in one go."""
+    events = []
+    if route == "chat":
+        from openai.types.chat import ChatCompletionChunk
+
+        for choice in answer["choices"]:
+            message = choice["message"]
+            delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+            if message.get("tool_calls"):
+                delta["tool_calls"] = [{**call, "index": k} for k, call in enumerate(message["tool_calls"])]
+            for part, reason in ((delta, None), ({}, choice["finish_reason"])):
+                chunk = ChatCompletionChunk.model_validate(
+                    {
+                        "id": answer["id"],
+                        "object": "chat.completion.chunk",
+                        "created": answer["created"],
+                        "model": answer["model"],
+                        "choices": [
+                            {
+                                "index": choice["index"],
+                                "delta": part,
+                                "finish_reason": reason,
+                                "logprobs": choice.get("logprobs") if reason is None else None,
+                            }
+                        ],
+                    }
+                )
+                events.append(chunk.model_dump_json(exclude_unset=True))
+        usage_chunk = {
+            "id": answer["id"],
+            "object": "chat.completion.chunk",
+            "created": answer["created"],
+            "model": answer["model"],
+            "choices": [],
+            "usage": answer["usage"],
+        }
+    else:
+        for choice in answer["choices"]:
+            events.append(json.dumps({**answer, "choices": [choice], "usage": None}))
+        usage_chunk = {**answer, "choices": [], "usage": answer["usage"]}
+    if include_usage:
+        events.append(json.dumps(usage_chunk))
+    return [f"data: {event}\n\n" for event in [*events, "[DONE]"]]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Reply
-from grpo_cli.rollout.agent_requests import chat_response, completion_response, sampling_of
+from grpo_cli.rollout.agent_requests import chat_response, completion_response, generate_response, sampling_of
 from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, transcript
@@ -109,10 +110,12 @@ class AgentRun:
         self._pools = [RewardWorkers(1, None) for _ in range(settings.workers)]
         self._loader = functools.partial(AgentShare, settings.reference, settings.base_dir, settings.timeout_s)
         self._prompts: dict[str, Any] = {}
+        self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
 
     # ----------------------------------------------------------------------------------------- RolloutRun
     def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
         server = self._start()
+        server.model_card["max_model_len"] = engine.context_length
         n = settings.n
         limits = replace(self.settings.limits, context_length=engine.context_length)
         first = settings.first_prompt_index * n
@@ -168,11 +171,17 @@ class AgentRun:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._tokenizer_dir is not None:
+            self._tokenizer_dir.cleanup()
+            self._tokenizer_dir = None
 
     # ----------------------------------------------------------------------------------------- machinery
     def _start(self) -> AgentServer:
         if self._server is None:
             self._server = AgentServer(self.settings.model_name)
+        if self._tokenizer_dir is None:  # the policy's tokenizer where an agent's own renderer can load it
+            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="grpo-cli-tokenizer-")
+            self.template.tokenizer.save_pretrained(self._tokenizer_dir.name)
         return self._server
 
     def _prompt_for(self, tools: list[dict[str, Any]]) -> Any:
@@ -190,6 +199,7 @@ class AgentRun:
             api_key=server.token,
             model=self.settings.model_name,
             end_url=f"{base_url.removesuffix('/v1')}/end",
+            tokenizer_path=self._tokenizer_dir.name if self._tokenizer_dir is not None else "",
         )
 
     def _start_agents(self, jobs: list[tuple[str, AgentJob]]) -> list[Share]:
@@ -263,9 +273,7 @@ class AgentRun:
         if left and share.pool is not None:
             share.pool.close()
 
-    def _check_shares(
-        self, shares: list[Share], ends: dict[str, tuple[float | None, str | None]]
-    ) -> None:
+    def _check_shares(self, shares: list[Share], ends: dict[str, tuple[float | None, str | None]]) -> None:
         """A share whose worker died or was killed ends its episodes that have not reported, with that error."""
         for keys, pool, handle in shares:
             if isinstance(handle, PendingCall):
@@ -356,7 +364,5 @@ class AgentRun:
         if call.route == "chat":
             return chat_response(plan, replies, self.settings.model_name, logprobs, text_of)
         if call.route == "generate":
-            from grpo_cli.rollout.verifiers_route import generate_response
-
-            return generate_response(plan, replies)
+            return generate_response(plan, replies[0])
         return completion_response(plan, replies, self.settings.model_name, logprobs, text_of)

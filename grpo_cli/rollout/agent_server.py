@@ -6,17 +6,18 @@ Each episode has its own base URL, `http://127.0.0.1:<port>/<episode id>/v1`, so
 it goes and any OpenAI client works unchanged (base_url=..., api_key=<the run's token>). The routes:
 
     POST /<episode>/v1/chat/completions   messages, tools, n, temperature, top_p, max_tokens /
-                                          max_completion_tokens, stop, logprobs (the sampled tokens' own)
+                                          max_completion_tokens, stop, logprobs (the sampled tokens' own), stream
     POST /<episode>/v1/completions        a prompt as text or token ids, the same sampling fields
     POST /<episode>/inference/v1/generate vLLM's token-in route that verifiers' trainer client calls
-    GET  /<episode>/v1/models             the one model served
+    GET  /<episode>/v1/models             the one model served, with its max_model_len
     POST /<episode>/end                   the agent runner's report of the episode's end (reward or error)
 
 The handlers only check and queue a call (`ModelCall`); the rollout's own thread takes the queue, samples on the
 engine in batches (rollout/agent_run.py) and answers each call's future with the JSON to send. Responses are built
 with the openai package's own types and also carry vLLM's token fields (`prompt_token_ids`, and `token_ids` per
-choice), which some agent frameworks read. Streaming and top_logprobs are refused with one line (HTTP 400): the
-recorded tokens are what trains, and the engine gives the sampled tokens' log-probs only.
+choice), which some agent frameworks read. A streamed call gets its reply as server-sent events once it is
+sampled whole (verifiers' harness programs always stream); top_logprobs is refused with one line (HTTP 400): the
+engine gives the sampled tokens' log-probs only.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations (Request, imported inside
@@ -60,14 +61,15 @@ def _missing_extra(error: ImportError) -> UserFacingError:
     )
 
 
-def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_name: str) -> Any:
-    """The FastAPI app of the routes (module docstring); `known` holds the episode ids open now."""
+def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_card: dict[str, Any]) -> Any:
+    """The FastAPI app of the routes (module docstring); `known` holds the episode ids open now, `model_card` the
+    model served (its id and max_model_len, kept up to date by the rollout)."""
     try:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
     except ImportError as e:
         raise _missing_extra(e) from None
-    from grpo_cli.rollout.agent_requests import check_body
+    from grpo_cli.rollout.agent_requests import check_body, stream_events
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
@@ -100,6 +102,10 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
         call = ModelCall(episode, route, body)
         calls.put(call)
         status, answer = await asyncio.wrap_future(call.answer)
+        if status == 200 and body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = stream_events(route, answer, usage)
+            return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse(answer, status_code=status)
 
     @app.post("/{episode}/v1/chat/completions")
@@ -120,7 +126,7 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
 
     @app.get("/{episode}/v1/models")
     async def models(episode: str) -> Any:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "grpo-cli"}]}
+        return {"object": "list", "data": [{"object": "model", "created": 0, "owned_by": "grpo-cli", **model_card}]}
 
     return app
 
@@ -137,7 +143,9 @@ class AgentServer:
         self.token = secrets.token_urlsafe(24)
         self.calls: queue.Queue[ModelCall] = queue.Queue()
         self.known: set[str] = set()
-        app = build_app(self.token, self.calls, self.known, model_name)
+        # The model card GET /v1/models shows (max_model_len: the engine's context, set by the rollout).
+        self.model_card: dict[str, Any] = {"id": model_name, "max_model_len": None}
+        app = build_app(self.token, self.calls, self.known, self.model_card)
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="grpo-cli-agent-endpoint", daemon=True)

@@ -17,7 +17,9 @@
 The function is called once per episode with the keyword arguments it names (all of them when it takes
 **kwargs): `row` (the example's columns and its prompt), `prompt` (the prompt as chat messages), `base_url` (the
 episode's own URL on the endpoint), `api_key` (the run's token), `model` (the policy's name; any name is served),
-`client` (an `openai.OpenAI` already pointed there) and `async_client` (an `openai.AsyncOpenAI`). It may be
+`tokenizer_path` (a directory holding the policy's tokenizer, for agents that render token ids themselves, as
+verifiers' trainer client does), `client` (an `openai.OpenAI` already pointed there) and `async_client` (an
+`openai.AsyncOpenAI`). It may be
 `async def`. What it returns is the agent's reward (a number, or None for none); task.rewards judge the episode as
 well, as they judge any episode (docs/multi-turn.md).
 
@@ -45,7 +47,7 @@ from grpo_cli.tasks.user_code import UserCodeError, load_callable
 
 AGENT_KEY = "task.agent"
 # The keyword arguments an agent function may name (module docstring).
-AGENT_ARGUMENTS = ("row", "prompt", "base_url", "api_key", "model", "client", "async_client")
+AGENT_ARGUMENTS = ("row", "prompt", "base_url", "api_key", "model", "tokenizer_path", "client", "async_client")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class AgentJob:
     api_key: str
     model: str
     end_url: str
+    tokenizer_path: str = ""
 
 
 def load_agent(reference: str, base_dir: Path) -> Callable[..., Any]:
@@ -104,6 +107,7 @@ def agent_kwargs(fn: Callable[..., Any], job: AgentJob) -> dict[str, Any]:
         "base_url": job.base_url,
         "api_key": job.api_key,
         "model": job.model,
+        "tokenizer_path": job.tokenizer_path,
     }
     if "client" in wanted or "async_client" in wanted:
         import openai

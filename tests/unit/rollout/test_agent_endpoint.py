@@ -54,27 +54,50 @@ def rewrites(row, client):
 
 def refused(row, client):
     import openai
+    stream = client.chat.completions.create(
+        model="p", messages=row["prompt"], max_tokens=3, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    messages = [*row["prompt"], {"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    reply = client.chat.completions.create(model="p", messages=messages, max_tokens=3)  # continues the streamed turn
+    messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
     errors = []
-    messages = list(row["prompt"])
-    for _ in range(3):  # task.max_turns=2: the third call is refused
-        try:
-            reply = client.chat.completions.create(model="p", messages=messages, max_tokens=3)
-        except openai.BadRequestError as e:
-            errors.append(e.code)
-            break
-        messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
-    for bad in ({"stream": True}, {"top_logprobs": 3, "logprobs": True}):
-        try:
-            client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3, **bad)
-        except openai.BadRequestError as e:
-            errors.append(e.code)
+    try:  # task.max_turns=2: a third call is refused
+        client.chat.completions.create(model="p", messages=messages, max_tokens=3)
+    except openai.BadRequestError as e:
+        errors.append(e.code)
+    try:
+        client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3, logprobs=True, top_logprobs=3)
+    except openai.BadRequestError as e:
+        errors.append(e.code)
     wrong = openai.OpenAI(base_url=str(client.base_url), api_key="not-the-key", max_retries=0)
     try:
         wrong.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3)
     except openai.AuthenticationError as e:
         errors.append(e.code)
-    assert errors == ["max_turns", "invalid_request", "invalid_request", "invalid_api_key"], errors
+    assert errors == ["max_turns", "invalid_request", "invalid_api_key"], errors
     return 1.0
+
+def tokens(row, base_url, api_key):
+    # The completions route with a text prompt, then vLLM's token-in route continuing it with ids.
+    import httpx
+    headers = {"Authorization": f"Bearer {api_key}"}
+    first = httpx.post(f"{base_url}/completions", headers=headers, timeout=60,
+                       json={"model": "p", "prompt": "Count: one two", "max_tokens": 3, "logprobs": 1}).json()
+    choice = first["choices"][0]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+    ids = [*first["prompt_token_ids"], *choice["token_ids"], 1, 2, 3]
+    root = base_url.removesuffix("/v1")
+    models = httpx.get(f"{base_url}/models", headers=headers).json()
+    second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60, json={
+        "model": "p", "token_ids": ids,
+        "sampling_params": {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}}).json()
+    out = second["choices"][0]
+    assert second["prompt_token_ids"] == ids and len(out["logprobs"]["content"]) == len(out["token_ids"])
+    assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"]))
+    return float(models["data"][0]["max_model_len"] > 0)
 
 def crashes(row, base_url):
     raise RuntimeError("the agent's own bug")
@@ -168,7 +191,15 @@ def test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episo
         run.close()
     (episode,) = samples.episodes
     assert episode.error is None and episode.step_reward == 1.0  # the agent's own asserts held
-    assert episode.turn_limited and episode.stop_reason == "max_turns"
+    assert episode.turn_limited and episode.stop_reason == "max_turns" and episode.n_turns == 2
+    assert "rewritten_turns" not in episode.counts  # the streamed reply's text continued the episode
+    run = agent_run(tokenizer, agent_file, "tokens")
+    try:
+        (episode,) = sample(run, engine, 1, n=1).episodes
+    finally:
+        run.close()
+    assert episode.error is None and episode.step_reward == 1.0 and episode.n_turns == 2 and not episode.counts
+    assert episode.loss_mask.count(0) == 3  # the three ids the agent appended: the environment's, out of the loss
     crashing = agent_run(tokenizer, agent_file, "crashes")
     skipping = agent_run(tokenizer, agent_file, "crashes", on_error="skip")
     try:

@@ -109,6 +109,11 @@ def agent_value(task_cfg: TaskConfig) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def gives_env_reward(task_cfg: TaskConfig) -> bool:
+    """Whether the task's episodes have an `env` reward component: an environment's step rewards, or an agent's."""
+    return environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None
+
+
 def is_multiturn(task_cfg: TaskConfig) -> bool:
     """Whether the task runs multi-turn episodes (it names tools or an environment, or an agent drives them)."""
     return bool(tool_specs(task_cfg)) or environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None

@@ -91,9 +91,9 @@ def tokens(row, base_url, api_key):
     ids = [*first["prompt_token_ids"], *choice["token_ids"], 1, 2, 3]
     root = base_url.removesuffix("/v1")
     models = httpx.get(f"{base_url}/models", headers=headers).json()
-    second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60, json={
-        "model": "p", "token_ids": ids,
-        "sampling_params": {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}}).json()
+    params = {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}
+    second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
+                        json={"model": "p", "token_ids": ids, "sampling_params": params}).json()
     out = second["choices"][0]
     assert second["prompt_token_ids"] == ids and len(out["logprobs"]["content"]) == len(out["token_ids"])
     assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"]))

@@ -254,8 +254,7 @@ class AgentRun:
             running = {key for key in episodes if key not in ends}
             asking = {call.episode for call in waiting}
             if waiting and (running <= asking or time.monotonic() - last_arrival > GATHER_S):
-                self._answer(engine, settings, episodes, waiting, order)
-                waiting = []
+                waiting = self._answer(engine, settings, episodes, waiting, order)
         for call in waiting:
             call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
         for share in shares:  # every agent has reported: its share's call returns (or its time limit ends it)
@@ -300,11 +299,17 @@ class AgentRun:
         episodes: dict[str, AgentEpisode],
         calls: list[ModelCall],
         order: list[str],
-    ) -> None:
-        """Plan each call on its episode, sample the planned ones in groups, answer every call."""
+    ) -> list[ModelCall]:
+        """Plan each call on its episode, sample the planned ones in groups, answer them; returns the calls left for
+        the next batch (a second call of an episode whose first is in this one: an episode's calls are taken one
+        at a time, in the order they arrived)."""
         planned: dict[tuple[Any, ...], list[tuple[ModelCall, CallPlan]]] = {}
         rank = {key: i for i, key in enumerate(order)}
+        later: list[ModelCall] = []
         for call in sorted(calls, key=lambda c: (rank[c.episode], c.arrived)):
+            if any(call.episode == other.episode for group in planned.values() for other, _ in group):
+                later.append(call)
+                continue
             episode = episodes[call.episode]
             sampling = sampling_of(call.body, settings.temperature, settings.top_p)
             try:
@@ -354,6 +359,7 @@ class AgentRun:
                 ]
                 replies = episodes[call.episode].take(turns, with_tools=bool(call.body.get("tools")))
                 call.answer.set_result((200, self._response(call, plan, replies)))
+        return later
 
     def _response(self, call: ModelCall, plan: CallPlan, replies: list[Reply]) -> dict[str, Any]:
         logprobs = bool(call.body.get("logprobs"))

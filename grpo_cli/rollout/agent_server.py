@@ -85,15 +85,20 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
     def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
         return JSONResponse(error_body(message, code, kind), status_code=status)
 
-    async def queued(request: Request, episode: str, route: Route) -> Any:
+    def unauthorized(request: Request) -> Any:
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return refused(
-                401,
-                "wrong or missing API key: use the api_key the agent was given",
-                "invalid_api_key",
-                "authentication_error",
-            )
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return None
+        return refused(
+            401,
+            "wrong or missing API key: use the api_key the agent was given",
+            "invalid_api_key",
+            "authentication_error",
+        )
+
+    async def queued(request: Request, episode: str, route: Route) -> Any:
+        if (answer := unauthorized(request)) is not None:
+            return answer
         if episode not in known:
             return refused(
                 404,
@@ -134,7 +139,9 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
         return await queued(request, episode, "end")
 
     @app.get("/{episode}/v1/models")
-    async def models(episode: str) -> Any:
+    async def models(episode: str, request: Request) -> Any:
+        if (answer := unauthorized(request)) is not None:
+            return answer
         return {"object": "list", "data": [{"object": "model", "created": 0, "owned_by": "grpo-cli", **model_card}]}
 
     return app

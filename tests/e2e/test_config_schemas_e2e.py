@@ -98,6 +98,8 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "max_episode_tokens": None,
         "max_observation_tokens": 1024,
         "environment_factory": None,
+        "agent": None,
+        "agent_timeout_s": 600.0,
         "keywords_per_prompt": 2,
     }
     assert printed["eval"] == {"n_samples": 1, "pass_k": None}

@@ -19,10 +19,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
 from grpo_cli.rollout.episodes import ChatTemplate, Episode, Generate, SampledTurn, run_episodes
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
+from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.base import Example
+from grpo_cli.tasks.multiturn_config import agent_value
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
     SHAPING_CASE_BUFFER,
@@ -238,13 +241,19 @@ def check_shaping_terms(cfg: GRPOConfig, console: Console) -> list[int]:
 # ------------------------------------------------------------------------------------------ multi-turn episodes
 
 
-def scripted_turns(template: ChatTemplate, turns: Sequence[str]) -> Generate:
-    """A `generate` for one episode that "samples" the given model turns in order: each turn's text tokenized,
-    then the template's end-of-turn token (a turn the model ended itself)."""
+def scripted_ids(template: ChatTemplate, turns: Sequence[str]) -> list[list[int]]:
+    """Each given model turn as the model would have sampled it: its text tokenized, then the template's
+    end-of-turn token (a turn the model ended itself)."""
     stops = sorted(template.stop_token_ids)
     im_end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
     stop = [im_end] if im_end in template.stop_token_ids else stops[:1]
-    queue = [template.encode(turn) + stop for turn in turns]
+    return [template.encode(turn) + stop for turn in turns]
+
+
+def scripted_turns(template: ChatTemplate, turns: Sequence[str]) -> Generate:
+    """A `generate` for one episode that "samples" the given model turns in order (`scripted_ids`)."""
+    queue = scripted_ids(template, turns)
+    stop = bool(template.stop_token_ids)
 
     def generate(prompts: Sequence[Sequence[int]], max_tokens: int) -> list[SampledTurn]:
         del max_tokens  # the scripted turns are given whole (the case's limits leave room for the longest)
@@ -268,6 +277,54 @@ def run_case_episode(setup: EpisodeSetup, case: SanityCase, max_turns: int) -> E
     )
     setup.finish(episodes)
     return episodes[0]
+
+
+class ScriptedEngine:
+    """A `RolloutEngine` that answers an agent's model calls with the given turns in order (`scripted_ids`), one per
+    call: what job=check_reward plays for a task.agent task through the real endpoint."""
+
+    context_length = None
+
+    def __init__(self, template: ChatTemplate, turns: Sequence[str]) -> None:
+        self.queue = scripted_ids(template, turns)
+
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        if len(prompt_ids) * settings.n > len(self.queue):
+            raise ValueError("the agent made more model calls than the case has turns")
+        sampled = [self.queue.pop(0) for _ in range(len(prompt_ids) * settings.n)]
+        return RolloutBatch(
+            [list(p) for p in prompt_ids for _ in range(settings.n)],
+            sampled,
+            [""] * len(sampled),
+            [False] * len(sampled),
+        )
+
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        return {"time/sync_s": 0.0}
+
+    def close(self) -> None:
+        return None
+
+
+def run_agent_case(cfg: GRPOConfig, tokenizer: Any, reward_fn: Any, case: SanityCase) -> tuple[Episode, Scores]:
+    """The case's episode as the task's agent plays it through the endpoint, its model calls answered with the
+    case's turns in order (a call past the last one is refused: task.max_turns is the turns' count), scored as
+    training scores it (the agent's reward as the env component beside task.rewards)."""
+    from grpo_cli.rollout.agent_run import AgentRun, agent_settings
+
+    turns = case.turns or (case.response,)
+    settings = agent_settings(cfg)
+    run = AgentRun(settings, tokenizer, reward_fn)
+    longest = max(len(run.template.encode(turn)) for turn in turns) + 1
+    limits = dataclasses.replace(settings.limits, max_turns=len(turns), max_tokens_per_turn=longest)
+    run.settings = dataclasses.replace(settings, limits=limits)
+    example = Example(case.prompt if case.prompt is not None else [{"role": "user", "content": ""}], case.ground_truth)
+    try:
+        samples = run.sample(ScriptedEngine(run.template, turns), SamplingSettings(n=1), [example])
+        state = TrainerState(global_step=0, max_steps=cfg.train.steps, epoch=0.0)
+        return samples.episodes[0], run.score(samples, state)
+    finally:
+        run.close()
 
 
 def transcript(episode: Episode, width: int = 160) -> list[str]:
@@ -311,8 +368,8 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
     task = task_for(cfg.task)
     custom = task.from_config is not None
     tokenizer, model_name = episode_tokenizer(cfg.model.name_or_path, console)
-    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, model_name)
-    assert setup is not None  # is_multiturn
+    agent = agent_value(cfg.task) is not None
+    setup = None if agent else episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, model_name)
     reward_fn = make_reward_fn(cfg.task, cfg.rollout.max_tokens)
     state = TrainerState(global_step=0, max_steps=cfg.train.steps, epoch=0.0)
     table = Table(title=f"multi-turn reward sanity cases: task={task.name}", title_justify="left")
@@ -322,11 +379,14 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
     try:
         for index, case in enumerate(cases, start=1):
             try:
-                episode = run_case_episode(setup, case, cfg.task.max_turns)
-                scores = score_episodes(reward_fn, [episode], setup.env_weight, state)
+                if setup is None:  # task.agent: its agent plays the case's turns through the endpoint
+                    episode, scores = run_agent_case(cfg, tokenizer, reward_fn, case)
+                else:
+                    episode = run_case_episode(setup, case, cfg.task.max_turns)
+                    scores = score_episodes(reward_fn, [episode], setup.env_weight, state)
                 result, error = scores.rewards[0], ""
                 if scores.skipped:  # task.on_reward_error=skip: the environment failed on it, no reward
-                    error = f"the environment {episode.error}"
+                    error = f"{'the agent' if agent else 'the environment'} {episode.error}"
                 elif scores.n_errors or scores.n_timeouts:
                     error = "the reward raised or timed out"
             except UserFacingError as e:
@@ -355,7 +415,8 @@ def run_episode_cases(cfg: GRPOConfig, cases: tuple[SanityCase, ...], console: C
                 ended = f"ended: {episode.stop_reason}" + (f" ({', '.join(flags)})" if flags else "")
                 transcripts.append((index, [*transcript(episode), ended]))
     finally:
-        setup.close()
+        if setup is not None:
+            setup.close()
     console.print(table)
     for index, lines in transcripts:
         console.print(f"case {index}:", highlight=False)

@@ -11,6 +11,7 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.models import check_model_source, check_quantization
 from grpo_cli.models.runtime import pure_half_precision_warning, resolve_device
 from grpo_cli.tasks import load_eval_sets, load_examples
+from grpo_cli.tasks.multiturn_config import agent_value
 from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
         from grpo_cli.tracking.tensorboard_sink import require_tensorboard
 
         require_tensorboard()
+    if agent_value(cfg.task) is not None:
+        from grpo_cli.rollout.agent_server import require_endpoint
+
+        require_endpoint()
     check_tools_in_workers(cfg)
     examples = {split: load_examples(cfg.task, split) for split in splits}
     if "eval" in splits:

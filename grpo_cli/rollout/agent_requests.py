@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -188,7 +188,7 @@ def completion_response(
             tokens = [token_text(t) for t in reply.turn.ids]
             offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
             entries = Logprobs(tokens=tokens, token_logprobs=_logprobs(reply), text_offset=offsets, top_logprobs=None)
-        reason = "stop" if reply.finish_reason != "length" else "length"
+        reason: Literal["stop", "length"] = "length" if reply.finish_reason == "length" else "stop"
         choice = CompletionChoice(index=index, text=reply.text, finish_reason=reason, logprobs=entries)
         choices.append({**choice.model_dump(), "token_ids": list(reply.turn.ids)})
     completion = Completion(

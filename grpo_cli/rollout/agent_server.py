@@ -61,6 +61,15 @@ def _missing_extra(error: ImportError) -> UserFacingError:
     )
 
 
+def require_endpoint() -> None:
+    """One line before any model loads when the endpoint's libraries are missing (preflight)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise _missing_extra(e) from None
+
+
 def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_card: dict[str, Any]) -> Any:
     """The FastAPI app of the routes (module docstring); `known` holds the episode ids open now, `model_card` the
     model served (its id and max_model_len, kept up to date by the rollout)."""

@@ -34,13 +34,12 @@ from grpo_cli.rollout.episodes import (
     last_model_turn,
     run_episodes,
 )
-from grpo_cli.rollout.runs import OneTurnRun, RolloutRun, Samples
+from grpo_cli.rollout.runs import Samples
 from grpo_cli.rollout.sampling import turn_seed
 from grpo_cli.rollout.scoring import Scores
 
 if TYPE_CHECKING:
-    from grpo_cli.config.schemas import GRPOConfig
-    from grpo_cli.tasks.base import Example, RewardFn
+    from grpo_cli.tasks.base import Example
     from grpo_cli.tasks.trainer_state import TrainerState
 
 
@@ -172,27 +171,6 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
         "error": episode.error,
         **({"counts": dict(episode.counts)} if episode.counts else {}),
     }
-
-
-def run_for(cfg: GRPOConfig, tokenizer: Any, reward_fn: RewardFn) -> RolloutRun:
-    """How `cfg`'s task runs and scores its episodes, `reward_fn` the task's reward: an agent's through
-    rollout/agent_run.py, a multi-turn task's through rollout/multiturn.py's setup and scorer, a single-turn task's
-    as episodes of one turn (`runs.OneTurnRun`). `tokenizer`: a transformers tokenizer (library boundary)."""
-    from grpo_cli.rollout.multiturn import episode_setup, score_episodes
-    from grpo_cli.tasks.multiturn_config import agent_value
-
-    if agent_value(cfg.task) is not None:  # the user's agent drives each episode (task.agent)
-        from grpo_cli.rollout.agent_run import AgentRun, agent_settings
-
-        return AgentRun(agent_settings(cfg), tokenizer, reward_fn)
-    setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens, cfg.model.name)
-    if setup is None:  # no task.tools, no task.environment
-        return OneTurnRun(tokenizer, reward_fn)
-
-    def score(episodes: Sequence[Episode], trainer_state: TrainerState | None) -> Scores:
-        return score_episodes(reward_fn, episodes, setup.env_weight, trainer_state)
-
-    return EpisodeRun(setup, score)
 
 
 class EpisodeRunner(Protocol):

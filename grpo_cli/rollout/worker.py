@@ -25,10 +25,10 @@ from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.engines import build_rollout_engine
-from grpo_cli.rollout.episode_rollout import run_for
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.runs import RolloutRun
 from grpo_cli.rollout.scoring import reward_metrics, with_logged_metrics
+from grpo_cli.rollout.task_run import run_for
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 from grpo_cli.scoring.settings import scoring_settings

@@ -111,9 +111,8 @@ def agent_value(task_cfg: TaskConfig) -> RewardSpec | None:
     return named_specs({"agent": value}, "task")["agent"]
 
 
-def has_env_component(task_cfg: TaskConfig) -> bool:
-    """Whether the task's episodes carry an `env` reward component: an environment's step rewards, or an agent's
-    reward (task.agent)."""
+def gives_env_reward(task_cfg: TaskConfig) -> bool:
+    """Whether the task's episodes have an `env` reward component: an environment's step rewards, or an agent's."""
     return environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None
 
 

@@ -14,7 +14,7 @@ from grpo_cli.tasks.custom.data import build_examples, template_columns
 from grpo_cli.tasks.custom.reward import CustomReward
 from grpo_cli.tasks.custom.schema import CustomTaskConfig, reward_specs
 from grpo_cli.tasks.custom.trl_convention import NamedReward, user_reward
-from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, has_env_component
+from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, gives_env_reward
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.tasks.user_code import resolve_file
@@ -25,8 +25,8 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
     naming nothing."""
     given = {str(k): v for k, v in dict(task_cfg.reward_weights or {}).items()}
     allowed = [*names, *SHAPING_COMPONENTS]
-    with_environment = has_env_component(task_cfg)
-    if with_environment:  # the environment's step rewards: multiturn_config.env_weight reads its weight
+    with_environment = gives_env_reward(task_cfg)
+    if with_environment:  # the environment's (or agent's) rewards: multiturn_config.env_weight reads its weight
         allowed.append(ENV_COMPONENT)
     for name, weight in given.items():
         if name not in allowed:
@@ -84,13 +84,13 @@ def build_custom_task(config: TaskConfig) -> TaskSpec:
         if model.name in names:
             raise UserFacingError(f"task.reward_model.name={model.name} is also in task.rewards: give it another name")
         rewards.append(model)
-    if not rewards and not has_env_component(task_cfg):
+    if not rewards and not gives_env_reward(task_cfg):
         raise UserFacingError(
             "task=custom has no reward: give task.rewards.<name>=path/to/file.py:function (or a node {_target_: "
             "package.module.factory, <its arguments>}) or task.reward_model.path=<classifier>"
         )
     all_names = [r.name for r in rewards]
-    with_environment = has_env_component(task_cfg)
+    with_environment = gives_env_reward(task_cfg)
     for key, chosen in (("answer_from", task_cfg.answer_from), ("format_from", task_cfg.format_from)):
         allowed = [*all_names, ENV_COMPONENT] if with_environment and key == "answer_from" else all_names
         if chosen is not None and chosen not in allowed:

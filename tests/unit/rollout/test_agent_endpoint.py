@@ -47,6 +47,15 @@ async def solve_async(row, async_client):
     reply = await async_client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4)
     return len(reply.choices[0].message.content or "") % 2
 
+def best_of_two(row, client):
+    # n=2, then the conversation goes on from the second reply: that one is the episode's first turn.
+    first = client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=4, n=2)
+    kept = first.choices[1]
+    messages = [*row["prompt"], kept.message.model_dump(), {"role": "user", "content": "Sure?"}]
+    client.chat.completions.create(model="p", messages=messages, max_tokens=4)
+    assert first.choices[0].model_extra["token_ids"] != kept.model_extra["token_ids"]
+    return float(sum(kept.model_extra["token_ids"]))
+
 def rewrites(row, client):
     first = client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=4)
     summary = [{"role": "user", "content": "Summary: " + (first.choices[0].message.content or "")[:20]}]
@@ -91,9 +100,9 @@ def tokens(row, base_url, api_key):
     ids = [*first["prompt_token_ids"], *choice["token_ids"], 1, 2, 3]
     root = base_url.removesuffix("/v1")
     models = httpx.get(f"{base_url}/models", headers=headers).json()
-    second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60, json={
-        "model": "p", "token_ids": ids,
-        "sampling_params": {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}}).json()
+    params = {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}
+    second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
+                        json={"model": "p", "token_ids": ids, "sampling_params": params}).json()
     out = second["choices"][0]
     assert second["prompt_token_ids"] == ids and len(out["logprobs"]["content"]) == len(out["token_ids"])
     assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"]))
@@ -168,12 +177,18 @@ def test_async_agents_in_this_process_and_rewritten_turns_counted(tiny, agent_fi
     engine = HFRolloutEngine(model, tokenizer)
     run = agent_run(tokenizer, agent_file, "solve_async", workers=0)
     rewriting = agent_run(tokenizer, agent_file, "rewrites")
+    choosing = agent_run(tokenizer, agent_file, "best_of_two")
     try:
         samples = sample(run, engine, 2)
         rewritten = sample(rewriting, engine, 1)
+        chosen = sample(choosing, engine, 1, n=1)
     finally:
         run.close()
         rewriting.close()
+        choosing.close()
+    (episode,) = chosen.episodes
+    assert episode.n_turns == 2 and not episode.counts and episode.error is None
+    assert episode.step_reward == sum(episode.model_turns[0])  # the kept reply's ids are the first turn
     assert all(e.n_turns == 1 and e.step_reward in (0.0, 1.0) for e in samples.episodes)
     metrics = rewriting.metrics(rewritten, "train")
     assert metrics["train/rewritten_turns"] == 1 and metrics["train/dropped_model_tokens"] > 0

@@ -63,11 +63,11 @@ def build_env(taskset: str) -> Any:
     """verifiers' SingleAgentEnv over `taskset` (its id: an importable module exporting one Taskset class) with the
     null harness and the subprocess runtime (its default runtime is a remote Prime sandbox)."""
     vf = _verifiers()
-    config = vf.SingleAgentEnvConfig(
-        taskset=vf.TasksetConfig(id=taskset),
-        agent=vf.AgentConfig(harness={"id": "null"}, runtime=vf.SubprocessConfig()),
-    )
     try:
+        config = vf.SingleAgentEnvConfig(
+            taskset=vf.TasksetConfig(id=taskset),
+            agent=vf.AgentConfig(harness={"id": "null"}, runtime=vf.SubprocessConfig()),
+        )
         return vf.SingleAgentEnv(config)
     except Exception as e:  # noqa: BLE001 - verifiers' loader failing (no such taskset) is one line
         detail = " ".join(str(e).split())[:240]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, episodes_of, train_to_the_end
+from tests.conftest import REPO_ROOT, episodes_of, run_grpo, train_to_the_end
 
 if importlib.util.find_spec("verifiers") is None:
     if os.environ.get("GRPO_CLI_REQUIRE_VERIFIERS") == "1":
@@ -189,6 +189,29 @@ def test_grpo_clis_endpoint_scores_as_verifiers_own_run(verifiers_own_rewards, t
     # What trained is what the engine sampled: the reply's ids, with their log-probs.
     assert all(e.ids[len(e.ids) - len(reply_ids) :] == reply_ids for e in episodes)
     assert run.metrics(samples, "train")["train/rewritten_turns"] == 0
+
+
+def test_check_reward_agrees_with_verifiers_own_scoring(verifiers_own_rewards, tmp_path: Path) -> None:
+    # client=eval: check_reward's scripted engine gives no log-probs, which verifiers' trainer client requires (the
+    # train client's scoring is compared above, through an engine that gives them).
+    shutil.copytree(TASKSETS / TASKSET, tmp_path / TASKSET)
+    rows = exported_rows(tmp_path)
+    cases = [
+        {**row, "turns": [REPLY], "expected": {"env": own}}
+        for row, own in zip(rows, verifiers_own_rewards, strict=True)
+    ]
+    (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    args = [
+        "job=check_reward",
+        "task=custom",
+        "task.train_path=tasks.jsonl",
+        f"task.agent={{_target_: {AGENT_TARGET}, taskset: {TASKSET}, client: eval}}",
+        "task.cases_path=cases.jsonl",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "all 3 cases agree" in result.stdout
 
 
 @pytest.mark.slow

@@ -240,7 +240,9 @@ def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path) -> No
     assert any(r["train/grad_norm"] > 0 for r in rows)
     for row in rows:
         episodes = episodes_of(run_dir, row["step"])
-        # The verifiers task's prompt, rendered by verifiers' renderer and sent as token ids (the token-in route).
-        assert episodes and all(e["error"] is None and "What is" in e["messages"][0]["content"] for e in episodes)
+        # The verifiers task's prompt, rendered by verifiers' renderer and sent as token ids (the token-in route:
+        # the episode's opening is those ids, shown decoded, template and all).
+        assert episodes and all(e["error"] is None for e in episodes)
+        assert all("<|im_start|>user\nWhat is" in e["messages"][0]["content"] for e in episodes)
         # Every token the episodes' model turns sampled is a trained response token.
         assert row["throughput/response_tokens"] == sum(e["model_tokens"] for e in episodes) > 0

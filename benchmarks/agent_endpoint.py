@@ -22,6 +22,7 @@ import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +47,21 @@ def agent(prompt, base_url, api_key):
 """
 
 
+class CountingEngine:
+    """The engine, counting its generate calls (a batch split in two costs a second prefill and decode)."""
+
+    def __init__(self, engine: HFRolloutEngine) -> None:
+        self.engine, self.calls = engine, 0
+
+    @property
+    def context_length(self) -> int | None:
+        return self.engine.context_length
+
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> Any:
+        self.calls += 1
+        return self.engine.generate(prompt_ids, settings)
+
+
 def opening(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Tell me about the number {i}."}]
 
@@ -61,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_policy(args.model, torch.device("cpu"), torch.float32, seed=0)
-    engine = HFRolloutEngine(model, tokenizer)
+    engine = CountingEngine(HFRolloutEngine(model, tokenizer))
     settings = SamplingSettings(n=1, temperature=1.0, max_tokens=args.max_tokens, seed=7)
     limits = EpisodeLimits(args.turns, args.max_tokens)
     template = ChatTemplate(tokenizer)
@@ -89,27 +105,33 @@ def main() -> None:
     ways = {"episode loop (task.environment)": by_loop, "agent endpoint (task.agent)": by_agent}
     times: dict[str, list[float]] = {name: [] for name in ways}
     tokens: dict[str, int] = {}
+    calls: dict[str, list[int]] = {name: [] for name in ways}
     ids: dict[str, list[list[int]]] = {}
     try:
         for round_index in range(args.rounds + 1):
             order = list(ways) if round_index % 2 == 0 else list(reversed(ways))
             for name in order:
-                start = time.perf_counter()
+                start, before = time.perf_counter(), engine.calls
                 episodes = ways[name]()
                 elapsed = time.perf_counter() - start
                 if round_index:  # round 0 warms up (the worker processes start, the server binds)
                     times[name].append(elapsed)
+                    calls[name].append(engine.calls - before)
                 tokens[name] = sum(e.model_tokens for e in episodes)
                 ids[name] = [[*e.prompt_ids, *e.ids] for e in episodes]
     finally:
         agent.close()
     loop_name, agent_name = list(ways)
-    print(f"{args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} tokens per turn, {args.model}, "
-          f"{torch.get_num_threads()} threads, {args.rounds} rounds after a warm-up")
+    print(
+        f"{args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} tokens per turn, {args.model}, "
+        f"{torch.get_num_threads()} threads, {args.rounds} rounds after a warm-up"
+    )
     for name in ways:
         median = statistics.median(times[name])
-        print(f"  {name:34s} median {median:6.2f}s  min {min(times[name]):6.2f}s  "
-              f"{tokens[name] / median:7.1f} sampled tokens/s")
+        print(
+            f"  {name:34s} median {median:6.2f}s  min {min(times[name]):6.2f}s  "
+            f"{tokens[name] / median:7.1f} sampled tokens/s  generate calls per batch {calls[name]}"
+        )
     ratio = statistics.median(times[agent_name]) / statistics.median(times[loop_name])
     print(f"  agent / loop: {ratio:.2f}x; same sampled tokens: {ids[agent_name] == ids[loop_name]}")
 

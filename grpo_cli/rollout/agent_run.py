@@ -6,11 +6,11 @@ endpoint (rollout/agent_server.py); this module is the other side, in the rollou
 until every agent has ended, then hands back the episodes as any multi-turn task's (`Samples`), scored by
 `multiturn.score_episodes` (the agent's reward is the episode's `env` component beside task.rewards).
 
-Batching. Calls are gathered until every episode still running has one waiting (or none has arrived for
-`GATHER_S`), then sampled together: one engine.generate per (model call number, sampling fields). Each call is
-sampled from the random streams of (turn_seed(step seed, its episode's call number), its episode's index), the
-streams a task's own episode turn uses (rollout/episode_rollout.py), so which calls happen to share a batch never
-changes what is sampled.
+Batching. Calls are gathered until every episode still running has one waiting (or none has arrived for a
+while: `AgentRun._gather_window`), then sampled together: one engine.generate per (model call number, sampling
+fields). Each call is sampled from the random streams of (turn_seed(step seed, its episode's call number), its
+episode's index), the streams a task's own episode turn uses (rollout/episode_rollout.py), so which calls happen to
+share a batch never changes what is sampled.
 """
 
 from __future__ import annotations
@@ -49,8 +49,12 @@ if TYPE_CHECKING:
     from grpo_cli.tasks.trainer_state import TrainerState
 
 # How long a gathered batch waits for more calls when some running episode has none waiting (its agent is busy
-# with its own work): short against a sampled turn, long against an agent's bookkeeping between calls.
+# with its own work, or its thread has not been scheduled yet): a quarter of the last engine call's time, at least
+# GATHER_S and at most GATHER_MAX_S. A batch served without a straggler costs that straggler a call of its own (a
+# second prefill and decode), so waiting a fraction of a call for it is the cheaper side.
 GATHER_S = 0.05
+GATHER_FRACTION = 0.25
+GATHER_MAX_S = 2.0
 _POLL_S = 0.005
 
 
@@ -112,6 +116,7 @@ class AgentRun:
         self._loader = functools.partial(AgentShare, settings.reference, settings.base_dir, settings.timeout_s)
         self._prompts: dict[str, Any] = {}
         self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._last_answer_s = 0.0  # the last batch's time on the engine (the gather window's measure)
 
     # ----------------------------------------------------------------------------------------- RolloutRun
     def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
@@ -254,9 +259,10 @@ class AgentRun:
             self._check_shares(shares, ends)
             running = {key for key in episodes if key not in ends}
             asking = {call.episode for call in waiting}
-            if waiting and (running <= asking or time.monotonic() - last_arrival > GATHER_S):
-                self._answer(engine, settings, episodes, waiting, order)
-                waiting = []
+            if waiting and (running <= asking or time.monotonic() - last_arrival > self._gather_window()):
+                started = time.monotonic()
+                waiting = self._answer(engine, settings, episodes, waiting, order)
+                self._last_answer_s = time.monotonic() - started
         for call in waiting:
             call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
         for share in shares:  # every agent has reported: its share's call returns (or its time limit ends it)
@@ -273,6 +279,10 @@ class AgentRun:
             left = 0
         if left and share.pool is not None:
             share.pool.close()
+
+    def _gather_window(self) -> float:
+        """How long the gathered calls wait for one more (the constants' comment)."""
+        return min(GATHER_MAX_S, max(GATHER_S, GATHER_FRACTION * self._last_answer_s))
 
     def _check_shares(self, shares: list[Share], ends: dict[str, tuple[float | None, str | None]]) -> None:
         """A share whose worker died or was killed ends its episodes that have not reported, with that error."""
@@ -301,11 +311,17 @@ class AgentRun:
         episodes: dict[str, AgentEpisode],
         calls: list[ModelCall],
         order: list[str],
-    ) -> None:
-        """Plan each call on its episode, sample the planned ones in groups, answer every call."""
+    ) -> list[ModelCall]:
+        """Plan each call on its episode, sample the planned ones in groups, answer them; returns the calls left for
+        the next batch (a second call of an episode whose first is in this one: an episode's calls are taken one
+        at a time, in the order they arrived)."""
         planned: dict[tuple[Any, ...], list[tuple[ModelCall, CallPlan]]] = {}
         rank = {key: i for i, key in enumerate(order)}
+        later: list[ModelCall] = []
         for call in sorted(calls, key=lambda c: (rank[c.episode], c.arrived)):
+            if any(call.episode == other.episode for group in planned.values() for other, _ in group):
+                later.append(call)
+                continue
             episode = episodes[call.episode]
             sampling = sampling_of(call.body, settings.temperature, settings.top_p)
             try:
@@ -355,6 +371,7 @@ class AgentRun:
                 ]
                 replies = episodes[call.episode].take(turns, with_tools=bool(call.body.get("tools")))
                 call.answer.set_result((200, self._response(call, plan, replies)))
+        return later
 
     def _response(self, call: ModelCall, plan: CallPlan, replies: list[Reply]) -> dict[str, Any]:
         logprobs = bool(call.body.get("logprobs"))

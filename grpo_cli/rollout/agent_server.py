@@ -35,6 +35,13 @@ from typing import Any, Literal
 from grpo_cli.errors import UserFacingError
 
 Route = Literal["chat", "completions", "generate", "end"]
+# Each POST route after the episode's part of the URL, and what it serves (the module docstring).
+ROUTES: dict[str, Route] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/inference/v1/generate": "generate",
+    "/end": "end",
+}
 
 
 @dataclass
@@ -85,15 +92,20 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
     def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
         return JSONResponse(error_body(message, code, kind), status_code=status)
 
-    async def queued(request: Request, episode: str, route: Route) -> Any:
+    def unauthorized(request: Request) -> Any:
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return refused(
-                401,
-                "wrong or missing API key: use the api_key the agent was given",
-                "invalid_api_key",
-                "authentication_error",
-            )
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return None
+        return refused(
+            401,
+            "wrong or missing API key: use the api_key the agent was given",
+            "invalid_api_key",
+            "authentication_error",
+        )
+
+    async def queued(request: Request, episode: str, route: Route) -> Any:
+        if (answer := unauthorized(request)) is not None:
+            return answer
         if episode not in known:
             return refused(
                 404,
@@ -117,24 +129,19 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
             return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse(answer, status_code=status)
 
-    @app.post("/{episode}/v1/chat/completions")
-    async def chat(episode: str, request: Request) -> Any:
-        return await queued(request, episode, "chat")
+    def handler(route: Route) -> Any:
+        async def handle(episode: str, request: Request) -> Any:
+            return await queued(request, episode, route)
 
-    @app.post("/{episode}/v1/completions")
-    async def completions(episode: str, request: Request) -> Any:
-        return await queued(request, episode, "completions")
+        return handle
 
-    @app.post("/{episode}/inference/v1/generate")
-    async def generate(episode: str, request: Request) -> Any:
-        return await queued(request, episode, "generate")
-
-    @app.post("/{episode}/end")
-    async def end(episode: str, request: Request) -> Any:
-        return await queued(request, episode, "end")
+    for path, route in ROUTES.items():
+        app.post(f"/{{episode}}{path}")(handler(route))
 
     @app.get("/{episode}/v1/models")
-    async def models(episode: str) -> Any:
+    async def models(episode: str, request: Request) -> Any:
+        if (answer := unauthorized(request)) is not None:
+            return answer
         return {"object": "list", "data": [{"object": "model", "created": 0, "owned_by": "grpo-cli", **model_card}]}
 
     return app

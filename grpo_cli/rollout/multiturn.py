@@ -66,7 +66,7 @@ from grpo_cli.tasks.environments import (
     EnvStep,
     check_error,
     default_opening,
-    with_skyrl_max_turns,
+    with_run_limits,
 )
 from grpo_cli.tasks.multiturn_config import (
     ENV_COMPONENT,
@@ -228,7 +228,8 @@ def episode_setup(
         template = ChatTemplate.for_tools(tokenizer, prompt)
         return EpisodeSetup(template, limits, weight, on_error, tools=runner, tool_prompt=prompt)
     assert environment is not None
-    environment = with_skyrl_max_turns(environment, task_cfg.max_turns)  # SkyRL's extras["max_turns"]
+    # An environment class declaring max_turns gets task.max_turns (the SkyRL adapter: SkyRL's extras["max_turns"]).
+    environment = with_run_limits(ENVIRONMENT_KEY, environment, base_dir, task_cfg.max_turns)
     template, key = ChatTemplate(tokenizer), ENVIRONMENT_KEY
     factory = environment_factory_value(task_cfg)
     if factory is not None:  # TRL's environment class: its methods are the tools the template shows

@@ -43,7 +43,7 @@ from typing import Any
 
 from grpo_cli.tasks.awaiting import resolved
 from grpo_cli.tasks.reward_workers import describe_error
-from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, load_reward_spec, spec_text
+from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, accepted_keywords, load_reward_spec, spec_text
 
 AGENT_KEY = "task.agent"
 # The keyword arguments an agent function may name (module docstring).
@@ -97,13 +97,7 @@ def load_agent(spec: RewardSpec, base_dir: Path) -> Callable[..., Any]:
 
 def agent_kwargs(fn: Callable[..., Any], job: AgentJob) -> dict[str, Any]:
     """The keyword arguments `fn` takes of the ones an agent is given (clients made only when named)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-        names = {p.name for p in parameters}
-    except (TypeError, ValueError):
-        takes_any, names = True, set()
-    wanted = set(AGENT_ARGUMENTS) if takes_any else names & set(AGENT_ARGUMENTS)
+    wanted = set(accepted_keywords(fn, dict.fromkeys(AGENT_ARGUMENTS)))
     given: dict[str, Any] = {
         "row": dict(job.row),
         "prompt": [dict(m) for m in job.prompt],

@@ -34,6 +34,7 @@ guess_number environment (tasks/guess_number.py). No torch.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import math
 import os
@@ -378,12 +379,19 @@ def skyrl_extras(row: Mapping[str, Any], max_turns: int | None) -> dict[str, Any
     return extras
 
 
-def with_skyrl_max_turns(spec: EnvironmentSpec, max_turns: int) -> EnvironmentSpec:
-    """task.environment with task.max_turns given to the SkyRL adapter (SkyRL's generator.max_turns, which its
-    generator writes into every environment's extras); any other environment's spec as it is."""
-    if isinstance(spec, dict) and str(spec.get(TARGET_KEY, "")).replace(":", ".") == SKYRL_ADAPTER:
-        return {**spec, "max_turns": max_turns}
-    return spec
+def with_run_limits(key: str, spec: EnvironmentSpec, base_dir: Path, max_turns: int) -> EnvironmentSpec:
+    """task.environment with the run's limits given to an environment node whose class declares it takes them: a
+    constructor parameter named `max_turns` (the SkyRL adapter's: SkyRL's generator writes generator.max_turns
+    into every environment's extras) gets task.max_turns unless the node sets it. Any other spec as it is."""
+    if not isinstance(spec, dict) or "max_turns" in spec:
+        return spec
+    made = load_environment_factory(key, spec, base_dir)
+    target = getattr(made, "func", made)
+    try:
+        takes = "max_turns" in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return spec
+    return {**spec, "max_turns": max_turns} if takes else spec
 
 
 class SkyRLGymEnvironment:

@@ -55,6 +55,7 @@ from grpo_cli.tasks.user_code import (
     TARGET_KEY,
     RewardSpec,
     UserCodeError,
+    accepted_keywords,
     is_file_reference,
     load_callable,
     load_reward_spec,
@@ -343,11 +344,7 @@ class TRLEnvironment:
             "log_metric": lambda *_: None,
             ENVIRONMENTS_ARGUMENT: [self.instance],
         }
-        parameters = inspect.signature(fn).parameters.values()
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            names = {p.name for p in parameters}
-            kwargs = {k: v for k, v in kwargs.items() if k in names}
-        out = resolved(fn(**kwargs))
+        out = resolved(fn(**accepted_keywords(fn, kwargs)))
         if hasattr(out, "tolist") and not isinstance(out, list):
             out = out.tolist()
         return out[0] if isinstance(out, list | tuple) and len(out) == 1 else out

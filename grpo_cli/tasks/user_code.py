@@ -160,6 +160,24 @@ def check_signature(key: str, reference: str, fn: Callable[..., Any], *args: Any
         ) from None
 
 
+def keyword_names(fn: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The keyword arguments `fn` names, or None when it takes any (**kwargs, or no signature to read): what a
+    caller filters its keyword arguments by (a reward's, an agent's)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters)
+
+
+def accepted_keywords(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` less what `fn` does not take (all of them when it takes any)."""
+    names = keyword_names(fn)
+    return kwargs if names is None else {k: v for k, v in kwargs.items() if k in names}
+
+
 def file_sha256(reference: str, base_dir: Path) -> tuple[str, str] | None:
     """(the file, the sha256 of its bytes) of a file reference, or of a module's source file; None when there is
     none to read (a module without a file)."""

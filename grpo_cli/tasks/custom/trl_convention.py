@@ -22,6 +22,7 @@ from grpo_cli.tasks.user_code import (
     UserCodeError,
     check_signature,
     is_file_reference,
+    keyword_names,
     load_reward_spec,
     spec_text,
 )
@@ -234,8 +235,8 @@ def user_reward(name: str, spec: RewardSpec, convention: str, base_dir: Path) ->
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return NamedReward(name, shown, fn, convention, spec=spec, base_dir=str(base_dir), loader=loader)
-    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
-    names = tuple(p.name for p in params)
+    named = keyword_names(fn)
+    any_keyword, names = named is None, tuple(p.name for p in params)
     reward = NamedReward(name, shown, fn, convention, any_keyword, names, spec, str(base_dir), loader)
     fn_name = getattr(fn, "__name__", type(fn).__name__)
     if convention == "per_sample":

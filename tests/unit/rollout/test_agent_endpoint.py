@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,17 @@ def tokens(row, base_url, api_key):
     assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"]))
     return float(models["data"][0]["max_model_len"] > 0)
 
+def overlong(row, client):
+    import openai
+    try:  # an opening past the model's context: refused, the episode turn-limited
+        client.chat.completions.create(model="p", messages=[{"role": "user", "content": "word " * 50000}])
+    except openai.BadRequestError as e:
+        return float(e.code == "context")
+
+def sleeps(row, base_url):
+    import time
+    time.sleep(60)
+
 def crashes(row, base_url):
     raise RuntimeError("the agent's own bug")
 """
@@ -132,9 +144,18 @@ def agent_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def agent_run(tokenizer, agent_file: Path, fn: str, workers: int = 1, max_turns: int = 4, on_error: str = "stop"):
+def agent_run(
+    tokenizer, agent_file: Path, fn: str, workers: int = 1, max_turns: int = 4, on_error: str = "stop", timeout=60.0
+):
     settings = AgentSettings(
-        f"{agent_file}:{fn}", str(agent_file.parent), workers, 60.0, EpisodeLimits(max_turns, 8), on_error, 1.0, "tiny"
+        f"{agent_file}:{fn}",
+        str(agent_file.parent),
+        workers,
+        timeout,
+        EpisodeLimits(max_turns, 8),
+        on_error,
+        1.0,
+        "tiny",
     )
     return AgentRun(settings, tokenizer, lambda *a, **k: None)
 
@@ -225,6 +246,20 @@ def test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episo
         crashing.close()
         skipping.close()
     assert skipped.episodes[0].skipped
+    overlong = agent_run(tokenizer, agent_file, "overlong")
+    sleeping = agent_run(tokenizer, agent_file, "sleeps", on_error="skip", timeout=1.0)
+    try:
+        (long_episode,) = sample(overlong, engine, 1, n=1).episodes
+        started = time.monotonic()
+        (slept,) = sample(sleeping, engine, 1, n=1).episodes
+        took = time.monotonic() - started
+        pids = sleeping._pools[0].pids()
+    finally:
+        overlong.close()
+        sleeping.close()
+    assert long_episode.step_reward == 1.0 and long_episode.stop_reason == "context" and long_episode.n_turns == 0
+    assert slept.skipped and "took longer than 1s (task.agent_timeout_s)" in str(slept.error) and took < 30
+    assert pids == []  # the worker whose agent was still running was stopped (a new one serves the next step)
 
 
 @needs_vllm

@@ -3,6 +3,7 @@ killable worker process, errors and time-outs as the episode's error, the SkyRL-
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from pathlib import Path
 
@@ -226,16 +227,24 @@ class Recorder:
 def test_the_skyrl_adapter_passes_what_skyrls_generator_passes(tmp_path: Path) -> None:
     from omegaconf import DictConfig
 
-    from grpo_cli.tasks.environments import skyrl_extras, with_skyrl_max_turns
+    from grpo_cli.tasks.environments import skyrl_extras, with_run_limits
 
     (tmp_path / "recorder.py").write_text(RECORDER_PY)
+    (tmp_path / "envs.py").write_text(
+        "class Maze:\n    def step(self, messages):\n        return None, None, True\n"
+        "class Limited(Maze):\n    def __init__(self, max_turns=None):\n        self.max_turns = max_turns\n"
+    )
     spec = {"_target_": "grpo_cli.tasks.environments.SkyRLGymEnvironment", "env": "recorder.py:Recorder",
             "env_config": {"db_path": "/data"}, "base_dir": str(tmp_path)}  # fmt: skip
-    # task.max_turns reaches the adapter (SkyRL's generator.max_turns); other environments' specs are left alone
-    assert with_skyrl_max_turns(spec, 3) == {**spec, "max_turns": 3}
-    assert with_skyrl_max_turns("envs.py:Maze", 3) == "envs.py:Maze"
-    assert with_skyrl_max_turns({"_target_": "envs.py:Maze"}, 3) == {"_target_": "envs.py:Maze"}
-    env = SkyRLGymEnvironment(**{k: v for k, v in with_skyrl_max_turns(spec, 3).items() if k != "_target_"})
+    # task.max_turns reaches the adapter (SkyRL's generator.max_turns), as any class taking max_turns; other
+    # environments' specs, and a node that sets it, are left alone
+    limited = functools.partial(with_run_limits, "task.environment", base_dir=tmp_path, max_turns=3)
+    assert limited(spec=spec) == {**spec, "max_turns": 3}
+    assert limited(spec="envs.py:Maze") == "envs.py:Maze"
+    assert limited(spec={"_target_": "envs.py:Maze"}) == {"_target_": "envs.py:Maze"}
+    assert limited(spec={"_target_": "envs.py:Limited"}) == {"_target_": "envs.py:Limited", "max_turns": 3}
+    assert limited(spec={**spec, "max_turns": 5}) == {**spec, "max_turns": 5}
+    env = SkyRLGymEnvironment(**{k: v for k, v in limited(spec=spec).items() if k != "_target_"})
     row = {**GSM8K_ROW, "data_source": "gsm8k", "max_turns": 9}
     assert env.reset(row) == GSM8K_ROW["prompt"]
     assert env.step(conversation(GSM8K_ROW["prompt"], "x")) == (None, 1.0, True)

@@ -41,6 +41,7 @@ from grpo_cli.tasks.environments import check_error
 from grpo_cli.tasks.multiturn_config import agent_value, base_dir_of_task, env_weight
 from grpo_cli.tasks.reward_workers import PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.tools import prompt_for_schemas
+from grpo_cli.tasks.user_code import RewardSpec
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
@@ -62,7 +63,7 @@ class AgentSettings:
     """What the run gives its agents: task.agent, where its file is found, the worker count, the per-episode time
     limit, the episodes' limits, task.on_reward_error, the `env` weight, the model's name."""
 
-    reference: str
+    reference: RewardSpec  # task.agent: a reference string or a _target_ node (tasks/agents.py load_agent)
     base_dir: str
     workers: int
     timeout_s: float | None
@@ -83,7 +84,7 @@ def agent_settings(cfg: GRPOConfig) -> AgentSettings:
         max_observation_tokens=task.max_observation_tokens,
     )
     return AgentSettings(
-        reference=str(agent_value(task)),
+        reference=agent_value(task) or "",
         base_dir=str(base_dir_of_task(task)),
         workers=task.reward_workers,
         timeout_s=task.agent_timeout_s or None,

@@ -43,7 +43,7 @@ from typing import Any
 
 from grpo_cli.tasks.awaiting import resolved
 from grpo_cli.tasks.reward_workers import describe_error
-from grpo_cli.tasks.user_code import UserCodeError, accepted_keywords, load_callable
+from grpo_cli.tasks.user_code import RewardSpec, UserCodeError, accepted_keywords, load_reward_spec, spec_text
 
 AGENT_KEY = "task.agent"
 # The keyword arguments an agent function may name (module docstring).
@@ -63,9 +63,12 @@ class AgentJob:
     tokenizer_path: str = ""
 
 
-def load_agent(reference: str, base_dir: Path) -> Callable[..., Any]:
-    """The agent function task.agent names, its signature checked (one line when it names no argument it gets)."""
-    fn = load_callable(AGENT_KEY, reference, base_dir)
+def load_agent(spec: RewardSpec, base_dir: Path) -> Callable[..., Any]:
+    """The agent function task.agent gives (a `file.py:fn` / `package.module:fn` reference, or a node whose
+    `_target_` factory returns it, as task.rewards' nodes: user_code.load_reward_spec), its signature checked (one
+    line when it names no argument it gets)."""
+    fn = load_reward_spec(AGENT_KEY, spec, base_dir)
+    reference = spec_text(spec)
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -177,8 +180,8 @@ def run_agents(fn: Callable[..., Any], jobs: Sequence[AgentJob], timeout_s: floa
 class AgentShare:
     """A worker's loader result (picklable through functools.partial): runs a share of episodes' agents."""
 
-    def __init__(self, reference: str, base_dir: str, timeout_s: float | None) -> None:
-        self.fn = load_agent(reference, Path(base_dir))
+    def __init__(self, spec: RewardSpec, base_dir: str, timeout_s: float | None) -> None:
+        self.fn = load_agent(spec, Path(base_dir))
         self.timeout_s = timeout_s
 
     def __call__(self, jobs: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -103,10 +103,12 @@ def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
     )
 
 
-def agent_value(task_cfg: TaskConfig) -> str | None:
-    """task.agent, None when the task has none."""
-    value = task_cfg.agent
-    return None if value is None or value == "" else str(value)
+def agent_value(task_cfg: TaskConfig) -> RewardSpec | None:
+    """task.agent as plain data (a reference string or a `_target_` node), None when the task has none."""
+    value = _plain(task_cfg.agent)
+    if value is None or value == "":
+        return None
+    return named_specs({"agent": value}, "task")["agent"]
 
 
 def gives_env_reward(task_cfg: TaskConfig) -> bool:
@@ -142,7 +144,7 @@ def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
         task_cfg.tools = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
     agent = agent_value(task_cfg)
     if agent is not None:
-        task_cfg.agent = str(with_absolute_reference(agent, base_dir))
+        task_cfg.agent = with_absolute_reference(agent, base_dir)
     factory = environment_factory_value(task_cfg)
     if factory is not None:
         specs = factory_specs(factory)

@@ -219,13 +219,15 @@ class TaskConfig:
         "{<the row's environment column>: file.py:Class, ...}; rewards may take environments= "
         "(grpo_cli/tasks/trl_environments.py). Not with task.environment or task.tools; null: none.",
     )
-    agent: str | None = any_value(
+    agent: Any = any_value(
         None,
-        help="Agent code that drives each episode itself through an OpenAI client: path/to/file.py:fn or "
-        "package.module:fn, called with the keyword arguments it names of row, prompt, base_url, api_key, model, "
-        "client, async_client; it returns its reward (a number) or None. The policy is served on a loopback "
-        "OpenAI-compatible endpoint, and exactly the sampled tokens train (grpo_cli/tasks/agents.py, "
-        "docs/multi-turn.md#agents). Not with task.tools, task.environment or task.environment_factory; null: none.",
+        help="Agent code that drives each episode itself through an OpenAI client: path/to/file.py:fn, "
+        "package.module:fn or a node {_target_: <factory returning it>, <its arguments>} (a verifiers environment: "
+        "grpo_cli.tasks.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, prompt, "
+        "base_url, api_key, model, tokenizer_path, client, async_client; it returns its reward (a number) or None. "
+        "The policy is served on a loopback OpenAI-compatible endpoint, and exactly the sampled tokens train "
+        "(grpo_cli/tasks/agents.py, docs/multi-turn.md#agents). Not with task.tools, task.environment or "
+        "task.environment_factory; null: none.",
     )
     agent_timeout_s: float = non_negative(
         600.0,

@@ -292,12 +292,11 @@ class ScriptedEngine:
         if len(prompt_ids) * settings.n > len(self.queue):
             raise ValueError("the agent made more model calls than the case has turns")
         sampled = [self.queue.pop(0) for _ in range(len(prompt_ids) * settings.n)]
-        return RolloutBatch(
-            [list(p) for p in prompt_ids for _ in range(settings.n)],
-            sampled,
-            [""] * len(sampled),
-            [False] * len(sampled),
-        )
+        prompts = [list(p) for p in prompt_ids for _ in range(settings.n)]
+        # A scripted token is "sampled" with probability 1: log-prob 0 (an agent's client may require log-probs,
+        # as verifiers' trainer client does on /inference/v1/generate).
+        certain = [[0.0] * len(ids) for ids in sampled]
+        return RolloutBatch(prompts, sampled, [""] * len(sampled), [False] * len(sampled), sampler_log_probs=certain)
 
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         return {"time/sync_s": 0.0}

@@ -191,9 +191,8 @@ def test_grpo_clis_endpoint_scores_as_verifiers_own_run(verifiers_own_rewards, t
     assert run.metrics(samples, "train")["train/rewritten_turns"] == 0
 
 
-def test_check_reward_agrees_with_verifiers_own_scoring(verifiers_own_rewards, tmp_path: Path) -> None:
-    # client=eval: check_reward's scripted engine gives no log-probs, which verifiers' trainer client requires (the
-    # train client's scoring is compared above, through an engine that gives them).
+@pytest.mark.parametrize("client", ["train", "eval"])
+def test_check_reward_agrees_with_verifiers_own_scoring(verifiers_own_rewards, tmp_path: Path, client) -> None:
     shutil.copytree(TASKSETS / TASKSET, tmp_path / TASKSET)
     rows = exported_rows(tmp_path)
     cases = [
@@ -205,7 +204,7 @@ def test_check_reward_agrees_with_verifiers_own_scoring(verifiers_own_rewards, t
         "job=check_reward",
         "task=custom",
         "task.train_path=tasks.jsonl",
-        f"task.agent={{_target_: {AGENT_TARGET}, taskset: {TASKSET}, client: eval}}",
+        f"task.agent={{_target_: {AGENT_TARGET}, taskset: {TASKSET}, client: {client}}}",
         "task.cases_path=cases.jsonl",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]

@@ -226,8 +226,8 @@ class TaskConfig:
         "grpo_cli.tasks.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, prompt, "
         "base_url, api_key, model, tokenizer_path, client, async_client; it returns its reward (a number) or None. "
         "The policy is served on a loopback OpenAI-compatible endpoint, and exactly the sampled tokens train "
-        "(grpo_cli/tasks/agents.py, docs/multi-turn.md#agents-your-own-code-drives-the-episode). Not with task.tools, task.environment or "
-        "task.environment_factory; null: none.",
+        "(grpo_cli/tasks/agents.py, docs/multi-turn.md#agents-your-own-code-drives-the-episode). Not with "
+        "task.tools, task.environment or task.environment_factory; null: none.",
     )
     agent_timeout_s: float = non_negative(
         600.0,

@@ -132,13 +132,27 @@ def sampling_of(body: dict[str, Any], temperature: float, top_p: float) -> Sampl
     )
 
 
-def _usage(plan: CallPlan, replies: Sequence[Reply]) -> Any:
+def _envelope(
+    kind: Any, name: str, plan: CallPlan, replies: Sequence[Reply], model: str, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The reply around its choices (openai's `kind`: ChatCompletion, Completion), with its usage, and the prompt's
+    token ids as vLLM adds them."""
     from openai.types import CompletionUsage
 
     sampled = sum(len(r.turn.ids) for r in replies)
-    return CompletionUsage(
+    usage = CompletionUsage(
         prompt_tokens=len(plan.prompt_ids), completion_tokens=sampled, total_tokens=len(plan.prompt_ids) + sampled
     )
+    prefix = "chatcmpl" if name == "chat.completion" else "cmpl"
+    envelope = kind(
+        id=f"{prefix}-{plan.turn}-{time.monotonic_ns()}",
+        object=name,
+        created=int(time.time()),
+        model=model,
+        choices=[],
+        usage=usage,
+    )
+    return {**envelope.model_dump(), "choices": choices, "prompt_token_ids": list(plan.prompt_ids)}
 
 
 def chat_response(
@@ -163,15 +177,7 @@ def chat_response(
         message = ChatCompletionMessage.model_validate(reply.message)
         choice = Choice(index=index, message=message, finish_reason=reply.finish_reason, logprobs=entries)
         choices.append({**choice.model_dump(exclude_none=False), "token_ids": list(reply.turn.ids)})
-    completion = ChatCompletion(
-        id=f"chatcmpl-{plan.turn}-{time.monotonic_ns()}",
-        object="chat.completion",
-        created=int(time.time()),
-        model=model,
-        choices=[],
-        usage=_usage(plan, replies),
-    )
-    return {**completion.model_dump(), "choices": choices, "prompt_token_ids": list(plan.prompt_ids)}
+    return _envelope(ChatCompletion, "chat.completion", plan, replies, model, choices)
 
 
 def completion_response(
@@ -191,15 +197,7 @@ def completion_response(
         reason: Literal["stop", "length"] = "length" if reply.finish_reason == "length" else "stop"
         choice = CompletionChoice(index=index, text=reply.text, finish_reason=reason, logprobs=entries)
         choices.append({**choice.model_dump(), "token_ids": list(reply.turn.ids)})
-    completion = Completion(
-        id=f"cmpl-{plan.turn}-{time.monotonic_ns()}",
-        object="text_completion",
-        created=int(time.time()),
-        model=model,
-        choices=[],
-        usage=_usage(plan, replies),
-    )
-    return {**completion.model_dump(), "choices": choices, "prompt_token_ids": list(plan.prompt_ids)}
+    return _envelope(Completion, "text_completion", plan, replies, model, choices)
 
 
 def _logprobs(reply: Reply) -> list[float]:

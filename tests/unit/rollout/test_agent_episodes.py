@@ -6,6 +6,7 @@ segment and drops the old one from training, a retry, n > 1, the limits."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,13 @@ def test_the_prefix_rule_ignores_a_clients_extra_fields_and_argument_spelling() 
         {"role": "user", "content": "hi"}
     )
     assert comparable({"role": "user", "content": "hi"}) != comparable({"role": "user", "content": "hi!"})
+
+
+def test_a_missing_endpoint_extra_is_one_line_naming_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_cli.errors import UserFacingError
+    from grpo_cli.rollout.agent_server import require_endpoint
+
+    require_endpoint()  # installed here (the vllm-cpu extra holds FastAPI and uvicorn)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # what an install without the agents extra has
+    with pytest.raises(UserFacingError, match=r"pip install 'grpo-cli\[agents\]'"):
+        require_endpoint()

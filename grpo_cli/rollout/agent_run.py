@@ -30,7 +30,7 @@ from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Rep
 from grpo_cli.rollout.agent_requests import chat_response, completion_response, generate_response, sampling_of
 from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
-from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, transcript
+from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, episode_transcripts
 from grpo_cli.rollout.episodes import ChatTemplate, EpisodeLimits, SampledTurn
 from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, opening_messages, score_episodes
 from grpo_cli.rollout.runs import Samples
@@ -162,8 +162,7 @@ class AgentRun:
         return metrics
 
     def transcripts(self, samples: Samples, rewards: Sequence[dict[str, float]] | None) -> list[dict[str, Any]] | None:
-        given = rewards if rewards is not None else [None] * len(samples.episodes)
-        return [transcript(e, r) for e, r in zip(samples.episodes, given, strict=True)]
+        return episode_transcripts(samples.episodes, rewards)
 
     def prompt_text(self, prompt_ids: Sequence[int]) -> str:
         return self.template.decode(prompt_ids)

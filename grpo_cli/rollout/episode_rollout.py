@@ -173,6 +173,14 @@ def transcript(episode: Episode, rewards: Mapping[str, Any] | None = None) -> di
     }
 
 
+def episode_transcripts(
+    episodes: Sequence[Episode], rewards: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Each episode's transcript record with its rewards (none given: empty ones)."""
+    given: Sequence[Mapping[str, Any] | None] = rewards if rewards is not None else [None] * len(episodes)
+    return [transcript(e, r) for e, r in zip(episodes, given, strict=True)]
+
+
 class EpisodeRunner(Protocol):
     """What runs a task's episodes (the task side's `EpisodeSetup`): the template they render with, their limits,
     the hook answering each model turn, `open` (one episode per example, at its opening messages) and `finish`
@@ -231,8 +239,7 @@ class EpisodeRun:
         return episode_train_metrics(samples.episodes, prefix)
 
     def transcripts(self, samples: Samples, rewards: Sequence[dict[str, float]] | None) -> list[dict[str, Any]] | None:
-        given = rewards if rewards is not None else [None] * len(samples.episodes)
-        return [transcript(e, r) for e, r in zip(samples.episodes, given, strict=True)]
+        return episode_transcripts(samples.episodes, rewards)
 
     def prompt_text(self, prompt_ids: Sequence[int]) -> str:
         return self.setup.template.decode(prompt_ids)

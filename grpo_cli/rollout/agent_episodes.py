@@ -57,6 +57,7 @@ from grpo_cli.rollout.episodes import (
     finish_episode,
     start_episode,
 )
+from grpo_cli.tasks.tool_calls import DEFAULT_FORMAT, TOOL_CALL_FORMATS
 from grpo_cli.tasks.tools import ToolPrompt
 
 Comparable = tuple[Any, ...]
@@ -110,7 +111,7 @@ def comparable(message: Mapping[str, Any]) -> Comparable:
 def renderable_message(message: Mapping[str, Any], prompt: ToolPrompt | None) -> Message:
     """An agent's message as the chat template is given it: text content, a tool call's arguments as an object
     (templates write them with tojson), and for a template that does not render tool calls (the default tool
-    prompt's) the calls written into the text in the prompt's format."""
+    prompt's) the calls written into the text in the prompt's format (ToolCallFormat.write_call)."""
     shown: Message = {"role": message.get("role"), "content": message_text(message.get("content"))}
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None:
@@ -122,10 +123,8 @@ def renderable_message(message: Mapping[str, Any], prompt: ToolPrompt | None) ->
                 {"type": "function", "function": {"name": name, "arguments": arguments}} for name, arguments in calls
             ]
         else:
-            written = "".join(
-                f"\n<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-                for name, arguments in calls
-            )
+            fmt = prompt.fmt if prompt is not None else TOOL_CALL_FORMATS[DEFAULT_FORMAT]
+            written = "".join("\n" + fmt.write_call(name, arguments) for name, arguments in calls)
             shown["content"] = (shown["content"] + written).lstrip("\n")
     return shown
 

@@ -21,7 +21,7 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -117,6 +117,7 @@ class AgentRun:
         self._prompts: dict[str, Any] = {}
         self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
         self._last_answer_s = 0.0  # the last batch's time on the engine (the gather window's measure)
+        self._local_agent: Callable[..., Any] | None = None  # task.reward_workers=0: the agent, loaded here
 
     # ----------------------------------------------------------------------------------------- RolloutRun
     def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
@@ -210,9 +211,10 @@ class AgentRun:
     def _start_agents(self, jobs: list[tuple[str, AgentJob]]) -> list[Share]:
         """Each worker's share of the agents started: (its episode keys, its PendingCall or thread)."""
         if not self._pools:  # task.reward_workers=0: threads of this process
-            fn = load_agent(self.settings.reference, Path(self.settings.base_dir))
+            if self._local_agent is None:  # loaded once, as a worker loads it once (a node's factory called once)
+                self._local_agent = load_agent(self.settings.reference, Path(self.settings.base_dir))
             thread = threading.Thread(
-                target=run_agents, args=(fn, [j for _, j in jobs], self.settings.timeout_s), daemon=True
+                target=run_agents, args=(self._local_agent, [j for _, j in jobs], self.settings.timeout_s), daemon=True
             )
             thread.start()
             return [Share([k for k, _ in jobs], None, thread)]

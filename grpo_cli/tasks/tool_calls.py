@@ -53,6 +53,8 @@ class ToolCallFormat:
     instructions: how to call a tool, the end of the default tool prompt (tools.default_tool_prompt) for a template
         that does not render tools itself; `{tools}` is replaced by the tools' JSON schemas, one per line.
     wrap_result: how a tool's result reads inside a user turn, for a template that cannot render `tool` messages.
+    write_call: a call (name, arguments) as the model writes it, for a template that does not render an assistant
+        message's `tool_calls` (an agent's earlier turns, rollout/agent_episodes.py).
     """
 
     name: str
@@ -60,6 +62,7 @@ class ToolCallFormat:
     find: Callable[[str], RawCalls]
     instructions: str
     wrap_result: Callable[[str], str]
+    write_call: Callable[[str, Any], str]
 
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -69,6 +72,11 @@ def find_hermes_calls(text: str) -> RawCalls:
     """The body of each `<tool_call>...</tool_call>` in `text`; a last one left open (the turn was cut at its
     token limit) runs to the end of the text, and reads as invalid JSON when the cut fell inside it."""
     return [body.strip() for body in _HERMES_CALL.findall(text)]
+
+
+def write_hermes_call(name: str, arguments: Any) -> str:
+    """A call as Qwen2.5's template writes it in an assistant turn."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def wrap_hermes_result(content: str) -> str:
@@ -98,6 +106,7 @@ HERMES = ToolCallFormat(
     find=find_hermes_calls,
     instructions=HERMES_INSTRUCTIONS,
     wrap_result=wrap_hermes_result,
+    write_call=write_hermes_call,
 )
 
 # Every tool-call format grpo-run reads, by the name task.tool_call_format takes. Add a format here.

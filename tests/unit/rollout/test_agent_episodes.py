@@ -209,3 +209,16 @@ def test_a_missing_endpoint_extra_is_one_line_naming_the_install(monkeypatch: py
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # what an install without the agents extra has
     with pytest.raises(UserFacingError, match=r"pip install 'grpo-cli\[agents\]'"):
         require_endpoint()
+
+
+def test_an_agents_earlier_tool_calls_are_written_in_the_format_where_the_template_does_not_render_them() -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        plain = transformers.AutoTokenizer.from_pretrained(embedded_model_dir())  # SmolLM2: no tool rendering
+    agent = AgentEpisode(0, ChatTemplate(plain), EpisodeLimits(4, 64), lambda tools: prompt_for_schemas(plain, tools))
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}
+    history = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # fmt: skip
+    plan = agent.plan_chat(history, TOOLS, n=1, max_tokens=None)
+    shown = plain.decode(plan.prompt_ids)
+    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>' in shown

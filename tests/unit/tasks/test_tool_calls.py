@@ -141,12 +141,20 @@ def test_a_format_added_to_the_registry_is_found_by_its_marker_and_used(monkeypa
     def find_bracketed(text: str) -> list[str]:
         return [line.removeprefix("[CALL]") for line in text.splitlines() if line.startswith("[CALL]")]
 
-    bracketed = ToolCallFormat("bracketed", "[CALL]", find_bracketed, "{tools}", lambda content: content)
+    def write_bracketed(name: str, arguments: object) -> str:
+        return "[CALL]" + json.dumps({"name": name, "arguments": arguments})
+
+    bracketed = ToolCallFormat(
+        "bracketed", "[CALL]", find_bracketed, "{tools}", lambda content: content, write_bracketed
+    )
     monkeypatch.setitem(TOOL_CALL_FORMATS, "bracketed", bracketed)
     fmt = tool_call_format(None, "{{ '[CALL]' }}", renders_tools=True)
     assert fmt is bracketed
     text = 'ok\n[CALL]{"name": "calculator", "arguments": {"expression": "7"}}'
     assert parse_tool_calls(text, fmt, SCHEMAS) == [ToolCall("calculator", {"expression": "7"})]
+    # What a format writes, it reads back.
+    written = fmt.write_call("calculator", {"expression": "7"})
+    assert parse_tool_calls(written, fmt, SCHEMAS) == [ToolCall("calculator", {"expression": "7"})]
 
 
 @pytest.fixture
@@ -189,3 +197,8 @@ def test_any_exception_while_reading_a_call_is_the_models_error(monkeypatch: pyt
     [error] = parse_tool_calls(call("search", query="x"), HERMES, SCHEMAS)
     assert isinstance(error, ToolCallError)
     assert error.message.startswith("error: the tool call could not be read (TypeError: unhashable type: 'dict')")
+
+
+def test_hermes_reads_back_the_calls_it_writes() -> None:
+    written = HERMES.write_call("calculator", {"expression": "6*7"})
+    assert parse_tool_calls(written, HERMES, SCHEMAS) == [ToolCall("calculator", {"expression": "6*7"})]

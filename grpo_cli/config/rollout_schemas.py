@@ -88,6 +88,10 @@ class HFRolloutConfig(SamplingConfig):
     )
 
 
+# rollout.openai_server: what serves task.agent's OpenAI calls under rollout=vllm.
+OPENAI_SERVERS = ("grpo_cli", "vllm")
+
+
 @dataclass
 class VLLMRolloutConfig(SamplingConfig):
     """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
@@ -134,6 +138,19 @@ class VLLMRolloutConfig(SamplingConfig):
     )
     vllm_kwargs: dict[str, Any] = any_value(
         factory=dict, help="Anything else for vllm.LLM(...), e.g. {enable_prefix_caching: false}."
+    )
+    openai_server: str = choice(
+        "grpo_cli",
+        OPENAI_SERVERS,
+        help="What answers task.agent's OpenAI calls: grpo_cli (grpo-cli's endpoint, calls batched on the offline "
+        "engine, chat turns continued without re-rendering) | vllm (vLLM's own OpenAI server on its AsyncLLM engine: "
+        "continuous batching, vLLM's tool and reasoning parsers; each call's prompt is vLLM's rendering; "
+        "docs/multi-turn.md).",
+    )
+    openai_server_args: list[str] = any_value(
+        factory=list,
+        help="More `vllm serve` flags for rollout.openai_server=vllm, e.g. [--enable-auto-tool-choice, "
+        "--tool-call-parser, hermes].",
     )
 
 

@@ -38,6 +38,11 @@ def validate_sync(cfg: GRPOConfig) -> None:
     """The sync strategy's rules: how many optimizer steps per batch, which losses stay correct off-policy,
     and the replay buffer's bounds."""
     t, sync = cfg.train, cfg.sync
+    if sync.strategy in DISAGGREGATED and getattr(cfg.rollout, "openai_server", None) == "vllm":
+        raise UserFacingError(
+            f"rollout.openai_server=vllm with sync={sync.strategy}: vLLM's own server is not started inside the "
+            "generator's Ray actor yet: use rollout.openai_server=grpo_cli, or sync=on_policy / multi_epoch"
+        )
     shape = BatchShape.from_config(cfg)
     steps = shape.optimizer_steps_per_rollout_batch
     if sync.strategy == "on_policy" and steps != 1:
@@ -128,6 +133,12 @@ def validate_distributed(cfg: GRPOConfig) -> None:
             f"distributed={d.strategy} over {shape.ranks} ranks yet: use sync=on_policy or sync=multi_epoch"
         )
     # rollout.engine=vllm: validate_config checked that the rollout is then the vLLM schema.
+    if isinstance(cfg.rollout, VLLMRolloutConfig) and cfg.rollout.openai_server == "vllm":
+        raise UserFacingError(
+            f"rollout.openai_server=vllm with distributed={d.strategy} over {shape.ranks} ranks: vLLM's own server "
+            "runs its engine in a process of its own, which does not join the ranks' group: use "
+            "rollout.openai_server=grpo_cli (an endpoint per rank)"
+        )
     if isinstance(cfg.rollout, VLLMRolloutConfig) and cfg.rollout.tensor_parallel_size != 1:
         raise UserFacingError(
             f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} with distributed={d.strategy}: each "

@@ -172,6 +172,7 @@ class AgentEpisode:
     _segment_template: ChatTemplate | None = None
     _replies: list[Reply] = field(default_factory=list)  # the last call's, not yet continued
     _budget: int = 0
+    _sent: list[Message] = field(default_factory=list)  # a rendered chat call's messages (plan_tokens)
 
     # ----------------------------------------------------------------------------------------- a model call
     def plan_chat(
@@ -203,9 +204,18 @@ class AgentEpisode:
         self._view = seen
         return self._plan(n, max_tokens)
 
-    def plan_tokens(self, prompt_ids: Sequence[int], n: int, max_tokens: int | None) -> CallPlan:
-        """A token prompt's call (module docstring), or Refused."""
+    def plan_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        n: int,
+        max_tokens: int | None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+    ) -> CallPlan:
+        """A token prompt's call (module docstring), or Refused. `messages`: the chat call a server rendered into
+        `prompt_ids` (vLLM's own, rollout/agent_vllm.py); the ids alone decide what continues, the messages are
+        what rewards and transcripts see (the environment's new messages, instead of their decoded ids)."""
         self._check_open()
+        sent, self._sent = self._sent, [dict(m) for m in messages or ()]
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise Refused("a call needs at least one prompt token", "invalid_request")
@@ -224,22 +234,27 @@ class AgentEpisode:
                         self._end(limit)
                         raise Refused(f"the episode has no room left ({limit})", limit)
                     text = self.template.decode(extra)
-                    append_env(self.segment, [{"role": "user", "content": text}], extra, "", False)
+                    new = self._sent[len(sent) + 1 :] if sent and len(self._sent) > len(sent) + 1 else None
+                    append_env(self.segment, new or [{"role": "user", "content": text}], extra, "", False)
                     return self._plan(n, max_tokens)
         self._new_segment("tokens", "", None)
         text = self.template.decode(ids)
+        opening = self._sent or [{"role": "user", "content": text}]
         self.segment = Episode(
-            prompt_messages=[{"role": "user", "content": text}],
+            prompt_messages=[dict(m) for m in opening],
             prompt_ids=ids,
-            messages=[{"role": "user", "content": text}],
+            messages=[dict(m) for m in opening],
             rendered=text,
             context=self.context,
         )
         return self._plan(n, max_tokens)
 
-    def take(self, turns: Sequence[SampledTurn], with_tools: bool) -> list[Reply]:
+    def take(
+        self, turns: Sequence[SampledTurn], with_tools: bool, messages: Sequence[Message] | None = None
+    ) -> list[Reply]:
         """The engine's samples for the planned call: each cut at the call's budget and its first stop token, kept
-        as the replies the next call may continue."""
+        as the replies the next call may continue. `messages`: each reply as a server parsed it (vLLM's own, with
+        its tool parser's tool_calls), what rewards and transcripts then see."""
         assert self.segment is not None
         template = self._segment_template or self.template
         replies = []
@@ -263,6 +278,8 @@ class AgentEpisode:
                 if calls:
                     message = {"role": "assistant", "content": parsed.get("content") or None, "tool_calls": calls}
                     reason = "tool_calls" if stopped else "length"
+            if messages is not None:
+                message = dict(messages[len(replies)])
             replies.append(Reply(turn, text, message, reason))
         self._replies = replies
         return replies

@@ -71,15 +71,25 @@ _MODELS: dict[str, type[BaseModel]] = {
 }
 
 
-def check_body(route: str, raw: Any) -> tuple[dict[str, Any], str | None]:
-    """(the body, None) or ({}, the one line saying what is wrong with it)."""
-    model = _MODELS[route]
+def _validated(route: str, raw: Any) -> tuple[dict[str, Any], str | None]:
     try:
-        body = model.model_validate(raw).model_dump()
+        return _MODELS[route].model_validate(raw).model_dump(), None
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return {}, f"{where}: {first['msg']}"
+
+
+def field_problem(route: str, raw: Any) -> str | None:
+    """The one line saying which of the route's fields is malformed, or None (the fields' types only)."""
+    return _validated(route, raw)[1]
+
+
+def check_body(route: str, raw: Any) -> tuple[dict[str, Any], str | None]:
+    """(the body, None) or ({}, the one line saying what is wrong with it)."""
+    body, problem = _validated(route, raw)
+    if problem is not None:
+        return {}, problem
     if route == "generate":
         if body.get("stream"):
             return {}, "stream=true is not served on /inference/v1/generate (vLLM's tokens mode answers whole)"

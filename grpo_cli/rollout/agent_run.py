@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Reply
 from grpo_cli.rollout.agent_requests import chat_response, completion_response, generate_response, sampling_of
 from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
+from grpo_cli.rollout.agent_vllm import OpenEpisode, VLLMFront
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, episode_transcripts
 from grpo_cli.rollout.episodes import ChatTemplate, EpisodeLimits, SampledTurn
@@ -112,6 +113,7 @@ class AgentRun:
         self.template = ChatTemplate(tokenizer)
         self.reward_fn = reward_fn
         self._server: AgentServer | None = None
+        self._front: VLLMFront | None = None
         self._pools = [RewardWorkers(1, None) for _ in range(settings.workers)]
         self._loader = functools.partial(AgentShare, settings.reference, settings.base_dir, settings.timeout_s)
         self._prompts: dict[str, Any] = {}
@@ -121,8 +123,9 @@ class AgentRun:
 
     # ----------------------------------------------------------------------------------------- RolloutRun
     def sample(self, engine: RolloutEngine, settings: SamplingSettings, examples: Sequence[Example]) -> Samples:
-        server = self._start()
-        server.model_card["max_model_len"] = engine.context_length
+        server = self._start(engine)
+        if isinstance(server, AgentServer):
+            server.model_card["max_model_len"] = engine.context_length
         n = settings.n
         limits = replace(self.settings.limits, context_length=engine.context_length)
         first = settings.first_prompt_index * n
@@ -137,12 +140,31 @@ class AgentRun:
             )
             jobs.append((key, self._job(server, key, row, example)))
         ends: dict[str, tuple[float | None, str | None]] = {}
+        if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (rollout/agent_vllm.py)
+            for key, agent_episode in episodes.items():
+                server.open[key] = OpenEpisode(agent_episode, settings.seed, settings.temperature, settings.top_p)
+            try:
+                self._await_ends(server, episodes, ends, self._start_agents(jobs))
+            finally:
+                for key in episodes:
+                    if (open_ := server.open.pop(key, None)) is not None:
+                        open_.close()
+            return self._finished(episodes, ends, examples_n)
         server.known.update(episodes)
         try:
             shares = self._start_agents(jobs)
             self._serve(server, engine, settings, episodes, ends, shares, [k for k, _ in jobs])
         finally:
             server.known.difference_update(episodes)
+        return self._finished(episodes, ends, examples_n)
+
+    def _finished(
+        self,
+        episodes: dict[str, AgentEpisode],
+        ends: dict[str, tuple[float | None, str | None]],
+        examples_n: Sequence[Example],
+    ) -> Samples:
+        """The ended episodes as the step's samples; an agent's error is its episode's (task.on_reward_error)."""
         finished = []
         for key, agent_episode in episodes.items():
             reward, error = ends.get(key, (None, "did not report its end"))
@@ -177,18 +199,31 @@ class AgentRun:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._front is not None:
+            self._front.close()
+            self._front = None
         if self._tokenizer_dir is not None:
             self._tokenizer_dir.cleanup()
             self._tokenizer_dir = None
 
     # ----------------------------------------------------------------------------------------- machinery
-    def _start(self) -> AgentServer:
-        if self._server is None:
-            self._server = AgentServer(self.settings.model_name)
+    def _start(self, engine: RolloutEngine) -> AgentServer | VLLMFront:
+        """The endpoint the agents call: grpo-cli's, or the front of vLLM's own server when the engine serves one
+        (rollout.openai_server=vllm)."""
+        served = getattr(engine, "openai_server", None)
+        endpoint: AgentServer | VLLMFront
+        if served is not None:
+            if self._front is None or self._front.served is not served:
+                self._front = VLLMFront(served)
+            endpoint = self._front
+        else:
+            if self._server is None:
+                self._server = AgentServer(self.settings.model_name)
+            endpoint = self._server
         if self._tokenizer_dir is None:  # the policy's tokenizer where an agent's own renderer can load it
             self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="grpo-cli-tokenizer-")
             self.template.tokenizer.save_pretrained(self._tokenizer_dir.name)
-        return self._server
+        return endpoint
 
     def _prompt_for(self, tools: list[dict[str, Any]]) -> Any:
         key = json.dumps(tools, sort_keys=True)
@@ -196,7 +231,7 @@ class AgentRun:
             self._prompts[key] = prompt_for_schemas(self.template.tokenizer, tools, self.settings.tool_call_format)
         return self._prompts[key]
 
-    def _job(self, server: AgentServer, key: str, row: dict[str, Any], example: Example) -> AgentJob:
+    def _job(self, server: AgentServer | VLLMFront, key: str, row: dict[str, Any], example: Example) -> AgentJob:
         base_url = server.base_url(key)
         return AgentJob(
             row=row,
@@ -267,6 +302,27 @@ class AgentRun:
         for call in waiting:
             call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
         for share in shares:  # every agent has reported: its share's call returns (or its time limit ends it)
+            self._settle(share)
+
+    def _await_ends(
+        self,
+        front: VLLMFront,
+        episodes: dict[str, AgentEpisode],
+        ends: dict[str, tuple[float | None, str | None]],
+        shares: list[Share],
+    ) -> None:
+        """Wait until every episode's agent has reported its end (or its worker died): vLLM's server answers the
+        calls meanwhile."""
+        while len(ends) < len(episodes):
+            try:
+                key, reward, error = front.ends.get(timeout=_POLL_S * 10)
+                if key in episodes:
+                    ends.setdefault(key, (reward, error))
+                continue
+            except queue.Empty:
+                pass
+            self._check_shares(shares, ends)
+        for share in shares:
             self._settle(share)
 
     def _settle(self, share: Share) -> None:

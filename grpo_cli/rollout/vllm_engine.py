@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from grpo_cli.tasks import Prompt
 from grpo_cli.rollout.sampling import completion_seed
 from grpo_cli.rollout.stopping import decoded
+from grpo_cli.rollout.vllm_server import ServedVLLM, save_weights
 
 INSTALL_HINT = (
     'rollout=vllm needs vLLM: on a GPU machine pip install -e ".[vllm]"; on a CPU-only machine '
@@ -184,7 +185,7 @@ def sampled_log_probs(completion: Any, length: int) -> list[float]:  # Any: vllm
 
 def _max_model_len(llm: Any, model: torch.nn.Module) -> int | None:  # Any: vllm.LLM
     """The started engine's max_model_len (what vLLM settled on), else the model's max_position_embeddings."""
-    model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    model_config = getattr(getattr(llm, "llm_engine", llm), "model_config", None)
     length = getattr(model_config, "max_model_len", None)
     if not isinstance(length, int):
         length = getattr(base_model(model).config, "max_position_embeddings", None)
@@ -203,9 +204,11 @@ class VLLMRolloutEngine:
         dtype: torch.dtype | None = None,
         last_version: int | None = None,
         logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+        served_model_name: str = "policy",
     ) -> None:
         """`rollout`: the `rollout.*` config (grpo_cli.config.VLLMRolloutConfig, where the vLLM keys are documented);
-        `last_version`: the policy version of the run's last step (train.steps), always probed."""
+        `last_version`: the policy version of the run's last step (train.steps), always probed;
+        `served_model_name`: the model's name on vLLM's own OpenAI server (rollout.openai_server=vllm)."""
         require_vllm()
         # In-process engine: weight pushes are cheap tensor copies (docs/dependencies.md, "Known pitfalls"). Set
         # before vllm is imported.
@@ -231,14 +234,21 @@ class VLLMRolloutEngine:
         self.on_cpu = next(model.parameters()).device.type == "cpu"
         self.asleep = False
         self.last_version = last_version
+        # rollout.openai_server=vllm: vLLM's AsyncLLM and its OpenAI server (rollout/vllm_server.py) instead of the
+        # offline LLM; the same calls reach it, the weights travel through a file (_push).
+        self.served = rollout.openai_server == "vllm"
+        self.dtype = dtype
         self.versioned_pushes = 0  # pushes of a policy version in this process (the probe schedule counts them)
         self._skeleton = Path(tempfile.mkdtemp(prefix="grpo-cli-vllm-"))
         try:
             _write_model_skeleton(model, tokenizer, self._skeleton)
+            if self.served:  # vLLM reloads from a path only with a checkpoint loader: start from the policy's file
+                save_weights(export_weights(model), self._skeleton, dtype)
             kwargs: dict[str, Any] = dict(
                 model=str(self._skeleton),
                 tokenizer=str(self._skeleton),
-                load_format="dummy",  # the real weights come through sync_weights() below
+                # the real weights come through sync_weights() below
+                load_format="safetensors" if self.served else "dummy",
                 dtype=str(dtype).removeprefix("torch."),
                 seed=seed,
                 enforce_eager=rollout.enforce_eager,
@@ -252,7 +262,7 @@ class VLLMRolloutEngine:
                 # (the transformers engine ignores them too, so both engines train alike).
                 generation_config="vllm",
             )
-            if parallel.world().distributed:
+            if parallel.world().distributed and not self.served:
                 kwargs.update(per_rank_engine_kwargs())
             kv_gb = rollout.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
             if kv_gb:
@@ -262,11 +272,17 @@ class VLLMRolloutEngine:
             kwargs.update(dict(rollout.vllm_kwargs or {}))
             set_num_threads = torch.set_num_threads
             try:
-                self.llm = LLM(**kwargs)
+                if self.served:
+                    self.llm = ServedVLLM(kwargs, served_model_name, list(rollout.openai_server_args))
+                else:
+                    self.llm = LLM(**kwargs)
             finally:
                 # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op; the trainer in
                 # this same process must keep control of its own thread count.
                 torch.set_num_threads = set_num_threads
+        except UserFacingError:
+            shutil.rmtree(self._skeleton, ignore_errors=True)
+            raise
         except Exception as error:
             shutil.rmtree(self._skeleton, ignore_errors=True)
             first_line = (str(error).splitlines() or [""])[0][:200]
@@ -277,6 +293,11 @@ class VLLMRolloutEngine:
         self._context_length = _max_model_len(self.llm, model)
         self.probe_ids = self._render_probe()
         self.sync_weights()  # the policy's real weights replace the dummy ones
+
+    @property
+    def openai_server(self) -> ServedVLLM | None:
+        """vLLM's own OpenAI server over this engine (rollout.openai_server=vllm), else None."""
+        return self.llm if isinstance(self.llm, ServedVLLM) else None
 
     @property
     def context_length(self) -> int | None:
@@ -297,6 +318,7 @@ class VLLMRolloutEngine:
             dtype=dtype,
             last_version=cfg.train.steps,
             logits_chunk_tokens=cfg.train.logits_chunk_tokens,
+            served_model_name=cfg.model.name,
         )
 
     # --- sampling ------------------------------------------------------------------------------------------
@@ -379,10 +401,16 @@ class VLLMRolloutEngine:
 
         def push() -> None:
             with torch.no_grad():
-                weights = ((name, tensor.detach()) for name, tensor in export_weights(self.model))
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-                )
+                if self.served:  # the engine core is another process: the weights go through the model's file
+                    save_weights(export_weights(self.model), self._skeleton, self.dtype)
+                    self.llm.collective_rpc(
+                        "reload_weights", kwargs={"weights_path": str(self._skeleton), "is_checkpoint_format": True}
+                    )
+                else:
+                    weights = ((name, tensor.detach()) for name, tensor in export_weights(self.model))
+                    self.llm.collective_rpc(
+                        "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                    )
             self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
         metrics = {"time/sync_s": _run_with_time_limit(push, self.rollout.sync_timeout_s, "the weight sync")}
@@ -476,6 +504,10 @@ class VLLMRolloutEngine:
     def close(self) -> None:
         """Tear the engine down (in-process: no worker processes survive it) and remove the skeleton directory."""
         llm = getattr(self, "llm", None)
+        if isinstance(llm, ServedVLLM):
+            del self.llm
+            llm.shutdown()
+            llm = None
         if llm is not None:
             del self.llm  # the only reference to the engine but `llm`, dropped below
             with contextlib.suppress(Exception):  # shutting down must not mask the run's own error

@@ -100,3 +100,32 @@ def test_an_openai_client_agent_trains_for_two_steps(tmp_path: Path) -> None:
     episodes = episodes_of(run_dir, 1)
     assert episodes and all(e["messages"][0]["content"] == "What is 2 + 2?" for e in episodes)
     assert all(e["messages"][-1]["role"] == "assistant" for e in episodes)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_agent_trains_through_vllms_own_openai_server(tmp_path: Path) -> None:
+    """rollout=vllm rollout.openai_server=vllm: the same agent, unchanged, answered by vLLM's own server (AsyncLLM
+    in its own process, weights synced through a file and probed after each push)."""
+    pytest.importorskip("vllm")
+    user_folder(tmp_path)
+    run_dir = tmp_path / "run"
+    args = [
+        "debug=smoke",
+        *ARGS,
+        "task.eval_path=train.jsonl",
+        "rollout=vllm",
+        "rollout.openai_server=vllm",
+        "rollout.sync_probe_every=1",
+        "rollout.max_tokens=8",
+        "model.mixed_precision=no",
+        "train.eval_every=0",
+    ]
+    rows = train_to_the_end(args, tmp_path, run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("train/reward/env" in r and 1 <= r["train/turns"] <= 2 for r in rows)
+    assert all(r["sync/logprob_max_diff"] < 1e-3 for r in rows)  # the file-synced weights are the policy's
+    assert any(r["train/grad_norm"] > 0 for r in rows)
+    episodes = episodes_of(run_dir, 1)  # the agent's conversation, as it sent it to vLLM
+    assert episodes and all(e["messages"][0] == {"role": "user", "content": "What is 2 + 2?"} for e in episodes)
+    assert all(e["messages"][-1]["role"] == "assistant" for e in episodes)

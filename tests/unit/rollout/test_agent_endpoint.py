@@ -278,3 +278,34 @@ def test_vllm_agent_episodes_sampler_log_probs_equal_the_learners(tiny, agent_fi
         engine.close()
     assert all(e.n_turns == 3 and e.env_tokens > 0 for e in samples.episodes)
     assert_sampler_equals_learner(model, samples.episodes, atol=1e-3)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_own_openai_server_records_exactly_the_sampled_tokens(tiny, agent_file) -> None:
+    """rollout.openai_server=vllm: vLLM's own OpenAI server (its AsyncLLM, its hermes tool parser) answers the
+    agents through the recording front; the learner's log-probs of each episode's recorded tokens equal vLLM's."""
+    from grpo_cli.config import VLLMRolloutConfig
+    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+
+    model, tokenizer = tiny
+    rollout = VLLMRolloutConfig(
+        engine="vllm",
+        temperature=0.7,
+        openai_server="vllm",
+        openai_server_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    )
+    engine = VLLMRolloutEngine(model, tokenizer, rollout, served_model_name="tiny")
+    run = agent_run(tokenizer, agent_file, "solve")
+    try:
+        samples = sample(run, engine, 2)
+        again = sample(run, engine, 2)
+    finally:
+        run.close()
+        engine.close()
+    episodes = samples.episodes
+    assert all(e.error is None and e.step_reward == 0.25 for e in episodes)
+    metrics = run.metrics(samples, "train")
+    print(metrics, [e.counts for e in episodes])
+    assert_sampler_equals_learner(model, episodes, atol=1e-3)
+    assert [e.ids for e in again.episodes] == [e.ids for e in episodes]  # each episode's own seeds

@@ -186,6 +186,9 @@ class ServedVLLM:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
             self.engine = None
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.call(_cancel_others(), 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
@@ -194,3 +197,12 @@ class ServedVLLM:
             if all(not s.is_serving() for s in self._server.servers):
                 return
             await asyncio.sleep(0.02)
+
+
+async def _cancel_others() -> None:
+    """Cancel the loop's other tasks (the engine's output handler, uvicorn's) and let them finish cancelling."""
+    current = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not current]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)

@@ -101,7 +101,14 @@ def test_choice_walk_covers_every_choice_field():
 
 
 def task_choice_for(key: str) -> list[str]:
-    """A key only one task's schema has (task.on_reward_error: task=custom) is composed with that task."""
+    """A key only one task's schema has (task.on_reward_error: task=custom) is composed with that task; a key only
+    one engine's schema has (rollout.openai_server: rollout=vllm) with that engine."""
+    if key.startswith("rollout."):
+        first = key.split(".")[1]
+        owners = [
+            name for name, schema in ROLLOUT_SCHEMAS.items() if first in {f.name for f in dataclasses.fields(schema)}
+        ]
+        return [] if "hf" in owners else [f"rollout={owners[0]}"]
     if not key.startswith("task."):
         return []
     first = key.split(".")[1]
@@ -215,6 +222,8 @@ def test_group_choices_keep_their_values():
         "sync_probe": True,
         "sync_timeout_s": 300.0,
         "vllm_kwargs": {},
+        "openai_server": "grpo_cli",
+        "openai_server_args": [],
     }
     math = compose_config(["task=math"]).task
     assert (math.prompt, math.n_train, math.n_eval, math.hub_config, math.hub_eval_split) == (

@@ -97,17 +97,51 @@ def tokens(row, base_url, api_key):
     first = httpx.post(f"{base_url}/completions", headers=headers, timeout=60,
                        json={"model": "p", "prompt": "Count: one two", "max_tokens": 3, "logprobs": 1}).json()
     choice = first["choices"][0]
-    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
-    ids = [*first["prompt_token_ids"], *choice["token_ids"], 1, 2, 3]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"]), first
+    opening = first.get("prompt_token_ids") or choice["prompt_token_ids"]  # ours at the top, vLLM's per choice
+    ids = [*opening, *choice["token_ids"], 1, 2, 3]
     root = base_url.removesuffix("/v1")
     models = httpx.get(f"{base_url}/models", headers=headers).json()
     params = {"max_tokens": 4, "logprobs": 1, "stop_token_ids": [2], "skip_special_tokens": False}
     second = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
                         json={"model": "p", "token_ids": ids, "sampling_params": params}).json()
     out = second["choices"][0]
-    assert second["prompt_token_ids"] == ids and len(out["logprobs"]["content"]) == len(out["token_ids"])
-    assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"]))
+    assert second["prompt_token_ids"] in (ids, None), second  # vLLM's own route leaves them out
+    assert len(out["logprobs"]["content"]) == len(out["token_ids"]), second
+    assert all(e["token"] == f"token_id:{t}" for e, t in zip(out["logprobs"]["content"], out["token_ids"])), second
     return float(models["data"][0]["max_model_len"] > 0)
+
+def front(row, client, base_url, api_key):
+    # What vLLM's own server answers through the recording front (rollout.openai_server=vllm).
+    import httpx, openai
+    headers = {"Authorization": f"Bearer {api_key}"}
+    root = base_url.removesuffix("/v1")
+    hidden = [  # vLLM's other routes are out of an agent's reach, with the run's token too
+        httpx.post(f"{root}/v1/load_lora_adapter", headers=headers, json={"lora_name": "x", "lora_path": "/"}),
+        httpx.get(f"{root}/metrics", headers=headers),
+        httpx.post(f"{root}/v1/chat/completions/render", headers=headers, json={"messages": row["prompt"]}),
+    ]
+    assert [r.status_code for r in hidden] == [404, 404, 404], [r.text for r in hidden]
+    stream = client.chat.completions.create(model="any name", messages=row["prompt"], max_tokens=3, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    messages = [*row["prompt"], {"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    reply = client.chat.completions.create(model="p", messages=messages, max_tokens=3, logprobs=True, top_logprobs=2)
+    assert len(reply.choices[0].logprobs.content[0].top_logprobs) == 2  # vLLM serves top_logprobs itself
+    plain = client.chat.completions.create(model="p", messages=messages, max_tokens=2)  # a retry: no log-probs asked
+    assert plain.choices[0].logprobs is None
+    errors = []
+    messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
+    try:  # task.max_turns=3 model calls: the fourth is refused
+        client.chat.completions.create(model="p", messages=messages, max_tokens=3)
+    except openai.BadRequestError as e:
+        errors.append(e.code)
+    wrong = openai.OpenAI(base_url=base_url, api_key="not-the-key", max_retries=0)
+    try:
+        wrong.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3)
+    except openai.AuthenticationError as e:
+        errors.append(e.code)
+    assert errors == ["max_turns", "invalid_api_key"], errors
+    return 1.0
 
 def overlong(row, client):
     import openai
@@ -280,11 +314,10 @@ def test_vllm_agent_episodes_sampler_log_probs_equal_the_learners(tiny, agent_fi
     assert_sampler_equals_learner(model, samples.episodes, atol=1e-3)
 
 
-@needs_vllm
-@pytest.mark.vllm
-def test_vllm_own_openai_server_records_exactly_the_sampled_tokens(tiny, agent_file) -> None:
-    """rollout.openai_server=vllm: vLLM's own OpenAI server (its AsyncLLM, its hermes tool parser) answers the
-    agents through the recording front; the learner's log-probs of each episode's recorded tokens equal vLLM's."""
+@pytest.fixture(scope="module")
+def vllm_served(tiny):
+    """The tiny model on vLLM's own OpenAI server (rollout.openai_server=vllm, with its hermes tool parser)."""
+    pytest.importorskip("vllm")
     from grpo_cli.config import VLLMRolloutConfig
     from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -296,16 +329,50 @@ def test_vllm_own_openai_server_records_exactly_the_sampled_tokens(tiny, agent_f
         openai_server_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     )
     engine = VLLMRolloutEngine(model, tokenizer, rollout, served_model_name="tiny")
+    yield engine
+    engine.close()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_own_openai_server_records_exactly_the_sampled_tokens(tiny, agent_file, vllm_served) -> None:
+    """rollout.openai_server=vllm: vLLM's own OpenAI server (its AsyncLLM, its hermes tool parser) answers the
+    agents through the recording front; the learner's log-probs of each episode's recorded tokens equal vLLM's."""
+    model, tokenizer = tiny
     run = agent_run(tokenizer, agent_file, "solve")
     try:
-        samples = sample(run, engine, 2)
-        again = sample(run, engine, 2)
+        samples = sample(run, vllm_served, 2)
+        again = sample(run, vllm_served, 2)
     finally:
         run.close()
-        engine.close()
     episodes = samples.episodes
     assert all(e.error is None and e.step_reward == 0.25 for e in episodes)
-    metrics = run.metrics(samples, "train")
-    print(metrics, [e.counts for e in episodes])
     assert_sampler_equals_learner(model, episodes, atol=1e-3)
     assert [e.ids for e in again.episodes] == [e.ids for e in episodes]  # each episode's own seeds
+    # Three calls each; vLLM re-renders the conversation, and where the random model's sampled tokens are not how
+    # the tokenizer spells their text, a call does not continue the ids: a new segment (the earlier turns dropped).
+    for episode in episodes:
+        assert episode.n_turns + episode.counts.get("rewritten_turns", 0) <= 3
+        assert episode.n_turns == 3 or episode.counts["rewritten_turns"] >= 1
+    record = run.transcripts(samples, [{"reward": 0.25}] * 4)[0]  # the agent's own messages, as it sent them
+    assert record["messages"][0] == {"role": "system", "content": "Use the add tool."}
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_own_openai_server_through_the_front_streams_tokens_and_refusals(tiny, agent_file, vllm_served) -> None:
+    _, tokenizer = tiny
+    checks = agent_run(tokenizer, agent_file, "front", max_turns=3)
+    tokens = agent_run(tokenizer, agent_file, "tokens")
+    try:
+        front = sample(checks, vllm_served, 1, n=1)
+        ids = sample(tokens, vllm_served, 1, n=1)
+    finally:
+        checks.close()
+        tokens.close()
+    assert front.episodes[0].step_reward == 1.0 and front.episodes[0].stop_reason == "max_turns"
+    assert front.episodes[0].counts.get("retried_turns") == 1
+    # completions with a text prompt, then /inference/v1/generate continuing at the id level: one segment
+    episode = ids.episodes[0]
+    assert episode.error is None and episode.step_reward == 1.0 and episode.n_turns == 2
+    assert episode.counts.get("rewritten_turns", 0) == 0

@@ -257,7 +257,7 @@ class AgentEpisode:
         its tool parser's tool_calls), what rewards and transcripts then see."""
         assert self.segment is not None
         template = self._segment_template or self.template
-        replies = []
+        replies: list[Reply] = []
         for sampled in turns:
             turn = cut_turn(sampled, self._budget, template.stop_token_ids)
             ended = template.ends_turn(turn.ids)

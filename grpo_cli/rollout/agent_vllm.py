@@ -278,7 +278,7 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
             open_.busy = asyncio.Lock()
         async with open_.busy:
             ids, refusal = await prompt_ids(route, raw)
-            if refusal is not None:
+            if refusal is not None or ids is None:
                 return refusal
             params = (raw.get("sampling_params") or {}) if route == "generate" else raw
             n = int(params.get("n") or 1)
@@ -323,7 +323,11 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     async def end(episode: str, request: Request) -> Any:
         if (answer := checked(request, episode)) is not None:
             return answer
-        body, problem = check_body("end", await request.json())
+        try:
+            raw = await request.json()
+        except ValueError:
+            return refused(400, "the request body is not JSON", "invalid_json")
+        body, problem = check_body("end", raw)
         if problem is not None:
             return refused(400, problem, "invalid_request")
         front.ends.put((episode, body.get("reward"), body.get("error")))

@@ -272,6 +272,7 @@ class VLLMRolloutEngine:
             kwargs.update(dict(rollout.vllm_kwargs or {}))
             set_num_threads = torch.set_num_threads
             try:
+                self.llm: Any  # vllm.LLM, or ServedVLLM standing in for it
                 if self.served:
                     self.llm = ServedVLLM(kwargs, served_model_name, list(rollout.openai_server_args))
                 else:

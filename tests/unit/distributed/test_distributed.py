@@ -61,6 +61,11 @@ def free_port() -> int:
             "each rank runs its own vLLM engine",
         ),
         (
+            ["distributed=ddp", "rollout=vllm", "rollout.openai_server=vllm"],
+            "use rollout.openai_server=grpo_cli \\(an endpoint per rank\\)",
+        ),
+        (["rollout=vllm", "rollout.openai_server=vllm", "sync=one_behind"], "not started inside the generator"),
+        (
             [
                 "distributed=ddp",
                 "train.rollout_batch_size=12",

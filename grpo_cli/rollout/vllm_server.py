@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +52,21 @@ def save_weights(weights: Iterable[tuple[str, torch.Tensor]], directory: Path, d
     save_file(tensors, str(directory / WEIGHTS_FILE))
 
 
+@contextlib.contextmanager
+def run_logging_kept() -> Iterator[None]:
+    """The root logger's level and its handlers' levels as they were before: vLLM's server imports
+    model_hosting_container_standards (its SageMaker routes), which at import sets the root logger and every handler
+    on it to ERROR (its SAGEMAKER_CONTAINER_LOG_LEVEL default), silencing the run's own log lines and warnings."""
+    root = logging.getLogger()
+    level, handlers = root.level, [(handler, handler.level) for handler in root.handlers]
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler, handler_level in handlers:
+            handler.setLevel(handler_level)
+
+
 class ServedVLLM:
     """vLLM's AsyncLLM and its OpenAI app on a private event loop (module docstring); the sync methods block the
     calling thread until the loop has done the work."""
@@ -70,6 +86,10 @@ class ServedVLLM:
             raise
 
     async def _start(self, engine_kwargs: dict[str, Any], served_model_name: str, server_args: list[str]) -> None:
+        with run_logging_kept():
+            await self._build(engine_kwargs, served_model_name, server_args)
+
+    async def _build(self, engine_kwargs: dict[str, Any], served_model_name: str, server_args: list[str]) -> None:
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.entrypoints.launchers.api_server.app_state import init_app_state

@@ -6,6 +6,7 @@ a batch, and the endpoint refuses what it must (a wrong key, streaming, a limit)
 from __future__ import annotations
 
 import importlib.util
+import logging
 import textwrap
 import time
 from collections.abc import Iterator
@@ -328,7 +329,12 @@ def vllm_served(tiny):
         openai_server="vllm",
         openai_server_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     )
+    root = logging.getLogger()
+    logging_before = (root.level, [handler.level for handler in root.handlers])
     engine = VLLMRolloutEngine(model, tokenizer, rollout, served_model_name="tiny")
+    # Starting vLLM's server leaves the run's logging as it was (a package it imports sets the root logger and its
+    # handlers to ERROR, which silenced every later warning of the run).
+    assert (root.level, [handler.level for handler in root.handlers]) == logging_before
     yield engine
     engine.close()
 

@@ -316,12 +316,11 @@ class AgentRun:
         while len(ends) < len(episodes):
             try:
                 key, reward, error = front.ends.get(timeout=_POLL_S * 10)
-                if key in episodes:
-                    ends.setdefault(key, (reward, error))
+            except queue.Empty:  # no report for a while: has a worker died with its agents?
+                self._check_shares(shares, ends)
                 continue
-            except queue.Empty:
-                pass
-            self._check_shares(shares, ends)
+            if key in episodes:
+                ends.setdefault(key, (reward, error))
         for share in shares:
             self._settle(share)
 

@@ -29,6 +29,7 @@ episode's ids and counts as a rewritten turn. An episode's calls are taken one a
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (agent_server.py says why).
 import hmac
 import json
+import logging
 import queue
 import secrets
 import threading
@@ -199,6 +200,21 @@ class VLLMFront:
         self.open.clear()
 
 
+# Where the front reaches vLLM's app, in process (httpx's ASGI transport: no socket).
+IN_PROCESS_URL = "http://vllm"
+
+
+class _QuietInProcessCalls(logging.Filter):
+    """httpx logs every request at INFO, which a run's console shows: the front's own calls to vLLM's app (several
+    per model call) are left out; an agent's own httpx calls (in this process with task.reward_workers=0) are not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{IN_PROCESS_URL}/" not in record.getMessage()
+
+
+_QUIET = _QuietInProcessCalls()
+
+
 def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     """The front's FastAPI app (module docstring), reaching `vllm_app` in process."""
     import asyncio
@@ -210,7 +226,8 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     from grpo_cli.rollout.agent_requests import check_body, field_problem
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    vllm = httpx.AsyncClient(transport=httpx.ASGITransport(app=vllm_app), base_url="http://vllm", timeout=None)
+    logging.getLogger("httpx").addFilter(_QUIET)
+    vllm = httpx.AsyncClient(transport=httpx.ASGITransport(app=vllm_app), base_url=IN_PROCESS_URL, timeout=None)
 
     def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
         return JSONResponse(error_body(message, code, kind), status_code=status)

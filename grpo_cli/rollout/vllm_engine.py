@@ -264,6 +264,8 @@ class VLLMRolloutEngine:
             )
             if parallel.world().distributed and not self.served:
                 kwargs.update(per_rank_engine_kwargs())
+            if self.served:  # every sync reloads the file: no progress bar on the run's console each time
+                kwargs["use_tqdm_on_load"] = False
             kv_gb = rollout.kv_cache_memory_gb or (DEFAULT_CPU_KV_CACHE_GB if self.on_cpu else None)
             if kv_gb:
                 kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)

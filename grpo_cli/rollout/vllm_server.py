@@ -202,13 +202,13 @@ class ServedVLLM:
             self._server.should_exit = True
             with contextlib.suppress(Exception):
                 self.call(self._wait_stopped(), 10)
+        if self._thread.is_alive():  # the engine's output handler first: it would log the core's exit as an error
+            with contextlib.suppress(Exception):
+                self.call(_cancel_others(), 10)
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
             self.engine = None
-        if self._thread.is_alive():
-            with contextlib.suppress(Exception):
-                self.call(_cancel_others(), 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 

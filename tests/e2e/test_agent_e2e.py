@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import episodes_of, run_grpo, train_to_the_end
+from tests.conftest import episodes_of, read_metrics, run_grpo, train_to_the_end
 
 # The user's agent: asks, and when the reply lacks the answer says so once and asks again; its reward is its own
 # judgement (1 when a reply holds the row's answer), which task.rewards.brevity judges beside it.
@@ -121,7 +121,14 @@ def test_the_agent_trains_through_vllms_own_openai_server(tmp_path: Path) -> Non
         "model.mixed_precision=no",
         "train.eval_every=0",
     ]
-    rows = train_to_the_end(args, tmp_path, run_dir)
+    result = run_grpo([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The run's console stays the run's: its step lines (vLLM's server once set the root logger to ERROR at import)
+    # and none of the front's in-process requests to vLLM's app (httpx logs each at INFO) or vLLM's progress bars.
+    console = result.stdout + result.stderr
+    assert "step    2" in console and "http://vllm/" not in console, console[-3000:]
+    assert "Loading safetensors checkpoint shards" not in console  # the file reloaded at every sync
+    rows = [row for row in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in row]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("train/reward/env" in r and 1 <= r["train/turns"] <= 2 for r in rows)
     assert all(r["sync/logprob_max_diff"] < 1e-3 for r in rows)  # the file-synced weights are the policy's

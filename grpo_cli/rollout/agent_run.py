@@ -142,7 +142,9 @@ class AgentRun:
         ends: dict[str, tuple[float | None, str | None]] = {}
         if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (rollout/agent_vllm.py)
             for key, agent_episode in episodes.items():
-                server.open[key] = OpenEpisode(agent_episode, settings.seed, settings.temperature, settings.top_p)
+                server.open[key] = OpenEpisode(
+                    agent_episode, settings.seed, settings.temperature, settings.top_p, settings.min_tokens
+                )
             try:
                 self._await_ends(server, episodes, ends, self._start_agents(jobs))
             finally:

@@ -55,6 +55,7 @@ class OpenEpisode:
     step_seed: int
     temperature: float
     top_p: float
+    min_tokens: int = 0  # rollout.min_tokens, as grpo-cli's endpoint applies it (at most a call's budget)
     guard: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
     busy: Any = None  # an asyncio.Lock on the server's loop: the episode's calls one at a time
@@ -150,6 +151,7 @@ def forwarded_body(route: Route, raw: dict[str, Any], max_tokens: int, seed: int
         params = dict(body.get("sampling_params") or {})
         params.setdefault("temperature", open_.temperature)
         params.setdefault("top_p", open_.top_p)
+        params.setdefault("min_tokens", min(open_.min_tokens, max_tokens))
         params.update(max_tokens=max_tokens, seed=seed, logprobs=max(int(params.get("logprobs") or 0), 0))
         body["sampling_params"] = params
         return body
@@ -160,6 +162,7 @@ def forwarded_body(route: Route, raw: dict[str, Any], max_tokens: int, seed: int
         body["temperature"] = open_.temperature
     if body.get("top_p") is None:
         body["top_p"] = open_.top_p
+    body.setdefault("min_tokens", min(open_.min_tokens, max_tokens))
     if route == "chat":
         body["logprobs"] = True
     else:
@@ -316,7 +319,10 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
             if whole.get("prompt_token_ids") not in (None, ids):
                 return refused(500, "vLLM sampled from other ids than it rendered", "render_mismatch", "server_error")
             top_p = float((body.get("sampling_params") or body).get("top_p") or 1.0)
-            turns = sampled_turns(route, whole, with_log_probs=top_p >= 1.0)
+            try:
+                turns = sampled_turns(route, whole, with_log_probs=top_p >= 1.0)
+            except ValueError as e:  # vLLM's reply without the fields it was asked for
+                return refused(500, f"vLLM's reply cannot be recorded: {e}", "unrecorded_reply", "server_error")
             with open_.guard:
                 if open_.closed:
                     return refused(409, "the episode has ended", "episode_ended")

@@ -15,6 +15,11 @@ the loss assumes the policy's). It costs about as much as the push, so it runs o
 (`rollout.sync_probe_every`): at the engine's first push (the dummy weights replaced), at the first step a
 process pushes (a fresh or a resumed run), every `sync_probe_every` steps and after the last step.
 
+With rollout.openai_server=vllm (task.agent's agents answered by vLLM's own OpenAI server) `self.llm` is a
+`vllm_server.ServedVLLM`: vLLM's AsyncLLM, its engine core a process of its own, standing in for the offline `LLM`
+in every call below; it starts from the policy's weights written as a safetensors file, and a push writes that file
+again and reloads it in place (`reload_weights(weights_path=...)`).
+
 Sampling: one request per completion, seeded by `rollout.sampling.completion_seed` (step seed, prompt index in
 the step, completion index), so a completion's random stream does not depend on the batch it was sampled in.
 """
@@ -247,7 +252,7 @@ class VLLMRolloutEngine:
             kwargs: dict[str, Any] = dict(
                 model=str(self._skeleton),
                 tokenizer=str(self._skeleton),
-                # the real weights come through sync_weights() below
+                # dummy: random weights, the real ones come through sync_weights() below; served: the policy's file
                 load_format="safetensors" if self.served else "dummy",
                 dtype=str(dtype).removeprefix("torch."),
                 seed=seed,

@@ -66,7 +66,7 @@ def test_replies_read_per_route_and_log_probs_dropped_under_top_p() -> None:
 
 
 def test_the_call_vllm_samples_carries_the_episode_seed_budget_and_run_defaults() -> None:
-    open_ = OpenEpisode(episode=None, step_seed=5, temperature=0.7, top_p=1.0)  # type: ignore[arg-type]
+    open_ = OpenEpisode(episode=None, step_seed=5, temperature=0.7, top_p=1.0, min_tokens=10)  # type: ignore[arg-type]
     chat = forwarded_body("chat", {"messages": [], "max_tokens": 99, "seed": 1, "top_p": 0.9}, 8, 123, open_)
     assert chat == {
         "messages": [],
@@ -75,12 +75,20 @@ def test_the_call_vllm_samples_carries_the_episode_seed_budget_and_run_defaults(
         "return_token_ids": True,
         "temperature": 0.7,
         "top_p": 0.9,
+        "min_tokens": 8,  # rollout.min_tokens, at most the call's budget
         "logprobs": True,
     }
     text = forwarded_body("completions", {"prompt": "x", "max_completion_tokens": 50, "logprobs": 2}, 8, 1, open_)
     assert text["max_tokens"] == 8 and "max_completion_tokens" not in text and text["logprobs"] == 2
     generate = forwarded_body("generate", {"token_ids": [1], "sampling_params": {"temperature": 0}}, 4, 9, open_)
-    assert generate["sampling_params"] == {"temperature": 0, "top_p": 1.0, "max_tokens": 4, "seed": 9, "logprobs": 0}
+    assert generate["sampling_params"] == {
+        "temperature": 0,
+        "top_p": 1.0,
+        "min_tokens": 4,
+        "max_tokens": 4,
+        "seed": 9,
+        "logprobs": 0,
+    }
 
 
 def test_the_agent_gets_vllms_reply_without_log_probs_it_did_not_ask_for() -> None:

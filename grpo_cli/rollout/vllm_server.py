@@ -8,9 +8,10 @@ plain rollout run on the same engine the agents are served by. Two things differ
 
 - `AsyncLLM` runs its engine core in a child process, so a weight push cannot be an in-process tensor copy. The
   policy's weights are written as one safetensors file (in the engine's dtype) into the engine's model directory
-  and reloaded in place with vLLM's own `reload_weights(weights_path=...)`: a file write and read per sync (on a
-  2-core CPU ~0.2 s at 135M parameters, measured in docs/results). vLLM's NCCL/IPC weight-transfer engines would
-  avoid the file on a GPU; they are not used yet.
+  and reloaded in place with vLLM's own `reload_weights(weights_path=...)`: a file write and read per sync
+  (SmolLM2-135M in fp32 on a 2-core CPU: 1.8 s against the in-process copy's 0.85 s,
+  docs/results/2026-11-28-vllm-openai-server.md). vLLM's NCCL/IPC weight-transfer engines would avoid the file on a
+  GPU; they are not used yet.
 - The engine starts from that file (load_format=safetensors), not from dummy weights: vLLM reloads from a path
   only with a loader that reads checkpoints.
 """

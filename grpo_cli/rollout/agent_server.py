@@ -61,6 +61,21 @@ def error_body(message: str, code: str, kind: str = "invalid_request_error") -> 
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
+def access_refusal(
+    authorization: str, token: str, episode: str | None, known: Any
+) -> tuple[int, dict[str, Any]] | None:
+    """(HTTP status, error body) for a call without the run's bearer token or to an episode not open (`known`: the
+    open episodes' ids; `episode` None: the token only), else None: the check both the endpoint and vLLM's front
+    (agent_vllm.py) make first."""
+    if not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+        message = "wrong or missing API key: use the api_key the agent was given"
+        return 401, error_body(message, "invalid_api_key", "authentication_error")
+    if episode is not None and episode not in known:
+        message = f"no open episode {episode!r} at this URL (it ended, or the URL is wrong)"
+        return 404, error_body(message, "unknown_episode", "not_found_error")
+    return None
+
+
 def _missing_extra(error: ImportError) -> UserFacingError:
     return UserFacingError(
         f"task.agent serves the policy over HTTP with FastAPI and uvicorn, which are not installed ({error}): "
@@ -92,27 +107,13 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
     def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
         return JSONResponse(error_body(message, code, kind), status_code=status)
 
-    def unauthorized(request: Request) -> Any:
-        given = request.headers.get("authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return None
-        return refused(
-            401,
-            "wrong or missing API key: use the api_key the agent was given",
-            "invalid_api_key",
-            "authentication_error",
-        )
+    def unauthorized(request: Request, episode: str | None) -> Any:
+        refusal = access_refusal(request.headers.get("authorization", ""), token, episode, known)
+        return None if refusal is None else JSONResponse(refusal[1], status_code=refusal[0])
 
     async def queued(request: Request, episode: str, route: Route) -> Any:
-        if (answer := unauthorized(request)) is not None:
+        if (answer := unauthorized(request, episode)) is not None:
             return answer
-        if episode not in known:
-            return refused(
-                404,
-                f"no open episode {episode!r} at this URL (it ended, or the URL is wrong)",
-                "unknown_episode",
-                "not_found_error",
-            )
         try:
             raw = await request.json()
         except ValueError:
@@ -140,7 +141,7 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
 
     @app.get("/{episode}/v1/models")
     async def models(episode: str, request: Request) -> Any:
-        if (answer := unauthorized(request)) is not None:
+        if (answer := unauthorized(request, None)) is not None:
             return answer
         return {"object": "list", "data": [{"object": "model", "created": 0, "owned_by": "grpo-cli", **model_card}]}
 

@@ -27,7 +27,6 @@ episode's ids and counts as a rewritten turn. An episode's calls are taken one a
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (agent_server.py says why).
-import hmac
 import json
 import logging
 import queue
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.rollout.agent_episodes import AgentEpisode, Refused
-from grpo_cli.rollout.agent_server import ROUTES, Route, error_body, require_endpoint
+from grpo_cli.rollout.agent_server import ROUTES, Route, access_refusal, error_body, require_endpoint
 from grpo_cli.rollout.episodes import SampledTurn
 from grpo_cli.rollout.sampling import completion_seed, turn_seed
 
@@ -236,22 +235,8 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
         return JSONResponse(error_body(message, code, kind), status_code=status)
 
     def checked(request: Request, key: str) -> Any:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {front.token}".encode()):
-            return refused(
-                401,
-                "wrong or missing API key: use the api_key the agent was given",
-                "invalid_api_key",
-                "authentication_error",
-            )
-        if key not in front.open:
-            return refused(
-                404,
-                f"no open episode {key!r} at this URL (it ended, or the URL is wrong)",
-                "unknown_episode",
-                "not_found_error",
-            )
-        return None
+        refusal = access_refusal(request.headers.get("authorization", ""), front.token, key, front.open)
+        return None if refusal is None else JSONResponse(refusal[1], status_code=refusal[0])
 
     async def ask(path: str, body: dict[str, Any]) -> tuple[int, Any, list[str] | None]:
         """POST to vLLM's app: (status, JSON reply or None, the SSE event lines of a stream or None). The one model

@@ -12,8 +12,10 @@ checkpoints, signals and resuming.
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from grpo_cli.config import DISAGGREGATED
+from grpo_cli.config import DISAGGREGATED, BatchShape
+from grpo_cli.config.batch_shape import ratio_loss_types
 from grpo_cli.distributed import parallel
 from grpo_cli.drivers.executor import Executor
 from grpo_cli.drivers.prompts import PromptSampler
@@ -41,10 +44,14 @@ from grpo_cli.rollout.evaluation import prefixed, truncation_warning
 from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
+    RunClock,
     StepProgress,
+    evaluation_steps,
     format_eval_line,
     format_step_line,
     generation_progress,
+    long_run_hint,
+    run_size_line,
     step_time_table,
 )
 
@@ -141,23 +148,60 @@ class TrainingLoop:
             f"{len(self.train_examples)} train / {len(self.eval_examples)} eval examples; run dir {self.output_dir}",
             highlight=False,
         )
+        eval_at = evaluation_steps(cfg.train.steps, cfg.train.eval_every, self.start_step)
+        eval_rows = len(self.eval_examples) + sum(map(len, self.eval_sets.values()))
+        shape = BatchShape.from_config(cfg)
+        # The cost is said before it is paid: what the run generates, then (after the first step) the time left.
+        self.console.print(
+            run_size_line(
+                steps=cfg.train.steps - self.start_step,
+                prompts_per_step=shape.prompts_per_rollout_batch,
+                completions_per_step=shape.completions_per_rollout_batch,
+                max_new_tokens=shape.max_new_tokens,
+                eval_rows=eval_rows,
+                samples_per_eval_row=cfg.eval.n_samples,
+                eval_at=eval_at,
+            ),
+            highlight=False,
+            markup=False,
+        )
+        clock = RunClock(cfg.train.steps, eval_at)
+        cost_said = False  # the long-run line: said once, as soon as the time left is known
+        zero_loss_said = False
         summary: dict[str, float] = {}
         previous_handlers = self._install_signal_handlers()
         step = self.start_step
         try:
             if self.start_step == 0:
-                summary.update(self.run_eval(step=0))
+                summary.update(self._timed_eval(clock, step=0))
             summary["baseline/eval_reward"] = baseline_eval_reward(self.output_dir / "metrics.jsonl")
             with StepProgress(cfg.train.steps, self.console, enabled=cfg.verbose) as progress:
                 progress.advance(self.start_step)
                 for step in range(self.start_step + 1, cfg.train.steps + 1):
+                    started = time.monotonic()
                     metrics = self._step(step)
+                    clock.step_done(time.monotonic() - started)
                     self.metrics_sink.log(metrics, step)
                     if self.executor.last_transcripts:  # a multi-turn task: episodes/step_<step>.jsonl, W&B table
                         self.metrics_sink.log_episodes(self.executor.last_transcripts, step)
-                    progress.print(format_step_line(step, metrics))
+                    progress.print(f"{format_step_line(step, metrics)}  {clock.eta_text(step)}".rstrip())
+                    if not zero_loss_said and (note := zero_loss_note(cfg, shape, metrics)):
+                        zero_loss_said = True
+                        progress.print(note)
+                    if not cost_said and clock.remaining_s(step) is not None:
+                        cost_said = True
+                        hint = long_run_hint(
+                            clock,
+                            step,
+                            eval_rows=eval_rows,
+                            on_cpu=self.executor.device_text.startswith("cpu"),
+                            gpu_experiment=gpu_experiment_for(cfg.task.name),
+                            task=cfg.task.name,
+                        )
+                        if hint is not None:
+                            progress.print(hint)
                     if cfg.train.eval_every and step % cfg.train.eval_every == 0 or step == cfg.train.steps:
-                        summary.update(self.run_eval(step, progress))
+                        summary.update(self._timed_eval(clock, step, progress))
                     progress.advance()
                     summary.update(metrics)
                     self._stop_if_asked(step)
@@ -182,6 +226,12 @@ class TrainingLoop:
             title = f"time per step, mean over {len(rows)} steps ({cfg.sync.strategy})"
             self.console.print(step_time_table(rows, title=title))
         return summary
+
+    def _timed_eval(self, clock: RunClock, step: int, progress: StepProgress | None = None) -> dict[str, float]:
+        started = time.monotonic()
+        metrics = self.run_eval(step, progress)
+        clock.eval_done(time.monotonic() - started)
+        return metrics
 
     def _step(self, step: int) -> dict[str, float]:
         try:
@@ -300,6 +350,34 @@ class TrainingLoop:
             else:
                 self.console.print(f"warning: {warning}", highlight=False, markup=False)
         return metrics
+
+
+def zero_loss_note(cfg: GRPOConfig, shape: BatchShape, metrics: dict[str, float]) -> str | None:
+    """The console's one explanation of `loss +0.0000` from a ratio loss on-policy (else None): the value is 0 while
+    the gradient is not, which reads as a broken run to someone who has not met it."""
+    loss, grad_norm = metrics.get("train/loss"), metrics.get("train/grad_norm", 0.0)
+    if cfg.loss.type not in ratio_loss_types() or shape.off_policy or loss is None or abs(loss) >= 5e-5:
+        return None
+    if not grad_norm > 0:  # no gradient either: every group was flat (no signal), which `flat` already shows
+        return None
+    return (
+        f"note: loss {loss:+.4f} is expected with loss={cfg.loss.type} on-policy: each batch gets one update from the "
+        "policy that sampled it, so the importance ratio is exactly 1 and the loss value is minus the mean "
+        "advantage, 0 since a group's advantages sum to zero; its gradient is not 0 (gnorm): read reward and "
+        "gnorm, not loss (docs/tracking.md#metrics)"
+    )
+
+
+def gpu_experiment_for(task: str) -> str | None:
+    """The experiment preset (conf/experiment/) that sizes `task` for a GPU, if one does."""
+    from importlib.resources import files
+
+    for preset in sorted(files("grpo_cli.conf").joinpath("experiment").iterdir(), key=lambda p: p.name):
+        if preset.name.endswith(".yaml") and re.search(
+            rf"override /task: {re.escape(task)}\s*$", preset.read_text(encoding="utf-8"), re.MULTILINE
+        ):
+            return preset.name.removesuffix(".yaml")
+    return None
 
 
 def _restore_signal_handlers(previous: dict[signal.Signals, SignalHandler]) -> None:

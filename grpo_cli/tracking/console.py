@@ -164,3 +164,130 @@ def generation_progress(
     with progress:
         task_id = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task_id, n)
+
+
+# --- what a run costs: its size before it starts, the time left after its first step -----------------------------
+
+# A run whose time left exceeds this on the machine it runs on gets one line naming smaller and GPU-sized settings.
+LONG_RUN_S = 30 * 60
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a progress bar shows one: '45s', '12m05s', '3h10m'."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def evaluation_steps(steps: int, eval_every: int, start_step: int = 0) -> list[int]:
+    """The steps after which a run evaluates (as TrainingLoop.run schedules them): step 0 when the run is new, every
+    eval_every-th step, and the last step."""
+    due = {step for step in range(start_step + 1, steps + 1) if eval_every and step % eval_every == 0}
+    due.add(steps)
+    if start_step == 0:
+        due.add(0)
+    return sorted(due)
+
+
+def run_size_line(
+    *,
+    steps: int,
+    prompts_per_step: int,
+    completions_per_step: int,
+    max_new_tokens: int,
+    eval_rows: int,
+    samples_per_eval_row: int,
+    eval_at: list[int],
+) -> str:
+    """What a run will generate, said before it starts: its steps, prompts, completions and new tokens at most, and
+    its evaluations' rows."""
+    completions = steps * completions_per_step
+    eval_completions = len(eval_at) * eval_rows * samples_per_eval_row
+    shown = ", ".join(map(str, eval_at)) if len(eval_at) <= 6 else f"{eval_at[0]}, {eval_at[1]}, ..., {eval_at[-1]}"
+    per_row = f" x {samples_per_eval_row} samples" if samples_per_eval_row > 1 else ""
+    return (
+        f"size: {steps} steps x {prompts_per_step} prompts x {completions_per_step // prompts_per_step} completions "
+        f"= {completions:,} completions "
+        f"(at most {completions * max_new_tokens:,} new tokens); "
+        f"{len(eval_at)} evaluations (at steps {shown}) x {eval_rows} rows{per_row} = {eval_completions:,} "
+        f"completions (at most {eval_completions * max_new_tokens:,} new tokens)"
+    )
+
+
+class RunClock:
+    """The time a run has left: the mean measured seconds of a step and of an evaluation, times how many of each
+    are still to come. Evaluations count: on a CPU one over a large held-out set can outlast every step."""
+
+    def __init__(self, steps: int, eval_at: list[int]) -> None:
+        self.steps = steps
+        self.eval_at = eval_at
+        self.step_seconds: list[float] = []
+        self.eval_seconds: list[float] = []
+
+    def step_done(self, seconds: float) -> None:
+        self.step_seconds.append(seconds)
+
+    def eval_done(self, seconds: float) -> None:
+        self.eval_seconds.append(seconds)
+
+    @property
+    def step_s(self) -> float | None:
+        return sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else None
+
+    @property
+    def eval_s(self) -> float | None:
+        return sum(self.eval_seconds) / len(self.eval_seconds) if self.eval_seconds else None
+
+    def evaluations_left(self, step: int) -> int:
+        """Evaluations still to run once step `step` is done, its own evaluation (if due) included."""
+        return sum(1 for due in self.eval_at if due >= step and due > 0)
+
+    def remaining_s(self, step: int) -> float | None:
+        """Seconds left after step `step` (None before a step is measured, or while evaluations are to come and
+        none was measured)."""
+        if self.step_s is None:
+            return None
+        evaluations = self.evaluations_left(step)
+        if evaluations and self.eval_s is None:
+            return None
+        return (self.steps - step) * self.step_s + evaluations * (self.eval_s or 0.0)
+
+    def eta_text(self, step: int) -> str:
+        """'eta 12m05s' for the step line; 'eta 12m05s + evaluations' while no evaluation has been timed."""
+        left = self.remaining_s(step)
+        if left is not None:
+            return f"eta {format_duration(left)}"
+        if self.step_s is None:
+            return ""
+        return f"eta {format_duration((self.steps - step) * self.step_s)} + evaluations"
+
+
+def long_run_hint(
+    clock: RunClock, step: int, *, eval_rows: int, on_cpu: bool, gpu_experiment: str | None, task: str
+) -> str | None:
+    """One line when the time left is long for this machine (over LONG_RUN_S): where it goes, and the settings of a
+    run sized for a CPU and of one sized for a GPU. None when the run is short or not yet measured."""
+    left = clock.remaining_s(step)
+    if left is None or left <= LONG_RUN_S or clock.step_s is None:
+        return None
+    evaluations = clock.evaluations_left(step)
+    parts = [f"{clock.steps - step} steps at ~{format_duration(clock.step_s)} each"]
+    if evaluations and clock.eval_s is not None:
+        parts.append(f"{evaluations} evaluations of {eval_rows} rows at ~{format_duration(clock.eval_s)} each")
+    smaller = "task.n_eval=32 train.eval_every=0 (evaluate at the start and the end only)"
+    if evaluations and clock.eval_s is not None and evaluations * clock.eval_s < (clock.steps - step) * clock.step_s:
+        smaller = "train.steps=10 rollout.max_tokens=256"
+    where = (
+        f"CPU-sized: {smaller}, or debug=smoke to check the pipeline in seconds; GPU-sized: "
+        + (
+            f"experiment={gpu_experiment} on a GPU (docs/experiments.md)"
+            if gpu_experiment
+            else f"task={task} as it is, on a GPU (model.device=auto picks CUDA)"
+        )
+        if on_cpu
+        else f"smaller: {smaller}"
+    )
+    return f"this run needs about {format_duration(left)} more here ({' and '.join(parts)}); {where}"

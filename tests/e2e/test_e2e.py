@@ -1,6 +1,7 @@
 """End to end through the real `grpo-run` entrypoint, offline, on the tiny random model (and SmolLM2 once)."""
 
 import json
+import re
 
 import pytest
 
@@ -33,6 +34,13 @@ def test_smoke_training_run_writes_metrics_and_eval_generations(tmp_path):
     result = run_grpo(["debug=smoke", f"hydra.run.dir={run_dir}", "kl.monitor=true"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "prompts per rollout batch" in result.stdout  # the shape report comes first
+    # the cost before it is paid (2 steps x 2 prompts x 2 completions, 8 tokens each; 3 evaluations x 4 rows), then
+    # the time left on each step line, evaluations included
+    assert (
+        "size: 2 steps x 2 prompts x 2 completions = 8 completions (at most 64 new tokens); "
+        "3 evaluations (at steps 0, 1, 2) x 4 rows = 12 completions (at most 96 new tokens)"
+    ) in result.stdout
+    assert re.search(r"^step    1  reward .*  eta \d+s$", result.stdout, re.MULTILINE), result.stdout
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2]

@@ -1,4 +1,4 @@
-"""The reward functions of seed 003's handout ("Reinforcement Learning Fine-Tuning with GRPO"), copied as written.
+"""The reward functions of TRL's tutorial ("Reinforcement Learning Fine-Tuning with GRPO"), copied as written.
 
 They follow TRL's convention, fn(completions, **kwargs) -> list of floats, and grpo-run calls them the way TRL's
 GRPOTrainer does: prompts=, completions= and each column of the data as a keyword argument (references= is the

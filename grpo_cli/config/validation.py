@@ -11,7 +11,7 @@ from grpo_cli.config.batch_shape import BatchShape, loss_declarations, ratio_los
 from grpo_cli.config.declared import check_fields
 from grpo_cli.config.fields import core_value
 from grpo_cli.config.rollout_schemas import ROLLOUT_SCHEMAS, VLLMRolloutConfig
-from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig
+from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig, TrainConfig
 from grpo_cli.config.task_registry import check_task
 from grpo_cli.errors import UserFacingError
 
@@ -145,17 +145,48 @@ def validate_distributed(cfg: GRPOConfig) -> None:
             "rank runs its own vLLM engine on its own device and samples its own prompts, so tensor parallelism "
             "across ranks does not apply: use rollout.tensor_parallel_size=1"
         )
-    if shape.prompts_per_rollout_batch % shape.ranks:
+    if not _splits_among_ranks(cfg.train, shape.ranks):
+        changes = rank_split_sizes(cfg.train, shape.ranks)
+        t = cfg.train
         raise UserFacingError(
-            f"train.rollout_batch_size={cfg.train.rollout_batch_size} holds {shape.prompts_per_rollout_batch} "
-            f"groups of train.group_size={shape.group_size}, which do not split equally among {shape.ranks} ranks: "
-            f"use a multiple of {shape.ranks * shape.group_size}"
+            f"distributed={d.strategy} over {shape.ranks} ranks needs a batch that splits into {shape.ranks} equal "
+            f"shares (whole groups of train.group_size={t.group_size}, whole microbatches), and "
+            f"train.rollout_batch_size={t.rollout_batch_size} (= {shape.prompts_per_rollout_batch} groups), "
+            f"train.train_batch_size={t.train_batch_size}, train.gradient_accumulation_steps="
+            f"{t.gradient_accumulation_steps} do not: run with "
+            + " ".join(f"train.{key}={value}" for key, value in changes.items())
+            + " (the smallest sizes at or above these that do, with the same optimizer steps per rollout batch)"
         )
-    if shape.gradient_accumulation_steps % shape.ranks:
-        raise UserFacingError(
-            f"train.gradient_accumulation_steps={shape.gradient_accumulation_steps} microbatches per optimizer step "
-            f"do not split equally among {shape.ranks} ranks: use a multiple of {shape.ranks}"
-        )
+
+
+def _splits_among_ranks(t: TrainConfig, ranks: int) -> bool:
+    """Whether each rank gets whole groups of the rollout batch and a whole number of each optimizer step's
+    microbatches (the sizes are totals over the ranks)."""
+    prompts = t.rollout_batch_size // t.group_size
+    return prompts % ranks == 0 and t.gradient_accumulation_steps % ranks == 0
+
+
+def rank_split_sizes(t: TrainConfig, ranks: int) -> dict[str, int]:
+    """The train.* sizes to write so that `ranks` ranks split the batch equally, all in one answer (a user who got
+    one refusal per size had to run three times): the fewest prompts per rollout batch at or above today's that is
+    a multiple of `ranks`, the same number of optimizer steps per rollout batch (so sync=on_policy's equal batches
+    stay equal), and the most microbatches' worth of memory today's microbatch allows. Only the keys that change."""
+    group = t.group_size
+    prompts = t.rollout_batch_size // group
+    steps = max(1, t.rollout_batch_size // t.train_batch_size)
+    microbatch = max(1, t.train_batch_size // t.gradient_accumulation_steps)
+    candidate = -(-prompts // ranks) * ranks
+    # A train batch is rollout/steps completions and must itself split among the ranks.
+    while (candidate * group) % (steps * ranks):
+        candidate += ranks
+    rollout = candidate * group
+    train = rollout // steps
+    # Microbatches per optimizer step: a multiple of the ranks that divides the train batch, the fewest whose
+    # microbatch is no larger than today's (the memory a microbatch needs), else the smallest microbatch.
+    accumulations = [g for g in range(ranks, train + 1, ranks) if train % g == 0]
+    accumulation = next((g for g in accumulations if train // g <= microbatch), accumulations[-1])
+    sizes = {"rollout_batch_size": rollout, "train_batch_size": train, "gradient_accumulation_steps": accumulation}
+    return {key: value for key, value in sizes.items() if getattr(t, key) != value}
 
 
 def validate_config(config: GRPOConfig | DictConfig) -> None:

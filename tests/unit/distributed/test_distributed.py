@@ -73,9 +73,10 @@ def free_port() -> int:
                 "train.train_batch_size=12",
                 "train.gradient_accumulation_steps=2",
             ],
-            "do not split equally among 2 ranks",
+            "splits into 2 equal shares .* run with train.rollout_batch_size=16 train.train_batch_size=16 "
+            "train.gradient_accumulation_steps=4 ",
         ),
-        (["distributed=fsdp", "train.gradient_accumulation_steps=1"], "microbatches per optimizer step"),
+        (["distributed=fsdp", "train.gradient_accumulation_steps=1"], "run with train.gradient_accumulation_steps=2 "),
         (["distributed.nproc_per_node=2"], "need distributed=ddp or distributed=fsdp"),
     ],
 )

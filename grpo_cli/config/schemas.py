@@ -345,14 +345,14 @@ class LoggerConfig:
     )
     tags: list[str] = any_value(factory=list, help="W&B tags of the run.")
     name: str | None = any_value(
-        None, help="W&B run name; null: the run directory's name (e.g. 3_optim.lr=1e-05,seed=1 in a multirun)."
+        None, help="W&B run name; null: the run directory's name (e.g. 3_optim.lr@1e-05+seed@1 in a multirun)."
     )
     mode: str = choice(
-        "offline",
+        "online",
         ("online", "offline", "disabled"),
-        help="W&B's mode. online: to the server | offline: written locally (upload later with `wandb sync`) | "
-        "disabled: no W&B. online without an API key, or without a server answering within "
-        "logger.init_timeout_s, logs offline instead.",
+        help="W&B's mode; logger=wandb sets it to $WANDB_MODE when that is set, else online. online: to the server "
+        "| offline: written locally (upload later with `wandb sync`) | disabled: no W&B. online without an API "
+        "key, or without a server answering within logger.init_timeout_s, logs offline instead.",
     )
     init_timeout_s: float = positive(
         15.0, help="logger.mode=online: how long W&B's init may take to reach the server before the run logs offline."
@@ -437,7 +437,7 @@ class EvalConfig:
 
 @dataclass
 class ReportConfig:
-    """report.*: job=report's runs and output (docs/sweeps.md)."""
+    """report.*: job=report's runs and output (docs/tracking.md#reports-jobreport)."""
 
     runs: Any = path(
         None,

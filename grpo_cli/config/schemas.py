@@ -54,6 +54,10 @@ class LoraSettings:
     )
 
 
+# model.mixed_precision's values (job.precisions names them too): bf16 autocast, none, or bf16 where it is fast.
+MIXED_PRECISIONS = ("auto", "no", "bf16")
+
+
 @dataclass
 class ModelConfig:
     """model.*: the policy model, how it is stored and where it runs (model=<choice> picks one)."""
@@ -79,7 +83,7 @@ class ModelConfig:
     init_seed: int = non_negative(0, help="Seed for the weights of randomly initialised models (model=tiny_random).")
     mixed_precision: str = choice(
         "auto",
-        ("auto", "no", "bf16"),
+        MIXED_PRECISIONS,
         help="bf16: autocast forward passes to bf16 while weights and optimizer state stay in model.dtype. auto: "
         "bf16 where it is fast (CUDA with bf16; CPUs with AVX-512 BF16 or AMX), else no (AVX2-only CPUs emulate "
         "bf16 matmuls hundreds of times slower than fp32).",
@@ -391,6 +395,14 @@ class JobConfig:
         0, help="benchmark: unmeasured warm-up steps per engine, before the measured ones."
     )
     steps: int = positive(6, help="benchmark: measured steps per engine.")
+    precisions: list[str] = choice(
+        MISSING,
+        MIXED_PRECISIONS,
+        factory=lambda: ["auto"],
+        help="benchmark: the compute precisions measured, each engine at each (model.mixed_precision values: bf16 "
+        "autocast, no: model.dtype's). auto: bf16 and no where bf16 is fast here (CUDA with bf16, a CPU with "
+        "AVX-512 BF16 or AMX), no alone elsewhere (said in one line). Scaling runs use model.mixed_precision.",
+    )
     scaling: bool = flag(
         False,
         help="benchmark: also measure how a step's cost grows with the rollout batch (at rollout.max_tokens) and "

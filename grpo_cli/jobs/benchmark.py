@@ -49,7 +49,7 @@ from grpo_cli.config import allowed_values, rollout_config_for
 from grpo_cli.drivers.local import InProcessExecutor
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.errors import UserFacingError
-from grpo_cli.models.runtime import compute_dtype, resolve_device, resolve_dtype, timed
+from grpo_cli.models.runtime import compute_dtype, has_fast_bf16, resolve_device, resolve_dtype, timed
 from grpo_cli.rollout import render_prompts
 from grpo_cli.rollout.decode import SkinnyLinear
 from grpo_cli.rollout.worker import sampling_settings
@@ -89,6 +89,28 @@ def resolve_engines(requested: list[str]) -> list[str]:
             engines_text = ", ".join(allowed_values("rollout.engine"))
             raise UserFacingError(f"job.engines contains {name!r}: use {engines_text} or auto")
     return list(dict.fromkeys(engines))
+
+
+def resolve_precisions(requested: list[str], device: torch.device) -> tuple[list[str], str | None]:
+    """The model.mixed_precision values to measure, and why bf16 is not among them when `auto` left it out.
+
+    `auto` stands for both precisions where bf16 is fast here (the precision every GPU user trains in, and the
+    fp32 it replaces) and for `no` alone where it is not: an AVX2-only CPU emulates bf16 matmuls, hundreds of
+    times slower, so its figure would time the emulation, not the change under test."""
+    precisions: list[str] = []
+    note = None
+    for name in requested:
+        if name != "auto":
+            precisions.append(name)
+        elif has_fast_bf16(device):
+            precisions += ["bf16", "no"]
+        else:
+            precisions.append("no")
+            note = (
+                f"bf16 not measured: {device} has no fast bf16 (a CPU without AVX-512 BF16 or AMX emulates its "
+                "matmuls); job.precisions=[bf16,no] measures it anyway"
+            )
+    return list(dict.fromkeys(precisions)), note
 
 
 def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> float:
@@ -185,16 +207,37 @@ def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
             " compare the time/* columns of job=report for it"
         )
     device = resolve_device(cfg.model.device)
-    matmul_dtype = compute_dtype(device, cfg.model.mixed_precision) or resolve_dtype(cfg.model.dtype, device)
-    peak = matmul_peak_gflops(device, matmul_dtype)
-    console.print(f"matmul peak on {device} ({str(matmul_dtype).removeprefix('torch.')}): {peak:.0f} GFLOP/s")
-    results: dict[str, Any] = {"device": str(device), "matmul_peak_gflops": peak, "engines": {}}
-    for engine in engines:
-        run_cfg = _with_engine(cfg, engine, cfg.job.warmup_steps + cfg.job.steps)
-        engine_dir = output_dir / engine
-        engine_dir.mkdir(parents=True, exist_ok=True)
-        console.print(f"rollout={engine}: starting the trainer ...", highlight=False, markup=False)
-        results["engines"][engine] = _measure_engine(run_cfg, engine_dir, console, peak)
+    precisions, note = resolve_precisions(list(cfg.job.precisions), device)
+    if note:
+        console.print(note, highlight=False, markup=False)
+    by_precision: dict[str, dict[str, Any]] = {}
+    for precision in precisions:
+        dtype = compute_dtype(device, precision) or resolve_dtype(cfg.model.dtype, device)
+        peak = matmul_peak_gflops(device, dtype)
+        label = precision_label(dtype)
+        console.print(f"matmul peak on {device} ({label}): {peak:.0f} GFLOP/s", highlight=False, markup=False)
+        measured: dict[str, Any] = {"compute_dtype": label, "matmul_peak_gflops": peak, "engines": {}}
+        for engine in engines:
+            run_cfg = _with_engine(cfg, engine, cfg.job.warmup_steps + cfg.job.steps)
+            run_cfg.model.mixed_precision = precision
+            engine_dir = output_dir / (engine if len(precisions) == 1 else f"{engine}-{label}")
+            engine_dir.mkdir(parents=True, exist_ok=True)
+            console.print(f"rollout={engine} ({label}): starting the trainer ...", highlight=False, markup=False)
+            measured["engines"][engine] = _measure_engine(run_cfg, engine_dir, console, peak)
+        by_precision[precision] = measured
+    # `engines` (and the peak) at the precision model.mixed_precision runs at here, as before the precision axis.
+    configured = compute_dtype(device, cfg.model.mixed_precision) or resolve_dtype(cfg.model.dtype, device)
+    headline = next(
+        (m for m in by_precision.values() if m["compute_dtype"] == precision_label(configured)),
+        next(iter(by_precision.values())),
+    )
+    results: dict[str, Any] = {
+        "device": str(device),
+        "matmul_peak_gflops": headline["matmul_peak_gflops"],
+        "engines": headline["engines"],
+        "precisions": by_precision,
+        "precision_note": note,
+    }
     (output_dir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
     console.print(benchmark_table(results, cfg))
     if cfg.job.scaling:
@@ -298,8 +341,20 @@ def _measure_engine(cfg: GRPOConfig, output_dir: Path, console: Console, peak: f
     }
 
 
+def precision_label(dtype: torch.dtype) -> str:
+    """bf16 / fp32 / fp16: the compute dtype as the table and benchmark.json name it."""
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
 def benchmark_table(results: dict[str, Any], cfg: GRPOConfig) -> Table:
-    engines = results["engines"]
+    """One column per engine and precision measured (the precision named in the header where several were)."""
+    by_precision = results.get("precisions") or {"": {"compute_dtype": "", "engines": results["engines"]}}
+    several = len(by_precision) > 1
+    engines = {
+        f"rollout={name}" + (f" {measured['compute_dtype']}" if several else ""): figures
+        for measured in by_precision.values()
+        for name, figures in measured["engines"].items()
+    }
     measured = f"{cfg.job.steps} steps" + (f" after {cfg.job.warmup_steps} warm-up" if cfg.job.warmup_steps else "")
     table = Table(
         title=(
@@ -309,7 +364,7 @@ def benchmark_table(results: dict[str, Any], cfg: GRPOConfig) -> Table:
     )
     table.add_column("")
     for name in engines:
-        table.add_column(f"rollout={name}", justify="right")
+        table.add_column(name, justify="right")
 
     def row(label: str, fmt: str, values: list[float | None]) -> None:
         table.add_row(label, *("-" if v is None else format(v, fmt) for v in values))

@@ -17,6 +17,7 @@ from grpo_cli.jobs.benchmark import (
     parameter_counts,
     plot_scaling,
     resolve_engines,
+    resolve_precisions,
     scaling_points,
     training_flops,
 )
@@ -44,6 +45,21 @@ def test_engine_selection():
     assert resolve_engines(["auto"])[0] == "hf"
     with pytest.raises(UserFacingError, match="job.engines contains 'sglang'"):
         resolve_engines(["sglang"])
+
+
+def test_precisions_are_both_where_bf16_is_fast_and_fp32_alone_where_it_is_emulated(monkeypatch):
+    import grpo_cli.jobs.benchmark as benchmark
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(benchmark, "has_fast_bf16", lambda device: True)
+    assert resolve_precisions(["auto"], cpu) == (["bf16", "no"], None)
+    assert resolve_precisions(["no", "auto"], cpu) == (["no", "bf16"], None)
+    monkeypatch.setattr(benchmark, "has_fast_bf16", lambda device: False)
+    precisions, note = resolve_precisions(["auto"], cpu)
+    assert precisions == ["no"]
+    assert note is not None and note.startswith("bf16 not measured: cpu has no fast bf16")
+    assert "job.precisions=[bf16,no]" in note  # how to measure it anyway
+    assert resolve_precisions(["bf16", "no"], cpu) == (["bf16", "no"], None)  # asked for by name: measured
 
 
 def test_matmul_peak_is_a_measurement():

@@ -24,6 +24,7 @@ from omegaconf import MISSING
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
 from grpo_cli.config.task_registry import task_names
 from grpo_cli.tasks.sandbox import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
+from grpo_cli.tasks.sandbox_privileges import DEFAULT_UID
 from grpo_cli.tasks.tool_calls import TOOL_CALL_FORMATS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
@@ -109,6 +110,13 @@ class SandboxConfig:
         factory=lambda: list(DEFAULT_PACKAGES),
         help="bwrap: the installed packages a program may import, bound read-only (with their vendored "
         "libraries); nothing else of site-packages is visible.",
+    )
+    uid: int = positive(  # and at most MAX_UID: sandbox.require says so in one line (a bound of 2^32 - 2 reads badly)
+        DEFAULT_UID,
+        hint="an unprivileged uid, not 0 (root)",
+        help="When the run is root: the unprivileged host uid (and gid of the same number) programs run as, at "
+        "both levels (bwrap maps its uid 1000 to it), after the cgroups are entered as root; the run stops in one "
+        "line where it cannot drop to it. 65534: nobody. Unused when the run is not root (programs run as its user).",
     )
 
 

@@ -26,8 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from grpo_cli.errors import EnvironmentFailed
 from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Reply
-from grpo_cli.rollout.agent_requests import chat_response, completion_response, generate_response, sampling_of
+from grpo_cli.rollout.agent_requests import (
+    SamplingPolicy,
+    chat_response,
+    completion_response,
+    generate_response,
+    sampling_of,
+)
 from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
 from grpo_cli.rollout.agent_vllm import OpenEpisode, VLLMFront
 from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
@@ -57,6 +64,9 @@ GATHER_S = 0.05
 GATHER_FRACTION = 0.25
 GATHER_MAX_S = 2.0
 _POLL_S = 0.005
+# The step's deadline is task.agent_timeout_s after its agents start, plus this for a worker to report its agents'
+# ends; past it every episode not ended is timed out and a worker still running is killed.
+REPORT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,17 @@ def agent_settings(cfg: GRPOConfig) -> AgentSettings:
     )
 
 
+def vocabulary_size(engine: RolloutEngine, tokenizer: Any) -> int:
+    """The token ids a prompt may hold: the policy's embedding rows (which may exceed the tokenizer's length, and
+    which the model may sample), else the tokenizer's length (an engine without the policy, as job=check_reward's)."""
+    embeddings = getattr(getattr(engine, "model", None), "get_input_embeddings", None)
+    if callable(embeddings):
+        rows = getattr(embeddings(), "num_embeddings", None)
+        if isinstance(rows, int):
+            return rows
+    return len(tokenizer)
+
+
 class Share(NamedTuple):
     """One worker's share of the agents: its episode keys, its pool (None: threads here), its call or thread."""
 
@@ -114,7 +135,10 @@ class AgentRun:
         self.reward_fn = reward_fn
         self._server: AgentServer | None = None
         self._front: VLLMFront | None = None
-        self._pools = [RewardWorkers(1, None) for _ in range(settings.workers)]
+        # Each worker's call is killed at the step's deadline (REPORT_GRACE_S): its agents are threads that cannot
+        # be stopped one by one, and a worker wedged past the time limit would hold the step.
+        limit = None if settings.timeout_s is None else settings.timeout_s + REPORT_GRACE_S
+        self._pools = [RewardWorkers(1, limit) for _ in range(settings.workers)]
         self._loader = functools.partial(AgentShare, settings.reference, settings.base_dir, settings.timeout_s)
         self._prompts: dict[str, Any] = {}
         self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -153,6 +177,9 @@ class AgentRun:
                         open_.close()
             return self._finished(episodes, ends, examples_n)
         server.known.update(episodes)
+        server.policy = SamplingPolicy(
+            settings.temperature, settings.top_p, settings.min_tokens, vocabulary_size(engine, self.template.tokenizer)
+        )
         try:
             shares = self._start_agents(jobs)
             self._serve(server, engine, settings, episodes, ends, shares, [k for k, _ in jobs])
@@ -278,23 +305,25 @@ class AgentRun:
         """Answer the agents' calls until every episode has ended (module docstring)."""
         waiting: list[ModelCall] = []
         last_arrival = time.monotonic()
+        deadline = self._deadline()
         while len(ends) < len(episodes):
             try:
                 call = server.calls.get(timeout=_POLL_S)
                 last_arrival = time.monotonic()
                 if call.episode not in episodes:
-                    call.answer.set_result((404, error_body("no open episode at this URL", "unknown_episode")))
+                    call.reply(404, error_body("no open episode at this URL", "unknown_episode"))
                 elif call.route == "end":
                     ends.setdefault(call.episode, (call.body.get("reward"), call.body.get("error")))
-                    call.answer.set_result((200, {"ok": True}))
+                    call.reply(200, {"ok": True})
                 elif call.episode in ends:
-                    call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
+                    call.reply(409, error_body("the episode has ended", "episode_ended"))
                 else:
                     waiting.append(call)
                 continue  # take every call already queued before deciding
             except queue.Empty:
                 pass
             self._check_shares(shares, ends)
+            self._past_deadline(deadline, episodes, ends)
             running = {key for key in episodes if key not in ends}
             asking = {call.episode for call in waiting}
             if waiting and (running <= asking or time.monotonic() - last_arrival > self._gather_window()):
@@ -302,7 +331,7 @@ class AgentRun:
                 waiting = self._answer(engine, settings, episodes, waiting, order)
                 self._last_answer_s = time.monotonic() - started
         for call in waiting:
-            call.answer.set_result((409, error_body("the episode has ended", "episode_ended")))
+            call.reply(409, error_body("the episode has ended", "episode_ended"))
         for share in shares:  # every agent has reported: its share's call returns (or its time limit ends it)
             self._settle(share)
 
@@ -315,21 +344,44 @@ class AgentRun:
     ) -> None:
         """Wait until every episode's agent has reported its end (or its worker died): vLLM's server answers the
         calls meanwhile."""
+        deadline = self._deadline()
         while len(ends) < len(episodes):
             try:
                 key, reward, error = front.ends.get(timeout=_POLL_S * 10)
-            except queue.Empty:  # no report for a while: has a worker died with its agents?
+            except queue.Empty:  # no report for a while: has a worker died with its agents, or the step run out?
                 self._check_shares(shares, ends)
+                self._past_deadline(deadline, episodes, ends)
                 continue
             if key in episodes:
                 ends.setdefault(key, (reward, error))
         for share in shares:
             self._settle(share)
 
+    def _deadline(self) -> float | None:
+        """When the step's agents are out of time (REPORT_GRACE_S), from now; None without a time limit."""
+        timeout = self.settings.timeout_s
+        return None if timeout is None else time.monotonic() + timeout + REPORT_GRACE_S
+
+    def _past_deadline(
+        self,
+        deadline: float | None,
+        episodes: dict[str, AgentEpisode],
+        ends: dict[str, tuple[float | None, str | None]],
+    ) -> None:
+        """Past the step's deadline every episode not ended is timed out (its agent never reported: a worker or,
+        with task.reward_workers=0, a thread that the time limit could not stop)."""
+        if deadline is None or time.monotonic() < deadline:
+            return
+        error = f"took longer than {self.settings.timeout_s:g}s (task.agent_timeout_s) and did not report its end"
+        for key in episodes:
+            ends.setdefault(key, (None, error))
+
     def _settle(self, share: Share) -> None:
-        """Wait for a share's call or thread to return; a worker with agents still running is replaced."""
+        """Wait for a share's call or thread to return; a worker with agents still running is replaced. A thread
+        (task.reward_workers=0) is waited for REPORT_GRACE_S at most: an agent thread cannot be stopped, so one
+        still running is left behind (docs/multi-turn.md)."""
         if isinstance(share.handle, threading.Thread):
-            share.handle.join()
+            share.handle.join(REPORT_GRACE_S)
             return
         try:
             left = share.handle.result().get("left_running", 0)
@@ -381,8 +433,8 @@ class AgentRun:
                 later.append(call)
                 continue
             episode = episodes[call.episode]
-            sampling = sampling_of(call.body, settings.temperature, settings.top_p)
-            try:
+            try:  # the call was checked (agent_requests.check_body): a failure here is that call's 400, not the step's
+                sampling = sampling_of(call.body, settings.temperature, settings.top_p)
                 if call.route == "chat":
                     plan = episode.plan_chat(
                         call.body["messages"], call.body.get("tools"), sampling.n, sampling.max_tokens
@@ -392,10 +444,10 @@ class AgentRun:
                     ids = self.template.encode(prompt) if isinstance(prompt, str) else list(prompt)
                     plan = episode.plan_tokens(ids, sampling.n, sampling.max_tokens)
             except Refused as e:
-                call.answer.set_result((400, error_body(str(e), e.code)))
+                call.reply(400, error_body(str(e), e.code))
                 continue
             except Exception as e:  # noqa: BLE001 - a message the template cannot render: that call's 400
-                call.answer.set_result((400, error_body(describe_error(e), "invalid_request")))
+                call.reply(400, error_body(describe_error(e), "invalid_request"))
                 continue
             planned.setdefault((plan.turn, sampling), []).append((call, plan))
         for (turn, sampling), group in planned.items():
@@ -413,10 +465,15 @@ class AgentRun:
             )
             try:
                 batch = engine.generate([plan.prompt_ids for _, plan in group], group_settings)
-            except Exception as e:  # noqa: BLE001 - answered, then raised: the run's own failure
-                for call, _ in group:
-                    call.answer.set_result((500, error_body(describe_error(e), "engine_error", "server_error")))
-                raise
+            except Exception as e:  # noqa: BLE001 - a checked call the engine cannot sample: a device fault
+                for call in calls:  # every call of this batch is answered before the step stops
+                    call.reply(500, error_body(describe_error(e), "engine_error", "server_error"))
+                # The loop stops on it in one line, keeping the last update (drivers/loop.py, as for a failed
+                # environment): the requests were checked, so this is the engine's own failure.
+                raise EnvironmentFailed(
+                    f"{AGENT_KEY}: the engine failed sampling the agents' calls ({describe_error(e)}); out of "
+                    "memory: lower train.rollout_batch_size or rollout.max_tokens"
+                ) from e
             for row, (call, plan) in enumerate(group):
                 rows = range(row * sampling.n, (row + 1) * sampling.n)
                 turns = [
@@ -427,8 +484,9 @@ class AgentRun:
                     )
                     for r in rows
                 ]
-                replies = episodes[call.episode].take(turns, with_tools=bool(call.body.get("tools")))
-                call.answer.set_result((200, self._response(call, plan, replies)))
+                with_tools = bool(call.body.get("tools")) and call.body.get("tool_choice") != "none"
+                replies = episodes[call.episode].take(turns, with_tools=with_tools)
+                call.reply(200, self._response(call, plan, replies))
         return later
 
     def _response(self, call: ModelCall, plan: CallPlan, replies: list[Reply]) -> dict[str, Any]:

@@ -18,23 +18,39 @@ with the openai package's own types and also carry vLLM's token fields (`prompt_
 choice), which some agent frameworks read. A streamed call gets its reply as server-sent events once it is
 sampled whole (verifiers' harness programs always stream); top_logprobs is refused with one line (HTTP 400): the
 engine gives the sampled tokens' log-probs only.
+
+Every request is checked before it is queued (rollout/agent_requests.py: one schema, the run's own sampling): a
+malformed one, or one asking for a distribution the learner does not train on, is that call's HTTP 400 in OpenAI's
+error shape; a body past MAX_BODY_BYTES is HTTP 413. So an agent's request never reaches the engine unless the engine
+can sample it, and never ends a step. Closing the server answers every call still pending, queued or taken by the
+rollout thread (HTTP 503), and stops uvicorn's thread within CLOSE_S.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations (Request, imported inside
 # build_app, since FastAPI is an optional extra) as objects, which deferred annotations would hide from it.
 import asyncio
 import hmac
+import json
 import queue
 import secrets
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.rollout.agent_requests import Problem, SamplingPolicy, error_body
+
+__all__ = ["error_body"]  # the endpoint's error shape, re-exported for the rollout thread and vLLM's front
 
 Route = Literal["chat", "completions", "generate", "end"]
+# The largest request body read: a 128k-token context is about 1 MiB as JSON token ids and half that as text, so
+# 8 MiB holds any conversation a served model can take, with its tool schemas; a larger body is refused (HTTP 413)
+# before it is read whole.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# How long closing waits for uvicorn's thread once every pending call is answered.
+CLOSE_S = 5.0
 # Each POST route after the episode's part of the URL, and what it serves (the module docstring).
 ROUTES: dict[str, Route] = {
     "/v1/chat/completions": "chat",
@@ -44,7 +60,7 @@ ROUTES: dict[str, Route] = {
 }
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: the server keeps its pending calls in a set
 class ModelCall:
     """One request, queued for the rollout thread: its episode, its route, its checked body; `answer` gets
     (HTTP status, JSON body)."""
@@ -55,10 +71,31 @@ class ModelCall:
     answer: Future[tuple[int, dict[str, Any]]] = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
 
+    def reply(self, status: int, body: dict[str, Any]) -> None:
+        """Answer the call, unless it has been answered (closing the server answers every pending call)."""
+        try:
+            self.answer.set_result((status, body))
+        except InvalidStateError:
+            pass
 
-def error_body(message: str, code: str, kind: str = "invalid_request_error") -> dict[str, Any]:
-    """OpenAI's error shape, which its clients raise as APIStatusError with this message."""
-    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+async def read_json(request: Any) -> tuple[Any, Problem | None]:
+    """The request's JSON body, read up to MAX_BODY_BYTES, or the Problem to answer (HTTP 413 past the limit,
+    400 for a body that is not JSON)."""
+    declared = request.headers.get("content-length", "")
+    too_big = Problem(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", "request_too_large")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None, too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None, too_big
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks)), None
+    except (ValueError, RecursionError):
+        return None, Problem(400, "the request body is not JSON", "invalid_json")
 
 
 def access_refusal(
@@ -92,9 +129,17 @@ def require_endpoint() -> None:
         raise _missing_extra(e) from None
 
 
-def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_card: dict[str, Any]) -> Any:
+def build_app(
+    token: str,
+    calls: queue.Queue[ModelCall],
+    known: set[str],
+    model_card: dict[str, Any],
+    policy: Any = lambda: None,
+    pending: set[ModelCall] | None = None,
+) -> Any:
     """The FastAPI app of the routes (module docstring); `known` holds the episode ids open now, `model_card` the
-    model served (its id and max_model_len, kept up to date by the rollout)."""
+    model served (its id and max_model_len, kept up to date by the rollout), `policy()` the step's SamplingPolicy
+    (None: types and bounds only), `pending` the calls queued and not yet answered (for closing)."""
     try:
         from fastapi import FastAPI, Request
         from fastapi.responses import JSONResponse, StreamingResponse
@@ -102,10 +147,9 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
         raise _missing_extra(e) from None
     from grpo_cli.rollout.agent_requests import check_body, stream_events
 
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    waiting = pending if pending is not None else set()
 
-    def refused(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Any:
-        return JSONResponse(error_body(message, code, kind), status_code=status)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     def unauthorized(request: Request, episode: str | None) -> Any:
         refusal = access_refusal(request.headers.get("authorization", ""), token, episode, known)
@@ -114,16 +158,18 @@ def build_app(token: str, calls: queue.Queue[ModelCall], known: set[str], model_
     async def queued(request: Request, episode: str, route: Route) -> Any:
         if (answer := unauthorized(request, episode)) is not None:
             return answer
-        try:
-            raw = await request.json()
-        except ValueError:
-            return refused(400, "the request body is not JSON", "invalid_json")
-        body, problem = check_body(route, raw)
+        raw, problem = await read_json(request)
+        if problem is None:
+            body, problem = check_body(route, raw, policy())
         if problem is not None:
-            return refused(400, problem, "invalid_request")
+            return JSONResponse(problem.body(), status_code=problem.status)
         call = ModelCall(episode, route, body)
-        calls.put(call)
-        status, answer = await asyncio.wrap_future(call.answer)
+        waiting.add(call)
+        try:
+            calls.put(call)
+            status, answer = await asyncio.wrap_future(call.answer)
+        finally:
+            waiting.discard(call)
         if status == 200 and body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = stream_events(route, answer, usage)
@@ -162,8 +208,19 @@ class AgentServer:
         self.known: set[str] = set()
         # The model card GET /v1/models shows (max_model_len: the engine's context, set by the rollout).
         self.model_card: dict[str, Any] = {"id": model_name, "max_model_len": None}
-        app = build_app(self.token, self.calls, self.known, self.model_card)
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="off")
+        # The step's sampling, which each call is checked against (set by the rollout before its agents start).
+        self.policy: SamplingPolicy | None = None
+        self._pending: set[ModelCall] = set()  # calls checked and not yet answered, queued or taken
+        app = build_app(self.token, self.calls, self.known, self.model_card, lambda: self.policy, self._pending)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(CLOSE_S),
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="grpo-cli-agent-endpoint", daemon=True)
         self._thread.start()
@@ -179,15 +236,21 @@ class AgentServer:
         return f"http://127.0.0.1:{self.port}/{episode}/v1"
 
     def close(self) -> None:
-        """Stop serving; calls still waiting get HTTP 503."""
+        """Stop serving: every call still pending, queued or taken by the rollout thread, gets HTTP 503, and
+        uvicorn's thread ends within CLOSE_S (forced after that)."""
+        stopping = error_body("the run is stopping", "stopping", "server_error")
         while True:
             try:
-                call = self.calls.get_nowait()
+                self.calls.get_nowait().reply(503, stopping)
             except queue.Empty:
                 break
-            call.answer.set_result((503, error_body("the run is stopping", "stopping", "server_error")))
+        for call in list(self._pending):  # a copy: the server's loop discards answered calls meanwhile
+            call.reply(503, stopping)
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=CLOSE_S)
+        if self._thread.is_alive():  # a connection that will not close (a client still sending): cut it
+            self._server.force_exit = True
+            self._thread.join(timeout=CLOSE_S)
 
 
 def new_episode_id() -> str:

@@ -13,7 +13,11 @@ metrics, elastic scaling, ...) are not reachable from an agent. A generating cal
    tokens so far and a reply it got continues the episode (the ids between are the environment's, mask 0);
    otherwise the episode goes on as a new segment (counted in train/rewritten_turns, the tokens so far dropped),
    and limits refuse a call with HTTP 400 as on grpo-cli's endpoint;
-3. vLLM samples it with the call's own fields, plus: max_tokens at most the episode's room, the run's temperature
+3. vLLM samples it with the call's own fields, checked first by grpo-cli's schema (rollout/agent_requests.py, the
+   same as on grpo-cli's endpoint): a malformed field, or one that would sample from another distribution than the
+   learner scores (a temperature other than rollout.temperature, top_k, min_p, penalties, logit_bias,
+   allowed_token_ids, structured outputs, ...), is HTTP 400 naming it and never reaches vLLM; fields the schema does
+   not know are vLLM's own, which vLLM checks. Then: max_tokens at most the episode's room, the run's temperature
    and top_p where the call is silent, the episode's random stream as `seed` (turn_seed(step seed, call number),
    then the episode's index, as grpo-cli's endpoint seeds it), and `return_token_ids` / `logprobs` so that the
    reply carries the sampled ids and their log-probs;
@@ -37,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.rollout.agent_episodes import AgentEpisode, Refused
-from grpo_cli.rollout.agent_server import ROUTES, Route, access_refusal, error_body, require_endpoint
+from grpo_cli.rollout.agent_requests import SamplingPolicy
+from grpo_cli.rollout.agent_server import ROUTES, Route, access_refusal, error_body, read_json, require_endpoint
 from grpo_cli.rollout.episodes import SampledTurn
 from grpo_cli.rollout.sampling import completion_seed, turn_seed
 
@@ -225,7 +230,7 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
-    from grpo_cli.rollout.agent_requests import check_body, field_problem
+    from grpo_cli.rollout.agent_requests import check_body, check_request
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     logging.getLogger("httpx").addFilter(_QUIET)
@@ -268,17 +273,19 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     async def recorded(key: str, request: Request, route: Route, path: str) -> Any:
         if (answer := checked(request, key)) is not None:
             return answer
-        try:
-            raw = await request.json()
-        except ValueError:
-            return refused(400, "the request body is not JSON", "invalid_json")
-        problem = field_problem(route, raw)  # vLLM checks the rest (top_logprobs, streams on every route, ...)
-        if problem is None and route == "completions" and isinstance(raw["prompt"], list) and len(raw["prompt"]) > 1:
-            if isinstance(raw["prompt"][0], (str, list)):
-                problem = "prompt: one prompt per call (an episode is one conversation); send the others on their own"
+        raw, problem = await read_json(request)
+        open_ = front.open.get(key)
+        if open_ is None:  # it ended while the body was read
+            return refused(409, "the episode has ended", "episode_ended")
+        if problem is None:  # the schema with the episode's sampling; vLLM checks its own fields
+            policy = SamplingPolicy(open_.temperature, open_.top_p, open_.min_tokens)
+            _, problem = check_request(route, raw, policy, unknown_fields=True)
         if problem is not None:
-            return refused(400, problem, "invalid_request")
-        open_ = front.open[key]
+            return JSONResponse(problem.body(), status_code=problem.status)
+        if route == "completions" and isinstance(raw["prompt"], list) and len(raw["prompt"]) > 1:
+            if isinstance(raw["prompt"][0], (str, list)):
+                message = "prompt: one prompt per call (an episode is one conversation); send the others on their own"
+                return JSONResponse(error_body(message, "unsupported_parameter", param="prompt"), status_code=400)
         if open_.busy is None:
             open_.busy = asyncio.Lock()
         async with open_.busy:
@@ -331,13 +338,11 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     async def end(episode: str, request: Request) -> Any:
         if (answer := checked(request, episode)) is not None:
             return answer
-        try:
-            raw = await request.json()
-        except ValueError:
-            return refused(400, "the request body is not JSON", "invalid_json")
-        body, problem = check_body("end", raw)
+        raw, problem = await read_json(request)
+        if problem is None:
+            body, problem = check_body("end", raw)
         if problem is not None:
-            return refused(400, problem, "invalid_request")
+            return JSONResponse(problem.body(), status_code=problem.status)
         front.ends.put((episode, body.get("reward"), body.get("error")))
         return {"ok": True}
 

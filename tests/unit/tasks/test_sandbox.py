@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -270,3 +273,85 @@ def test_a_machine_without_cgroups_gets_one_log_line_naming_the_missing_bounds(f
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no pids cgroup" in lines[0] and "no memory cgroup" in lines[0]
     assert "does not delegate it" in lines[0]
+
+
+# ------------------------------------------------------------------------------------------ under root (issue #48)
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.mark.skipif(not ROOT, reason="the privilege drop applies to a run that is root")
+def test_under_root_the_process_level_runs_as_task_sandbox_uid() -> None:
+    """A process-level program started by root was root. Now it runs as task.sandbox.uid (65534) with no group, and
+    kernel.core_pattern is not writable to it (access() only: nothing is written); the interpreter under a folder
+    that uid cannot search (pyenv under /root, drwx------) still starts, with its site-packages."""
+    code = (
+        "import os, sys\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n"
+        "print(os.access('/proc/sys/kernel/core_pattern', os.W_OK), os.access('/proc/sys/vm/drop_caches', os.W_OK))\n"
+        "import json, subprocess\nprint(subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True).stdout)"
+    )
+    result = sandbox.run(code, LIMITS, "process")
+    assert result.output.splitlines() == [
+        "(65534, 65534, 65534) (65534, 65534, 65534) []",
+        "False False",
+        "b'1\\n'",
+    ], result.output
+
+
+@pytest.mark.parametrize("uid", [0, -1, 2**32 - 1, "abc", True])
+def test_a_bad_task_sandbox_uid_stops_in_one_line(fresh_settings, uid) -> None:
+    sandbox.configure(sandbox.SandboxSettings("process", LIMITS, uid=uid))
+    message = sandbox.problem()
+    assert message is not None and "\n" not in message and message.startswith(f"task.sandbox.uid={uid!r}"), message
+    with pytest.raises(sandbox.SandboxUnavailable):
+        sandbox.require()
+
+
+def test_task_sandbox_uid_0_on_the_command_line_is_one_line() -> None:
+    """grpo-run's config check names the key before anything starts."""
+    from grpo_cli.config.validation import validate_config
+    from grpo_cli.errors import UserFacingError
+    from tests.conftest import compose_config
+
+    with pytest.raises(UserFacingError) as stopped:
+        validate_config(compose_config(["task=python_math", "task.sandbox.uid=0"]))
+    message = str(stopped.value)
+    assert "\n" not in message and "task.sandbox.uid" in message and "not 0 (root)" in message, message
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv (util-linux)")
+def test_a_root_run_that_cannot_drop_privileges_stops_in_one_line() -> None:
+    """Root without CAP_SETUID / CAP_SETGID (a container that dropped them): neither level may run the program as
+    root, so each stops in one line naming the drop that failed."""
+    check = "from grpo_cli.tasks import sandbox\nfor level in ('bwrap', 'process'):\n    print(sandbox.problem(level))"
+    probe = subprocess.run(
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-setuid,-setgid", sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = probe.stdout.splitlines()
+    assert len(lines) == 2, (probe.stdout, probe.stderr)
+    for line in lines:
+        assert "runs programs as uid 65534 (task.sandbox.uid) because this run is root" in line, line
+        assert "cannot drop privileges to uid 65534, gid 65534: Operation not permitted" in line, line
+
+
+def test_covers_are_the_folders_the_uid_cannot_search(tmp_path: Path) -> None:
+    """A folder the unprivileged uid may not search (mode 0700, owned by another uid) is covered, with the one
+    entry on the way bound back; a searchable one (0755) is not; nothing is covered twice."""
+    from grpo_cli.tasks.sandbox_privileges import covers
+
+    closed, opened = tmp_path / "closed", tmp_path / "open"
+    (closed / "inner").mkdir(parents=True)
+    (opened / "inner").mkdir(parents=True)
+    (closed / "inner" / "python").write_text("")
+    closed.chmod(0o700)
+    opened.chmod(0o755)
+    tmp_path.chmod(0o755)
+    owner = os.stat(closed).st_uid
+    uid = owner + 1 if owner < 65534 else owner - 1  # any uid but the owner's
+    needed = (str(closed / "inner" / "python"), str(closed / "inner"), str(opened / "inner"))
+    found = covers(needed, uid, uid)
+    own_ancestors = [p for p in tmp_path.parents if not os.stat(p).st_mode & stat.S_IXOTH]
+    assert found[len(own_ancestors) :] == ((str(closed), ("inner",)),), found

@@ -15,10 +15,12 @@ import functools
 import os
 import pickle
 import signal
+import stat
 import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -506,3 +508,133 @@ for path in ("/usr/lib/escape", "/escape"):
         "refused /usr/lib/escape OSError",
         "refused /escape OSError",
     ], result.output
+
+
+# ------------------------------------------------------------------------------------------ the host's root
+# What a sandbox started by root invites (issue #48): CI runs this suite as root. Host-wide settings are probed
+# with access() and read-only files only, never written.
+
+
+def test_no_kernel_setting_is_writable() -> None:
+    """Every file under /proc/sys (kernel.core_pattern runs a program as host root on a crash), /proc/sysrq-trigger
+    and /sys where they are visible: access(W_OK) refuses each. Started by root, bwrap mapped the program to host
+    uid 0, and the kernel judges these files by that uid."""
+    result = run(
+        """
+        import os
+        writable, seen = [p for p in ("/proc/sysrq-trigger",) if os.access(p, os.W_OK)], 0
+        for top in ("/proc/sys", "/sys"):
+            for folder, _, names in os.walk(top):
+                for name in names:
+                    seen += 1
+                    if os.access(os.path.join(folder, name), os.W_OK):
+                        writable.append(os.path.join(folder, name))
+        print("walked", seen > 50, "writable", writable[:5])
+        """
+    )
+    assert result.output == "walked True writable []\n", result.output
+
+
+def test_its_processes_are_unprivileged_on_the_host() -> None:
+    """A program's child, seen from here (/proc/<pid>/status gives the ids the kernel checks, in this process's
+    namespace): no uid or gid of it is 0 and it has no supplementary group of root's; inside, files host root owns
+    (the interpreter, /usr/lib) do not show as its own."""
+    interpreter = os.path.realpath(sys.executable)
+    owned = [p for p in (interpreter, "/usr/lib") if os.stat(p).st_uid == 0]
+    marker = f"grpo-escape-{uuid.uuid4().hex}"
+    code = f"""
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", {marker!r}])
+print("own", [p for p in {owned!r} if os.stat(p).st_uid == os.getuid()], flush=True)
+child.wait()
+"""
+    done: list[sandbox.SandboxResult] = []
+    runner = threading.Thread(target=lambda: done.append(run(code)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = _processes_with(marker)
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{child}/status").read_text().splitlines())
+    finally:
+        _kill_all(_processes_with(marker))
+        runner.join()
+    uids, gids = ([int(n) for n in status[key].split()] for key in ("Uid", "Gid"))
+    groups = [int(n) for n in status["Groups"].split()]
+    assert 0 not in uids and 0 not in gids and 0 not in groups, status
+    assert done[0].output.startswith("own []"), done[0].output
+
+
+# Programs installed setuid or setgid that a view of /usr/lib may hold.
+SETUID_CANDIDATES = (
+    "/usr/lib/openssh/ssh-keysign",
+    "/usr/libexec/openssh/ssh-keysign",
+    "/usr/lib/dbus-1.0/dbus-daemon-launch-helper",
+    "/usr/lib/polkit-1/polkit-agent-helper-1",
+    "/usr/lib/eject/dmcrypt-get-device",
+    "/usr/lib/x86_64-linux-gnu/utempter/utempter",
+    "/usr/lib/aarch64-linux-gnu/utempter/utempter",
+)
+
+
+def test_setuid_programs_in_its_view_give_it_nothing() -> None:
+    """A setuid-root program in the view (ssh-keysign) must neither be the program's own (owned by host root, which
+    a root-started bwrap mapped to the program's uid) nor keep its setuid bit (a nosuid mount). Looked at with
+    stat() and statvfs(); none is run."""
+    present = [p for p in SETUID_CANDIDATES if os.path.isfile(p) and os.stat(p).st_mode & (stat.S_ISUID | stat.S_ISGID)]
+    if not present:
+        pytest.skip("no setuid program of SETUID_CANDIDATES on this machine")
+    result = run(
+        f"""
+        import os
+        for path in {present!r}:
+            if os.path.exists(path):
+                info = os.stat(path)
+                print(path, "own" if info.st_uid == os.getuid() else "not-own",
+                      "nosuid" if os.statvfs(path).f_flag & os.ST_NOSUID else "suid")
+        """
+    )
+    lines = result.output.splitlines()
+    assert lines and all(line.endswith(" not-own nosuid") for line in lines), result.output
+
+
+def test_no_key_of_the_host_is_listed_and_keyctl_is_refused() -> None:
+    """/proc/keys lists the keys its reader may view: host root's keyrings, for a program that is host root.
+    keyctl, add_key and request_key are refused (EPERM)."""
+    result = run(
+        f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        for path in ("/proc/keys", "/proc/key-users"):
+            try:
+                print(path, len(open(path).read().splitlines()))
+            except OSError as e:
+                print(path, "refused")
+        print("keyctl", libc.syscall({NUMBERS["keyctl"]}, 0, -3, 0, 0, 0), ctypes.get_errno())  # GET_KEYRING_ID
+        print("add_key", libc.syscall({NUMBERS["add_key"]}, b"user", b"x", b"y", 1, -3), ctypes.get_errno())
+        """
+    )
+    lines = result.output.splitlines()
+    assert all(line.endswith((" 0", " refused")) for line in lines[:2]), result.output
+    assert lines[2:] == ["keyctl -1 1", "add_key -1 1"], result.output
+
+
+def test_it_cannot_mount_proc_or_sysfs_again_nor_nest_a_user_namespace() -> None:
+    """A fresh proc or sysfs mount would show the host's settings without the read-only cover; a nested user
+    namespace would give back capabilities. Each is refused, directly and after unshare."""
+    result = run(
+        GUARD
+        + """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for kind in (b"proc", b"sysfs"):
+    os.makedirs("/tmp/" + kind.decode(), exist_ok=True)
+    code = libc.mount(kind, b"/tmp/" + kind, kind, 0, None)
+    print("mount", kind.decode(), code, ctypes.get_errno())
+for flags in (0x10000000, 0x10000000 | 0x00020000 | 0x20000000):  # NEWUSER; NEWUSER | NEWNS | NEWPID
+    print("unshare", libc.unshare(flags) == 0)
+"""
+    )
+    lines = result.output.splitlines()
+    assert lines == ["mount proc -1 1", "mount sysfs -1 1", "unshare False", "unshare False"], result.output

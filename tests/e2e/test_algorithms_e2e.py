@@ -29,8 +29,7 @@ def test_dapo_with_no_signal_samples_its_extra_rounds_and_says_it_trained_on_few
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_one_behind_keeps_the_lag_bound(tmp_path):
-    pytest.importorskip("ray")
+def test_dynamic_sampling_one_behind_keeps_the_lag_bound(tmp_path, ray_installed):
     run_dir = tmp_path / "run"
     moving_task = ["task=lipogram", "task.reward_weights.correctness=0", "task.reward_weights.answer=1"]
     args = ["debug=smoke", "sync=one_behind", "loss=grpo_clip", *moving_task, "train.eval_every=0", "train.steps=3"]

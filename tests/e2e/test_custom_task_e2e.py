@@ -180,8 +180,14 @@ def test_bad_user_code_stops_grpo_run_in_one_line_before_the_model_loads(tmp_pat
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "setting",
-    [["sync=one_behind", "loss=grpo_clip"], ["distributed=ddp", "distributed.nproc_per_node=2"], ["-m", "seed=0,1"]],
-    ids=["ray_one_behind", "ddp_2_ranks", "sweep"],
+    [
+        # Ray, and the default rendezvous port: each takes the machine (tests/conftest.py, "Parallel workers")
+        pytest.param(["sync=one_behind", "loss=grpo_clip"], id="ray_one_behind", marks=pytest.mark.machine_wide),
+        pytest.param(
+            ["distributed=ddp", "distributed.nproc_per_node=2"], id="ddp_2_ranks", marks=pytest.mark.machine_wide
+        ),
+        pytest.param(["-m", "seed=0,1"], id="sweep"),
+    ],
 )
 def test_the_users_code_is_found_in_ray_actors_every_rank_and_each_sweep_job(tmp_path, setting):
     folder = experiment_folder(tmp_path)

@@ -7,6 +7,9 @@ import pytest
 from tests.e2e.test_distributed_e2e import run_setting
 from tests.unit.distributed.test_distributed import free_port
 
+# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+pytestmark = pytest.mark.machine_wide
+
 
 @pytest.mark.slow
 def test_an_fsdp_run_resumed_after_its_step_2_checkpoint_takes_the_uninterrupted_steps(tmp_path):

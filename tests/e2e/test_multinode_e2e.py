@@ -15,6 +15,9 @@ from tests.e2e.test_distributed_e2e import COMPARED, run_setting, train_rows
 from tests.unit.distributed.test_distributed import free_port
 from tests.unit.distributed.test_multinode import node_args
 
+# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+pytestmark = pytest.mark.machine_wide
+
 
 def start_node(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
     exe = os.path.join(os.path.dirname(sys.executable), "grpo-run")

@@ -55,6 +55,7 @@ def episodes_of(run_dir: Path, step: int) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.machine_wide
 def test_episodes_train_alike_in_one_process_and_on_two_ddp_ranks(tmp_path) -> None:
     single = run(tmp_path, "single", "train.steps=1")
     ddp = run(tmp_path, "ddp", "train.steps=1", "distributed=ddp", f"distributed.master_port={free_port()}")

@@ -191,6 +191,7 @@ def test_a_report_over_a_missing_directory_fails_with_one_line(tmp_path):
     )
 
 
+@pytest.mark.alone  # a wall-clock bound
 @pytest.mark.parametrize("has_key", [False, True])
 def test_online_without_key_or_server_falls_back_to_offline_quickly(tmp_path, monkeypatch, has_key):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))

@@ -145,6 +145,7 @@ def _collectives(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.machine_wide
 def test_metrics_combine_over_ranks_as_one_batch_would():
     port = free_port()
     with mp.Manager() as manager:
@@ -194,6 +195,7 @@ def _fsdp_gradient(rank: int, port: int, strategy: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.machine_wide
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_averaged_gradient_over_two_gloo_ranks_is_the_one_process_gradient(strategy):
     # PyTorch issue 162338: FSDP2 over gloo summed gradients instead of averaging them in some versions (a
@@ -213,6 +215,8 @@ def test_the_averaged_gradient_over_two_gloo_ranks_is_the_one_process_gradient(s
 
 
 @pytest.mark.slow
+@pytest.mark.machine_wide
+@pytest.mark.alone  # asserts rank 0 stopped within 120 s
 def test_a_failing_rank_stops_every_rank_with_its_one_line_error(tmp_path):
     cfg = compose_config(["debug=smoke", "distributed=ddp", f"distributed.master_port={free_port()}"])
     started = time.monotonic()

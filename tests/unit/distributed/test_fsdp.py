@@ -23,6 +23,9 @@ from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 from tests.unit.distributed.test_distributed import free_port
 
+# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+pytestmark = pytest.mark.machine_wide
+
 # Per rank: one group of 4 completions of one prompt; lengths differ, so the microbatches of several rows pad.
 RANK_SHARE = [
     "model=tiny_random",

@@ -184,6 +184,7 @@ def _two_ranks(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.machine_wide
 def test_two_gloo_ranks_with_two_microbatches_each_give_the_one_process_gradient() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

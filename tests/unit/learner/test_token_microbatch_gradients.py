@@ -150,6 +150,7 @@ def _two_ranks(rank: int, port: int, output_dir: str, strategy: str, budget: str
         dist.destroy_process_group()
 
 
+@pytest.mark.machine_wide
 @pytest.mark.parametrize(("strategy", "budget"), [("ddp", "30"), ("fsdp", "30"), ("ddp", "null")])
 def test_two_gloo_ranks_balanced_by_tokens_give_the_one_process_gradient(tmp_path, strategy, budget):
     # budget null: today's layout (each rank its own rows, fixed microbatches), with the idle-time barrier and the

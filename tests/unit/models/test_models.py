@@ -152,6 +152,7 @@ def test_tiny_random_model_is_deterministic_per_seed(tiny) -> None:
     assert not torch.equal(first.state_dict()[embedding], other.state_dict()[embedding])
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_tiny_random_builds_fast_once_cached(embedded_dir: Path) -> None:
     started = time.perf_counter()
     load_policy(TINY_RANDOM, CPU, torch.float32)

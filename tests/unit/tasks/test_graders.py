@@ -224,6 +224,7 @@ def test_graders_never_raise_on_odd_inputs(bad):
     assert r1_zero_reward_fn("</think> <answer>72</answer>", 72)["reward"] == 1.0
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_an_answer_sympy_cannot_finish_is_wrong_within_the_time_limit(monkeypatch):
     # 10^(10^10) vs 1/2: sympy computes a ten-billion-digit power inside one C call; only killing the helper
     # process stops it.
@@ -236,6 +237,7 @@ def test_an_answer_sympy_cannot_finish_is_wrong_within_the_time_limit(monkeypatc
     assert r1_zero_reward_fn("</think> <answer>0.5</answer>", "\\frac{1}{2}")["reward"] == 1.0
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_the_time_limit_works_outside_the_main_thread(monkeypatch):
     monkeypatch.setattr(graders, "MATH_VERIFY_TIME_LIMIT_S", 1.0)
     results = {}

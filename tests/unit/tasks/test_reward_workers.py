@@ -115,6 +115,7 @@ def timed_scoring(reward, responses, truths):
 # ------------------------------------------------------------------------------ what in-process limits miss
 
 
+@pytest.mark.alone  # a wall-clock bound
 @pytest.mark.parametrize(
     ("function", "convention"),
     [("sleeps_in_c", "trl"), ("sleeps_per_sample", "per_sample"), ("catastrophic_regex", "trl")],

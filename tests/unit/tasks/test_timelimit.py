@@ -22,6 +22,7 @@ def test_fast_calls_return_their_value():
     assert call_with_time_limit(0, busy, 0.01) == "finished"
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_a_runaway_call_is_interrupted_close_to_its_limit():
     start = time.perf_counter()
     with pytest.raises(RewardTimeout, match="busy took longer than 0.2s"):

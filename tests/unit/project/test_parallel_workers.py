@@ -1,0 +1,91 @@
+"""The suite's parallel workers (tests/conftest.py, "Parallel workers"), on a generated suite of sleeping tests run
+as the README's test command runs the real one (`-n 2 --dist loadgroup`): a test marked `alone` runs while no other
+test does, the machine's group (vLLM, Ray, torch.distributed ports) runs on one worker, and so do the tests that
+share a module-scoped fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytest.importorskip("xdist")  # the [dev] extra's; the other CI venvs install plain pytest
+
+# Each test sleeps 0.4 s and records when it ran and on which worker; CLOCK_MONOTONIC is one clock for the machine.
+SUITE = """
+import json, os, time
+
+import pytest
+
+
+def record(name):
+    start = time.monotonic()
+    time.sleep(0.4)
+    line = {"name": name, "start": start, "end": time.monotonic(), "worker": os.environ["PYTEST_XDIST_WORKER"]}
+    with open(os.environ["RECORD"], "a") as out:
+        out.write(json.dumps(line) + "\\n")
+
+
+@pytest.fixture(scope="module")
+def built_once():
+    return object()
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    record(f"free{i}")
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("i", range(2))
+def test_alone(i):
+    record(f"alone{i}")
+
+
+@pytest.mark.machine_wide
+@pytest.mark.parametrize("i", range(2))
+def test_ranks(i):
+    record(f"machine{i}")
+
+
+@pytest.mark.vllm
+def test_engine():
+    record("machine_vllm")
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_shares_a_module_fixture(built_once, i):
+    record(f"module{i}")
+"""
+
+CONFTEST = "from tests.conftest import OneAtATime, pytest_collection_modifyitems, pytest_configure  # noqa: F401\n"
+MARKERS = "[pytest]\nmarkers =\n    alone: x\n    machine_wide: x\n    vllm: x\n"
+
+
+def test_alone_tests_run_alone_and_each_group_on_one_worker(tmp_path: Path) -> None:
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "pytest.ini").write_text(MARKERS)
+    record = tmp_path / "record.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RECORD": str(record)}
+    command = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {row["name"]: row for row in map(json.loads, record.read_text().splitlines())}
+    assert len(runs) == 16
+    # Two workers really ran side by side (else "alone" would hold trivially): some free tests overlapped.
+    free = [runs[f"free{i}"] for i in range(8)]
+    assert {run["worker"] for run in free} == {"gw0", "gw1"}
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a in free for b in free if a is not b)
+    for name in ("alone0", "alone1"):
+        alone = runs[name]
+        beside = [other for other in runs.values() if other["start"] < alone["end"] and alone["start"] < other["end"]]
+        assert beside == [alone], (name, beside)
+    assert len({runs[name]["worker"] for name in ("machine0", "machine1", "machine_vllm")}) == 1
+    assert len({runs[f"module{i}"]["worker"] for i in range(3)}) == 1

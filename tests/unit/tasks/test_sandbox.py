@@ -355,3 +355,32 @@ def test_covers_are_the_folders_the_uid_cannot_search(tmp_path: Path) -> None:
     found = covers(needed, uid, uid)
     own_ancestors = [p for p in tmp_path.parents if not os.stat(p).st_mode & stat.S_IXOTH]
     assert found[len(own_ancestors) :] == ((str(closed), ("inner",)),), found
+
+
+@pytest.mark.skipif(not ROOT or BWRAP_PROBLEM is not None, reason="needs root and bwrap")
+def test_the_probe_refuses_a_bwrap_started_by_root_directly(fresh_settings) -> None:
+    """The launch before issue #48 (bwrap started by root, which maps the program's uid to host uid 0): the
+    start-up probe reads the program's host uid from outside and stops in one line."""
+    from grpo_cli.tasks import sandbox_privileges
+
+    fresh_settings.setattr(sandbox_privileges, "running_as_root", lambda: False)
+    message = sandbox.problem("bwrap")
+    assert message is not None and "\n" not in message, message
+    assert message.startswith("the python tool's sandbox runs programs as host root (host uid 0"), message
+
+
+def test_a_writable_kernel_setting_or_a_kept_group_is_refused() -> None:
+    """The probe's verdict on what it found: a writable /proc/sys file or a group of root's kept after the drop
+    stops the sandbox; ns_last_pid (mode 0666, each write checked for a capability the uid lacks) does not."""
+    from grpo_cli.tasks.sandbox_privileges import DropSpec, HostIds, privilege_problem
+
+    spec = DropSpec(65534, 65534)
+    dropped = HostIds((65534,) * 4, (65534,) * 4, ())
+    assert privilege_problem(dropped, (), ("/proc/sys/kernel/ns_last_pid",), spec) is None
+    writable = privilege_problem(dropped, (), ("/proc/sys/kernel/core_pattern",), spec)
+    assert writable == "leaves kernel settings writable to its programs (as uid 65534): /proc/sys/kernel/core_pattern"
+    kept = privilege_problem(HostIds((65534,) * 4, (65534,) * 4, (0,)), (), (), spec)
+    assert kept is not None and "kept groups" in kept
+    root = privilege_problem(HostIds((0,) * 4, (0,) * 4, ()), (), (), None)
+    assert root is not None and root.startswith("runs programs as host root (host uid 0")
+    assert privilege_problem(None, (), (), spec) is not None  # ids not read: not trusted

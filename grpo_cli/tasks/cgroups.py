@@ -48,7 +48,8 @@ class Cgroup:
 
 
 def join_command(group: Cgroup, argv: list[str]) -> list[str]:
-    """`argv` started through /bin/sh so that it runs inside `group`'s cgroups (`argv` itself where there are none)."""
+    """`argv` started through /bin/sh so that it runs inside `group`'s cgroups (`argv` itself where there are none).
+    A run that is root enters them in sandbox_privileges.DROP_STEP instead, before it drops to task.sandbox.uid."""
     if not group.folders:
         return argv
     return ["/bin/sh", "-c", _JOIN, "sh", *(str(f / "cgroup.procs") for f in group.folders), "--", *argv]

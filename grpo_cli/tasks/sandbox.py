@@ -235,7 +235,7 @@ def _probe(isolation: str, uid: int) -> str | None:
     if code != 0 or said is None:
         dropped = drop_failure(stderr)
         if dropped is not None and spec is not None:
-            return f"the python tool's sandbox {_drop_words(spec)}, but it {dropped}: {way_out}"
+            return f"the python tool's sandbox {_drop_words(spec)}, but it {dropped}: {_DROP_WAY_OUT}"
         error = " ".join((stderr or stdout).decode(errors="replace").split())[-300:]
         drop = f" (bwrap started as uid {uid}: this run is root)" if spec is not None else ""
         return f"the python tool's sandbox cannot start here{drop} ({bwrap}: {error}){_cause(error)}: {way_out}"
@@ -276,7 +276,7 @@ def _probe_process(uid: int) -> str | None:
     if code != 0 or said is None:
         dropped = drop_failure(stderr)
         if dropped is not None and spec is not None:
-            return f"task.sandbox.isolation=process {_drop_words(spec)}, but it {dropped}: {way_out}"
+            return f"task.sandbox.isolation=process {_drop_words(spec)}, but it {dropped}: {_DROP_WAY_OUT}"
         error = " ".join(stderr.decode(errors="replace").split())[-300:]
         drop = f" as uid {uid} (this run is root)" if spec is not None else ""
         return f"task.sandbox.isolation=process cannot start the interpreter{drop}: {error}: {way_out}"
@@ -284,6 +284,13 @@ def _probe_process(uid: int) -> str | None:
         return None  # this user's own process: nothing to check beyond its start
     privileged = privilege_problem(ids, said.as_root, said.writable, spec)
     return None if privileged is None else f"task.sandbox.isolation=process {privileged}: {way_out}"
+
+
+# Where the drop fails, the other level would fail the same way: the way out is the run's own privileges.
+_DROP_WAY_OUT = (
+    "run grpo-run as a user that is not root, or as a root that may switch users (CAP_SETUID, CAP_SETGID, and "
+    "CAP_SYS_ADMIN for a private mount namespace) to a uid its namespace maps (task.sandbox.uid)"
+)
 
 
 def _drop_words(spec: DropSpec) -> str:

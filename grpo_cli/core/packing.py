@@ -9,7 +9,9 @@ path (`_flash_attention_forward`) detects the same position ids, but only in a b
 microbatch is one row (:func:`packed_row_tokens`). Where the architecture does something else with positions
 (chunked attention counts its chunks from the row's start; a recurrent state runs across sequence boundaries), the
 packed forward scores wrong: the probe (:func:`packing_problem`) compares packed against separate log-probs on
-the model itself before training, and such a model keeps the padded layout.
+the model itself before training, then changes one packed sequence at a time and requires every other one's
+packed log-probs to stay bitwise the same (:func:`packed_sequences_leak`, which no rounding tolerance can hide),
+and a model that fails either keeps the padded layout.
 
 The layout changes, never the scores: the model is called where it always is (core/logprobs.py), on the packed
 rows, and :func:`unpack_at` hands back the last hidden states at the padded layout's response positions in its
@@ -20,6 +22,7 @@ untouched.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -212,17 +215,19 @@ def probe_lengths(config: object) -> list[int]:
     return lengths
 
 
-def packing_problem(
-    model: torch.nn.Module,
-    score: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor],
-    tolerance: float = 1e-5,
-) -> str | None:
+Score = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+def packing_problem(model: torch.nn.Module, score: Score, tolerance: float = 1e-5) -> str | None:
     """Why `model` cannot be scored packed (one clause naming the model type), or None when it can: on a short
     synthetic batch (:func:`probe_lengths`), the response log-probs `score(input_ids, labels, mask, packed)`
-    gives ((N,), the scoring path's own computation) packed against one unpadded forward per sequence, in eval
-    mode and without grad. They must agree to `tolerance`; where the weights are half precision, whose rounding
-    differs between batch shapes anyway, to 4 x the padded batch's own difference from the separate forwards or
-    one unit in the last place of the largest log-prob, whichever is larger.
+    gives ((N,), the scoring path's own computation), in eval mode and without grad, pass two checks:
+
+    1. packed against one unpadded forward per sequence, to `tolerance`; where the weights are half precision,
+       whose rounding differs between batch shapes anyway, to 4 x the padded batch's own difference from the
+       separate forwards or one unit in the last place of the largest log-prob, whichever is larger;
+    2. :func:`packed_sequences_leak`: no packed sequence's log-probs move by a single bit when another one's tokens
+       change. A leak small enough to hide inside check 1's half-precision tolerance still fails here.
 
     A model whose forward takes no position ids, or computes something else from them (chunked attention counted
     from the row's start, a recurrent state), differs or fails here, and is never trained on a wrong number."""
@@ -256,17 +261,88 @@ def packing_problem(
                     for row, n in enumerate(lengths)
                 ]
             ).float()
+            if parameter.dtype not in (torch.float32, torch.float64):
+                # Half precision rounds differently in every batch shape (a sequence at another offset of a longer
+                # row): allow 4 x the padded batch's own difference, or one unit in the last place of the largest
+                # log-prob (eps x |value|), whichever is larger; a wrong mask is usually off by tenths (0.17-5.8,
+                # measured), not ulps, but a weak leak is not: check 2 is the one that cannot be fooled.
+                ulp = torch.finfo(parameter.dtype).eps * float(separate.abs().max())
+                tolerance = max(tolerance, 4 * float((padded - separate).abs().max()), ulp)
+            difference = float((packed - separate).abs().max())
+            if not difference <= tolerance:  # nan too
+                return (
+                    f"{model_type} scores packed rows {difference:.2g} off separate sequences "
+                    f"(tolerance {tolerance:.0e})"
+                )
+            leak = packed_sequences_leak(score, input_ids, labels, mask, vocab)
     except Exception as error:  # noqa: BLE001 - any failure of the packed forward means: do not pack
         return f"{model_type}'s forward fails on packed rows ({type(error).__name__}: {str(error)[:100]})"
     finally:
         model.train(was_training)
-    if parameter.dtype not in (torch.float32, torch.float64):
-        # Half precision rounds differently in every batch shape (a sequence at another offset of a longer row):
-        # allow 4 x the padded batch's own difference, or one unit in the last place of the largest log-prob
-        # (eps x |value|), whichever is larger; a wrong mask is off by tenths (0.17-5.8, measured), not ulps.
-        ulp = torch.finfo(parameter.dtype).eps * float(separate.abs().max())
-        tolerance = max(tolerance, 4 * float((padded - separate).abs().max()), ulp)
-    difference = float((packed - separate).abs().max())
-    if not difference <= tolerance:  # nan too
-        return f"{model_type} scores packed rows {difference:.2g} off separate sequences (tolerance {tolerance:.0e})"
+    return None if leak is None else f"{model_type} {leak}"
+
+
+def packed_sequences_leak(
+    score: Score, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, vocab: int
+) -> str | None:
+    """Whether packed sequences see each other, by an exact test instead of a tolerance: change one sequence's
+    tokens (same length, every token another one), score packed again, and require every other sequence's
+    log-probs to be bitwise unchanged; each sequence in turn, so a leak shows in whichever direction it runs and
+    whichever rows the scoring path packs the sequences into. Under a block-diagonal mask another sequence's tokens
+    reach a score only as a masked attention weight, exactly 0, so equal shapes give equal bits. A model whose
+    matmul shapes follow the tokens (a mixture of experts runs each expert on the tokens routed to it) can round a
+    sequence differently when another one changes; that is refused too, and the reason names both causes.
+
+    A control comes first: the same input scored twice must match bitwise, with torch's deterministic algorithms
+    on (warn_only: an op without a deterministic version warns instead of raising, and the control sees whether
+    it actually repeats); the previous setting is restored after. A device whose kernels do not repeat bitwise
+    cannot run the test, and says so instead of passing.
+
+    Args: `score` as in :func:`packing_problem`; a right-padded batch of one sequence per row (input_ids, labels,
+    mask: (B, T), mask True at the scored positions, from position 1 up to each sequence's length); `vocab`,
+    the token ids to draw from (1..vocab-1). Returns a clause (after the model's name) or None. Call it without
+    grad, in eval mode."""
+    if vocab < 3:
+        return "has fewer than 3 token ids, too few for the packing leak test (it changes every token)"
+    lengths = sequence_lengths(mask)
+    # Each row's share of score()'s (N,) output, in its row-major order.
+    ends = mask.sum(dim=1).cumsum(dim=0).tolist()
+    starts = [0, *ends[:-1]]
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            # torch's notices that an op (cuBLAS without CUBLAS_WORKSPACE_CONFIG, ...) may not repeat: the control
+            # measures whether it does, so the notice would only be a line the user cannot act on.
+            warnings.filterwarnings("ignore", message=".*deterministic", category=UserWarning)
+            first = score(input_ids, labels, mask, True)
+            second = score(input_ids, labels, mask, True)
+            if not torch.equal(first, second):
+                return (
+                    "scores the same packed rows differently on a second run with torch's deterministic algorithms "
+                    f"on (by {float((first.float() - second.float()).abs().max()):.2g}; nondeterministic kernels on "
+                    f"{first.device.type}), so the packing leak test cannot run"
+                )
+            for changed, n in enumerate(lengths):
+                if n == 0:
+                    continue
+                tokens = torch.cat([input_ids[changed, :n], labels[changed, n - 1 : n]])  # the sequence's n + 1 ids
+                other = tokens % (vocab - 1) + 1  # every id another one of 1..vocab-1 (k -> k + 1, the last -> 1)
+                ids, targets = input_ids.clone(), labels.clone()
+                ids[changed, :n], targets[changed, :n] = other[:-1], other[1:]
+                moved = score(ids, targets, mask, True)
+                for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                    if row != changed and not torch.equal(moved[start:end], first[start:end]):
+                        by = float((moved[start:end].float() - first[start:end].float()).abs().max())
+                        # Both causes refuse: no test without a tolerance can tell them apart, and a tolerance is
+                        # what a weak leak hides in (qwen2_moe's tiny fp32 model on CPU moves by one unit in the
+                        # last place, through expert matmuls sized by the tokens routed to each expert).
+                        return (
+                            f"moved packed sequence {row}'s log-probs by {by:.2g} when sequence {changed}'s tokens "
+                            "changed (packed sequences that see each other, or rounding that follows the batch's "
+                            "other tokens, as mixture-of-experts routing does)"
+                        )
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     return None

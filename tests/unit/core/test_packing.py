@@ -14,6 +14,7 @@ from grpo_cli.core.packing import (
     pack_rows,
     packed_positions,
     packed_row_tokens,
+    packed_sequences_leak,
     packing_beats_sharing,
     packing_problem,
     probe_lengths,
@@ -21,6 +22,7 @@ from grpo_cli.core.packing import (
     sequence_lengths,
     unpack_at,
 )
+from tests.conftest import build_tiny_lm
 from tests.unit.core.test_prompt_sharing_architectures import LLAMA4, REFUSED
 from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_thread is an autouse fixture
     ARCHITECTURES,
@@ -240,6 +242,101 @@ def test_a_forward_without_position_ids_is_refused_not_raised():
 def test_half_precision_weights_are_compared_at_their_own_rounding():
     model = build_tiny(*MODELS["llama"]).to(torch.bfloat16)
     assert packing_problem(model, scorer(model)) is None
+
+
+class LeakingDecoder(torch.nn.Module):
+    """A decoder with the bug the packed forward exists to avoid: it hands transformers an all-ones attention mask
+    with the packed rows' restarting position ids, so the packed-sequence detection is skipped and every packed
+    sequence attends to the ones before it in its row. Other calls (padded, separate, shared) go through as they
+    came."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, **kwargs):
+        if position_ids is not None and attention_mask is None:  # the packed forward's call
+            attention_mask = torch.ones_like(input_ids)
+        return self.inner(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, **kwargs)
+
+
+def weak_context_llama(dtype: torch.dtype, leaking: bool) -> torch.nn.Module:
+    """The tiny Llama at transformers' own initial scale (std 0.02, not the tests' 0.5): its log-probs hardly depend
+    on the context, so a leak moves them by less than bf16's rounding allowance, though it moves them."""
+    model = build_tiny_lm("LlamaForCausalLM", "LlamaConfig", std=0.02, seed=0, **TINY).to(dtype)
+    if leaking:
+        decoder = LeakingDecoder(model.get_decoder())
+        model.get_decoder = lambda: decoder
+    return model
+
+
+def probe_batch(model: torch.nn.Module):
+    """packing_problem's synthetic batch for `model`: (input_ids, labels, mask, vocab)."""
+    lengths = probe_lengths(model.config)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.zeros((len(lengths), max(lengths)), dtype=torch.long)
+    labels, mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        tokens = torch.randint(1, model.config.vocab_size, (n + 1,), generator=generator)
+        input_ids[row, :n], labels[row, :n], mask[row, 1:n] = tokens[:-1], tokens[1:], True
+    return input_ids, labels, mask, model.config.vocab_size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_leak_between_packed_sequences_is_refused_whatever_the_precision(dtype):
+    """Issue #48: in bf16 the comparison with separate forwards allows one unit in the last place of the largest
+    log-prob (~0.04 here) or 4x the padded batch's own rounding, and this leak stays inside it: only the bitwise
+    test (change one sequence, every other must not move) refuses it in bf16. In fp32 both do."""
+    model = weak_context_llama(dtype, leaking=True)
+    problem = packing_problem(model, scorer(model))
+    assert problem is not None and problem.startswith("llama")
+    model.eval()
+    with torch.no_grad():
+        leak = packed_sequences_leak(scorer(model), *probe_batch(model))
+    assert leak is not None and "when sequence" in leak and "packed sequences that see each other" in leak
+    if dtype == torch.bfloat16:
+        assert problem == f"llama {leak}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_sequences_that_do_not_see_each_other_keep_every_bit(dtype):
+    """Without the leak the same model passes both checks in both precisions: changing one packed sequence leaves
+    every other one's log-probs bitwise equal."""
+    model = weak_context_llama(dtype, leaking=False)
+    assert packing_problem(model, scorer(model)) is None
+    model.eval()
+    with torch.no_grad():
+        assert packed_sequences_leak(scorer(model), *probe_batch(model)) is None
+
+
+@pytest.mark.parametrize("before", [(False, False), (True, False), (True, True)])
+def test_a_device_that_does_not_repeat_itself_cannot_pass_the_leak_test(before):
+    """The control: the same packed input scored twice must match bitwise under torch's deterministic algorithms.
+    Scores that differ by a rounding-sized amount from run to run (nondeterministic kernels, simulated here) make
+    the probe refuse, saying why, instead of pass; the previous deterministic setting comes back either way."""
+    model = build_tiny(*MODELS["llama"])
+    real = scorer(model)
+    deterministic_during_packed_calls = []
+
+    def nondeterministic(input_ids, labels, mask, packed):
+        log_probs = real(input_ids, labels, mask, packed)
+        if not packed:
+            return log_probs
+        deterministic_during_packed_calls.append(torch.are_deterministic_algorithms_enabled())
+        return log_probs + 1e-6 * torch.rand(log_probs.shape)  # well inside the comparison's 1e-5
+
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    try:
+        problem = packing_problem(model, nondeterministic)
+        now = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    assert problem is not None
+    assert "differently on a second run with torch's deterministic algorithms on" in problem
+    assert "nondeterministic kernels on cpu" in problem and "leak test cannot run" in problem
+    assert deterministic_during_packed_calls[-2:] == [True, True]  # the control's two runs
+    assert now == before
 
 
 def test_packing_beats_sharing_by_the_positions_each_layout_computes():

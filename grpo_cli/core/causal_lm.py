@@ -7,6 +7,7 @@ imports no transformers; nn.Module's own typing knows none of these methods (its
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol, cast
 
 from torch import nn
@@ -24,3 +25,17 @@ class CausalLM(Protocol):
 def as_causal_lm(model: nn.Module) -> CausalLM:
     """`model` seen as the causal LM it is (no check, no copy: the same object)."""
     return cast(CausalLM, model)
+
+
+def cache_keyword(module: nn.Module) -> str:
+    """The keyword `module`'s forward (a transformers model, or the decoder inside one) takes the KV cache by:
+    `cache` where the forward declares it (transformers 5.24 renamed `past_key_values`, which it accepts with a
+    FutureWarning until 5.40; the forward takes **kwargs, so the old name may then be dropped without a word and
+    the cache never reach the attention), else `past_key_values` (every earlier release, down to the 4.57.1 floor).
+    The one choice of the shared-prompt forward (core/prompt_sharing.py) and the decode loop
+    (rollout/hf_internals.py)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_cli.core.causal_lm import as_causal_lm
+from grpo_cli.core.causal_lm import as_causal_lm, cache_keyword
 
 # The layer kinds the shared layout is proven for (tests/unit/core/test_sliding_window_logprobs.py,
 # tests/unit/core/test_prompt_sharing_architectures.py). "attention" is transformers 4's name for full attention
@@ -120,12 +120,15 @@ def shared_prompt_response_hidden(
     from transformers import DynamicCache  # here, not at import: grpo_cli.core imports torch only
 
     cache = DynamicCache()
+    # `cache` or `past_key_values`, whichever this transformers takes: the forward accepts **kwargs, so a name it
+    # no longer reads would be dropped silently and the completions scored without their prompt.
+    cache_argument = {cache_keyword(decoder): cache}
     prefix = decoder(
         input_ids=prompt_batch,
         attention_mask=prompt_mask,
         position_ids=prompt_positions,
-        past_key_values=cache,
         use_cache=True,
+        **cache_argument,
     )
     rows = torch.tensor(row_to_prompt, device=device)
     cache.batch_select_indices(rows)  # (distinct, ...) -> (batch, ...): differentiable indexing
@@ -148,7 +151,7 @@ def shared_prompt_response_hidden(
         # Padding rows continue counting too: harmless, and it keeps positions inside the model's range.
         positions[row] = prompt_lengths[row] + torch.arange(suffix_len, device=device)
     suffix = decoder(
-        input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions, past_key_values=cache
+        input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions, **cache_argument
     ).last_hidden_state  # (B, S, H)
     # Hidden state predicting response token k: the prompt's last position for k = 0, else suffix[k - 1].
     per_row = torch.cat([last_prompt_hidden[:, None, :], suffix], dim=1)  # (B, S + 1, H)

@@ -25,7 +25,6 @@ sliding-window layer go to `generate`.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +34,8 @@ import torch
 import transformers
 from packaging.version import Version
 from torch.overrides import TorchFunctionMode
+
+from grpo_cli.core import causal_lm
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, StaticCache
@@ -145,14 +146,10 @@ def fast_path_problem(model: torch.nn.Module, device: torch.device) -> str | Non
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward keyword that takes the KV cache: `cache` where the model's forward declares it (transformers
-    5.24 renamed `past_key_values`, which it accepts with a warning until 5.40), else `past_key_values`."""
-    forward = base_model(model).forward
-    try:
-        parameters = inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in parameters else "past_key_values"
+    """The forward keyword that takes the KV cache, read from the transformers model inside a peft wrapper
+    (`cache` from transformers 5.24, `past_key_values` before): core.causal_lm.cache_keyword, the one choice
+    the shared-prompt forward makes too."""
+    return causal_lm.cache_keyword(base_model(model))
 
 
 def can_compile_fullgraph(model: torch.nn.Module) -> bool:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
+
 import torch
 
-from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
-from grpo_cli.core.prompt_sharing import distinct_prompts, worth_sharing
+from grpo_cli.core import prompt_sharing, response_log_probs, tokenize_prompt_and_output_ids
+from grpo_cli.core.causal_lm import cache_keyword
+from grpo_cli.core.prompt_sharing import distinct_prompts, shared_prompt_response_hidden, worth_sharing
 from grpo_cli.models import TINY_RANDOM, load_policy
 
 
@@ -68,3 +72,80 @@ def test_tokens_through_model_counts_a_shared_prompt_once():
     assert tokens_through_model(data, [0, 1, 2, 3], share_prompts=False) == 3 * 3 + 2 + 7
     assert tokens_through_model(data, [0, 1, 2, 3], share_prompts=True) == 3 + 2 + 7
     assert tokens_through_model(data, [0, 3], share_prompts=True) == 3 + 2 + 2  # nothing shared
+
+
+class RenamedCacheKeyword(torch.nn.Module):
+    """A decoder as transformers 5.24+ declares it, on any installed release: the cache comes as `cache`; the old
+    `past_key_values` still works but warns (FutureWarning, stacklevel=2: reported at torch's module.py, as
+    transformers' `deprecate_kwarg` reports it)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.passed: list[str] = []  # the keyword each call brought its cache by
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
+        if "past_key_values" in kwargs:
+            warnings.warn(
+                "`past_key_values` is deprecated and will be removed in version 5.40.0 for RenamedCacheKeyword."
+                "forward. Use `cache` instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            cache = kwargs.pop("past_key_values")
+            self.passed.append("past_key_values")
+        elif cache is not None:
+            self.passed.append("cache")
+        inner_keyword = cache_keyword(self.inner)  # what the installed release's own decoder takes
+        return self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **{inner_keyword: cache},
+            **kwargs,
+        )
+
+
+def shared_and_plain_hidden(decoder: torch.nn.Module, plain_decoder: torch.nn.Module):
+    """(shared-prompt, plain) hidden states at group_batch's response positions, (N, H) each."""
+    batch, _ = group_batch()
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        shared = shared_prompt_response_hidden(decoder, batch["input_ids"], batch["labels"], mask, pad_id=0)
+        plain = plain_decoder(input_ids=batch["input_ids"]).last_hidden_state[mask]
+    return shared, plain
+
+
+def test_the_shared_forward_passes_the_cache_by_the_keyword_the_installed_release_declares():
+    """On the installed transformers the decoder's forward declares the keyword chosen, and the shared forward
+    runs without a deprecation warning of its own (transformers 5.24 to 5.39 warn on `past_key_values`)."""
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    decoder = model.get_decoder()
+    assert cache_keyword(decoder) in inspect.signature(decoder.forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        shared, plain = shared_and_plain_hidden(decoder, decoder)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    # A forward that declares `cache` (transformers 5.24+) gets `cache`, whatever the installed release is.
+    renamed = RenamedCacheKeyword(decoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        shared, plain = shared_and_plain_hidden(renamed, decoder)
+    assert renamed.passed == ["cache", "cache"]  # the prompts' pass and the completions' pass
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_keyword_the_forward_ignores_fails_the_equality(monkeypatch):
+    """Why the equality above guards the keyword: the forwards take **kwargs, so a keyword transformers stops
+    reading is swallowed without a word, the completions run without their prompt's cache, and the shared
+    log-probs no longer match the plain forward's (or the forward fails on its mask's width)."""
+    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
+    decoder = model.get_decoder()
+    monkeypatch.setattr(prompt_sharing, "cache_keyword", lambda module: "kv_cache_that_was_renamed")
+    try:
+        shared, plain = shared_and_plain_hidden(decoder, decoder)
+    except (RuntimeError, ValueError, IndexError):
+        return  # the completions' mask is wider than their input without the cache: an error fails the test too
+    assert (shared - plain).abs().max() > 1e-2  # the completions scored without their prompt

@@ -129,6 +129,17 @@ def require_endpoint() -> None:
         raise _missing_extra(e) from None
 
 
+def openai_errors(app: Any) -> None:
+    """Starlette's own refusals (a path that is no route: 404, a wrong method: 405) in OpenAI's error shape too."""
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Any, error: HTTPException) -> Any:
+        body = error_body(str(error.detail), f"http_{error.status_code}")
+        return JSONResponse(body, status_code=error.status_code, headers=getattr(error, "headers", None))
+
+
 def build_app(
     token: str,
     calls: queue.Queue[ModelCall],
@@ -150,6 +161,7 @@ def build_app(
     waiting = pending if pending is not None else set()
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    openai_errors(app)
 
     def unauthorized(request: Request, episode: str | None) -> Any:
         refusal = access_refusal(request.headers.get("authorization", ""), token, episode, known)

@@ -42,7 +42,15 @@ from typing import Any
 
 from grpo_cli.rollout.agent_episodes import AgentEpisode, Refused
 from grpo_cli.rollout.agent_requests import SamplingPolicy
-from grpo_cli.rollout.agent_server import ROUTES, Route, access_refusal, error_body, read_json, require_endpoint
+from grpo_cli.rollout.agent_server import (
+    ROUTES,
+    Route,
+    access_refusal,
+    error_body,
+    openai_errors,
+    read_json,
+    require_endpoint,
+)
 from grpo_cli.rollout.episodes import SampledTurn
 from grpo_cli.rollout.sampling import completion_seed, turn_seed
 
@@ -233,6 +241,7 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     from grpo_cli.rollout.agent_requests import check_body, check_request
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    openai_errors(app)
     logging.getLogger("httpx").addFilter(_QUIET)
     vllm = httpx.AsyncClient(transport=httpx.ASGITransport(app=vllm_app), base_url=IN_PROCESS_URL, timeout=None)
 

@@ -167,6 +167,11 @@ def test_a_huge_or_deeply_nested_body_is_refused_in_openais_shape(server) -> Non
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json"
     reply = post(server, "/inference/v1/generate", json=generate(temperature="hot"))
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "sampling_params.temperature"
+    headers = {"Authorization": f"Bearer {server.token}"}
+    wrong_method = httpx.get(f"http://127.0.0.1:{server.port}/ep/v1/chat/completions", headers=headers, timeout=30)
+    no_route = post(server, "/v1/embeddings", json={"input": "x"})
+    assert (wrong_method.status_code, no_route.status_code) == (405, 404)
+    assert wrong_method.json()["error"]["code"] == "http_405" and no_route.json()["error"]["code"] == "http_404"
     assert server.calls.empty()  # none reached the rollout thread
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from grpo_cli.tasks.base import Example, GroundTruth, Prompt, Row, RowError, TaskDataError, format_prompt
@@ -13,6 +15,29 @@ RowParser = Callable[[Row], tuple[str, GroundTruth, dict[str, Any]]]
 def _one_line(error: BaseException, limit: int = 200) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face libraries are told not to reach the hub (read now, not at import)."""
+    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def hub_dataset_cached(name: str) -> bool:
+    """Whether hub dataset `name` has a copy in either local cache (the hub's snapshots, or `datasets`' own) that
+    an offline load could read. A cheap look at two directories: `datasets` itself, asked offline for a dataset it
+    does not hold, may spend its retries first."""
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")).expanduser()
+    hub = Path(os.environ.get("HF_HUB_CACHE", home / "hub")).expanduser()
+    own = Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets")).expanduser()
+    return (hub / f"datasets--{name.replace('/', '--')}").is_dir() or (own / name.replace("/", "___")).is_dir()
+
+
+def offline_refusal(name: str) -> str | None:
+    """Why hub dataset `name` cannot load now (offline, and in no local cache), or None."""
+    if hub_offline() and not hub_dataset_cached(name):
+        return f"{name} is not in the local cache and HF_HUB_OFFLINE is set"
+    return None
 
 
 def load_hub_examples(
@@ -41,6 +66,10 @@ def load_hub_examples(
     if not hub_dataset:
         raise TaskDataError(f"task.hub_dataset is not set: pass a local JSONL file with {path_key}=...")
     where = f"{hub_dataset}" + (f" ({hub_config})" if hub_config else "") + f" split {hub_split!r}"
+    if (refused := offline_refusal(hub_dataset)) is not None:
+        raise TaskDataError(
+            f"cannot load {where} from the Hugging Face hub ({refused}): pass a local JSONL file with {path_key}=..."
+        )
     try:
         import datasets
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from grpo_cli.tasks.base import Row, TaskDataError, iter_jsonl_objects
-from grpo_cli.tasks.hub import _one_line
+from grpo_cli.tasks.hub import _one_line, offline_refusal
 from grpo_cli.tasks.user_code import check_signature, load_callable
 
 FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
@@ -85,7 +85,14 @@ def dataset_rows(key: str, name: str, config: str | None, split: str, n: int | N
         elif Path(name).is_dir() and (Path(name) / "dataset_info.json").is_file():
             rows = datasets.load_from_disk(name)
         else:
+            if not Path(name).exists() and (refused := offline_refusal(name)) is not None:
+                raise TaskDataError(
+                    f"cannot load {where} from the Hugging Face hub ({refused}): give a local file with "
+                    "task.train_path / task.eval_path, or a dataset directory"
+                )
             rows = datasets.load_dataset(name, config, split=split)
+    except TaskDataError:
+        raise
     except Exception as e:  # noqa: BLE001 - offline, no such dataset or split: one line, never a traceback
         raise TaskDataError(
             f"cannot load {where} ({type(e).__name__}: {_one_line(e)}): give a local file with "

@@ -40,7 +40,7 @@ def test_smoke_training_run_writes_metrics_and_eval_generations(tmp_path):
         "size: 2 steps x 2 prompts x 2 completions = 8 completions (at most 64 new tokens); "
         "3 evaluations (at steps 0, 1, 2) x 4 rows = 12 completions (at most 96 new tokens)"
     ) in result.stdout
-    assert re.search(r"^step    1  reward .*  eta \d+s$", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^step    1  reward .*  eta [0-9hms]+$", result.stdout, re.MULTILINE), result.stdout
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2]

@@ -254,6 +254,7 @@ def test_bad_medcalc_lines_name_the_file_the_line_and_the_field(tmp_path, line, 
 
 
 def test_hub_path_loads_medcalc_bench_with_its_columns(monkeypatch):
+    monkeypatch.setattr("grpo_cli.tasks.hub.hub_dataset_cached", lambda name: True)  # the fake: a cached copy
     rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
     fake = FakeDatasets(rows)
     monkeypatch.setitem(sys.modules, "datasets", fake)
@@ -269,6 +270,7 @@ def test_hub_path_loads_medcalc_bench_with_its_columns(monkeypatch):
 
 
 def test_hub_rows_with_a_missing_column_name_the_dataset_and_row(monkeypatch):
+    monkeypatch.setattr("grpo_cli.tasks.hub.hub_dataset_cached", lambda name: True)  # the fake: a cached copy
     monkeypatch.setitem(sys.modules, "datasets", FakeDatasets([{"Patient Note": "n", "Ground Truth Answer": "1"}]))
     with pytest.raises(TaskDataError, match=r"ncbi/MedCalc-Bench-v1.0 split 'test' row 0: missing field 'Question'"):
         load_examples(task_config("medcalc"), "eval")

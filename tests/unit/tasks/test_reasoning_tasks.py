@@ -103,6 +103,7 @@ def test_gsm8k_final_answer_drops_thousands_separators():
 
 
 def test_hub_path_loads_the_configured_dataset_and_split(monkeypatch):
+    monkeypatch.setattr("grpo_cli.tasks.hub.hub_dataset_cached", lambda name: True)  # the fake: a cached copy
     fake = FakeDatasets([{"question": "2+2?", "answer": "#### 4"}, {"question": "3+3?", "answer": "#### 6"}])
     monkeypatch.setitem(sys.modules, "datasets", fake)
     examples = load_examples(task_config("gsm8k", "task.n_eval=1"), "eval")
@@ -117,6 +118,7 @@ def test_hub_path_loads_the_configured_dataset_and_split(monkeypatch):
 
 
 def test_hub_rows_with_a_missing_field_name_the_dataset_and_row(monkeypatch):
+    monkeypatch.setattr("grpo_cli.tasks.hub.hub_dataset_cached", lambda name: True)  # the fake: a cached copy
     monkeypatch.setitem(sys.modules, "datasets", FakeDatasets([{"problem": "1+1?"}]))
     with pytest.raises(TaskDataError, match=r"hiyouga/math12k split 'test' row 0: missing field 'answer'"):
         load_examples(task_config("math"), "eval")

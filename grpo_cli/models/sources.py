@@ -99,17 +99,25 @@ def _check_directory(name_or_path: str, directory: Path) -> None:
 
 
 def _check_hub_id(name_or_path: str) -> None:
-    """Offline, a hub id must already be in the local Hugging Face cache; online, from_pretrained decides."""
-    if not _is_offline():
-        return
+    """A hub id must be in the local Hugging Face cache, or the hub reachable (then from_pretrained decides):
+    offline or without a network, a missing model is one line at once, not huggingface_hub's retries."""
     from huggingface_hub import try_to_load_from_cache  # a transformers dependency
 
     try:
         cached = try_to_load_from_cache(name_or_path, "config.json")
     except ValueError:  # huggingface_hub rejects ids it considers malformed
         cached = None
-    if not isinstance(cached, str):
+    if isinstance(cached, str):
+        return
+    if _is_offline():
         raise ModelLoadError(hub_unavailable_message(name_or_path))
+    from grpo_cli.tasks.hub import hub_unreachable  # one probe a process
+
+    if (unreachable := hub_unreachable()) is not None:
+        raise ModelLoadError(
+            f"model.name_or_path={name_or_path!r} is not in the local Hugging Face cache and {unreachable}: "
+            "download it where the hub is reachable, or point to a local directory"
+        )
 
 
 def hub_unavailable_message(name_or_path: str) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,32 @@ def hub_dataset_cached(name: str) -> bool:
     return (hub / f"datasets--{name.replace('/', '--')}").is_dir() or (own / name.replace("/", "___")).is_dir()
 
 
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be reached from here (its host does not resolve, or does not accept a connection within
+    3 s), else None; asked once a process. A machine without a network, HF_HUB_OFFLINE unset, otherwise spends
+    huggingface_hub's retries (5 per file, ~45 s in all for a model and its tokenizer) before the same failure.
+    Behind a proxy nothing is probed: the proxy decides."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host = endpoint.hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, endpoint.port or (80 if endpoint.scheme == "http" else 443)), timeout=3):
+            return None
+    except OSError as error:
+        return f"the hub ({host}) cannot be reached ({error.strerror or type(error).__name__})"
+
+
 def offline_refusal(name: str) -> str | None:
-    """Why hub dataset `name` cannot load now (offline, and in no local cache), or None."""
-    if hub_offline() and not hub_dataset_cached(name):
+    """Why hub dataset `name` cannot load now (no local copy, and HF_HUB_OFFLINE set or the hub unreachable), or
+    None."""
+    if hub_dataset_cached(name):
+        return None
+    if hub_offline():
         return f"{name} is not in the local cache and HF_HUB_OFFLINE is set"
+    if (unreachable := hub_unreachable()) is not None:
+        return f"{name} is not in the local cache and {unreachable}"
     return None
 
 

@@ -245,7 +245,8 @@ def test_check_uncached_hub_id_offline() -> None:
 def test_check_hub_id_online_is_left_to_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    check_model_source("grpo-cli-test/no-such-model")  # no network call: only offline mode is pre-checked
+    monkeypatch.setattr("grpo_cli.tasks.hub.hub_unreachable", lambda: None)  # a reachable hub (no network call)
+    check_model_source("grpo-cli-test/no-such-model")  # from_pretrained decides; an unreachable hub: test_hub_offline
 
 
 def test_check_unknown_builtin_name() -> None:

@@ -194,6 +194,7 @@ class TrainingLoop:
                             clock,
                             step,
                             eval_rows=eval_rows,
+                            max_new_tokens=shape.max_new_tokens,
                             on_cpu=self.executor.device_text.startswith("cpu"),
                             gpu_experiment=gpu_experiment_for(cfg.task.name),
                             task=cfg.task.name,

@@ -266,7 +266,14 @@ class RunClock:
 
 
 def long_run_hint(
-    clock: RunClock, step: int, *, eval_rows: int, on_cpu: bool, gpu_experiment: str | None, task: str
+    clock: RunClock,
+    step: int,
+    *,
+    eval_rows: int,
+    max_new_tokens: int,
+    on_cpu: bool,
+    gpu_experiment: str | None,
+    task: str,
 ) -> str | None:
     """One line when the time left is long for this machine (over LONG_RUN_S): where it goes, and the settings of a
     run sized for a CPU and of one sized for a GPU. None when the run is short or not yet measured."""
@@ -277,9 +284,11 @@ def long_run_hint(
     parts = [f"{clock.steps - step} steps at ~{format_duration(clock.step_s)} each"]
     if evaluations and clock.eval_s is not None:
         parts.append(f"{evaluations} evaluations of {eval_rows} rows at ~{format_duration(clock.eval_s)} each")
-    smaller = "task.n_eval=32 train.eval_every=0 (evaluate at the start and the end only)"
-    if evaluations and clock.eval_s is not None and evaluations * clock.eval_s < (clock.steps - step) * clock.step_s:
-        smaller = "train.steps=10 rollout.max_tokens=256"
+    if evaluations and clock.eval_s is not None and evaluations * clock.eval_s >= (clock.steps - step) * clock.step_s:
+        smaller = f"task.n_eval={min(32, eval_rows)} train.eval_every=0 (evaluate at the start and the end only)"
+    else:  # the steps dominate: as many as fit in about LONG_RUN_S at the measured pace
+        smaller = f"train.steps={max(1, int(LONG_RUN_S * 0.8 / clock.step_s))}"
+        smaller += " rollout.max_tokens=256" if max_new_tokens > 256 else ""
     where = (
         f"CPU-sized: {smaller}, or debug=smoke to check the pipeline in seconds; GPU-sized: "
         + (

@@ -79,11 +79,16 @@ def test_a_long_run_names_a_cpu_sized_and_a_gpu_sized_alternative():
     clock = RunClock(30, [0, 10, 20, 30])
     clock.eval_done(1200.0)  # a large held-out set dominates: 3 x 20 min left
     clock.step_done(25.0)
-    hint = long_run_hint(clock, 1, eval_rows=500, on_cpu=True, gpu_experiment="cs336_math", task="math")
+    hint = long_run_hint(
+        clock, 1, eval_rows=500, max_new_tokens=1024, on_cpu=True, gpu_experiment="cs336_math", task="math"
+    )
     assert hint is not None
     assert hint.startswith(f"this run needs about {format_duration(29 * 25 + 3 * 1200)} more here")
-    assert "3 evaluations of 500 rows" in hint and "task.n_eval=" in hint and "experiment=cs336_math" in hint
-    on_gpu = long_run_hint(clock, 1, eval_rows=500, on_cpu=False, gpu_experiment="cs336_math", task="math")
+    assert "3 evaluations of 500 rows" in hint and "task.n_eval=32 train.eval_every=0" in hint
+    assert "GPU-sized: experiment=cs336_math on a GPU" in hint
+    on_gpu = long_run_hint(
+        clock, 1, eval_rows=500, max_new_tokens=1024, on_cpu=False, gpu_experiment="cs336_math", task="math"
+    )
     assert on_gpu is not None and "experiment=" not in on_gpu and "task.n_eval=" in on_gpu
 
 
@@ -91,10 +96,14 @@ def test_where_the_steps_dominate_the_hint_shortens_the_steps_and_a_short_run_ge
     clock = RunClock(300, [0, 300])
     clock.eval_done(10.0)
     clock.step_done(60.0)  # 299 steps x 60 s >> 1 evaluation x 10 s
-    hint = long_run_hint(clock, 1, eval_rows=64, on_cpu=True, gpu_experiment=None, task="keyword")
-    assert hint is not None and "train.steps=" in hint and "task=keyword as it is, on a GPU" in hint
+    hint = long_run_hint(clock, 1, eval_rows=64, max_new_tokens=48, on_cpu=True, gpu_experiment=None, task="keyword")
+    # as many steps as fit in 80% of LONG_RUN_S at 60 s each: 1440 / 60 = 24; 48 tokens are already few
+    assert hint is not None and "CPU-sized: train.steps=24, or debug=smoke" in hint
+    assert "task=keyword as it is, on a GPU" in hint
+    longer = long_run_hint(clock, 1, eval_rows=64, max_new_tokens=1024, on_cpu=True, gpu_experiment=None, task="x")
+    assert longer is not None and "train.steps=24 rollout.max_tokens=256," in longer
     short = RunClock(3, [0, 3])
     short.eval_done(1.0)
     short.step_done(1.0)
     assert short.remaining_s(1) < LONG_RUN_S
-    assert long_run_hint(short, 1, eval_rows=4, on_cpu=True, gpu_experiment=None, task="keyword") is None
+    assert long_run_hint(short, 1, eval_rows=4, max_new_tokens=8, on_cpu=True, gpu_experiment=None, task="k") is None

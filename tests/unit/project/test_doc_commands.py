@@ -258,3 +258,14 @@ def test_a_documented_command_works_as_written(command, tmp_path, monkeypatch, c
         assert code == 0 and "done: eval reward" in output, output[-3000:]
     else:
         _composed(command, tmp_path)
+
+
+def test_a_drifted_command_or_a_stale_error_line_is_caught(tmp_path, capsys):
+    # a key that does not exist, and a page's error line that the CLI no longer prints
+    typo = DocCommand("page.md", 1, ["optim.lrr=1e-5"], REPO_ROOT, None)
+    with pytest.raises(Exception, match="lrr"):
+        _composed(typo, tmp_path)
+    stale = DocCommand("page.md", 2, ["train.gradient_accumulation_steps=3"], REPO_ROOT, "some older wording")
+    line = _cli_error(stale, tmp_path, capsys)
+    assert line is not None and line.startswith("grpo-run: error: train.train_batch_size=16 is not divisible")
+    assert not line.startswith(f"grpo-run: error: {stale.error}")

@@ -206,15 +206,14 @@ def ray_installed():
 #
 # `--dist loadgroup` sends each test to whichever worker is free, except the tests of one xdist group, which one
 # worker runs one after another. Two kinds of group:
-# - "machine": what takes a resource of the whole machine, two of which must not run at once: Ray (the no-Ray-left
-#   check of `ray_installed` sees every process on the machine), a vLLM engine (its CPU threads and memory), and
-#   torch.distributed ranks (the rendezvous port: the default one, or a free_port() checked, then used). A test
-#   joins it through the `ray_installed` fixture, the `vllm` marker or the `machine_wide` marker.
+# - a resource of the whole machine, which two tests must not hold at once: "ray" (the no-Ray-left check of
+#   `ray_installed` sees every process on the machine), "vllm" (an engine's CPU threads and memory) and "ports"
+#   (torch.distributed ranks: the default rendezvous port, or a free_port() checked, then used). A test joins one
+#   through the `ray_installed` fixture, the `vllm` marker or `machine_wide(resource)` (default "ports").
 # - the test module's own node id, for the tests that use a module-scoped fixture (a trained run, a started
 #   engine): one worker builds it once, as a plain run does, instead of each worker building its own.
 # A test marked `alone` asserts a wall-clock bound: no other test runs while it does (OneAtATime below), so the
 # bound holds whatever the other worker is doing.
-MACHINE_GROUP = "machine"
 # Tests marked here by node id, not at the test: the files other work was changing at the time (issue #49).
 ALONE = (
     "tests/unit/rollout/test_agent_endpoint.py::"
@@ -226,8 +225,12 @@ ALONE = (
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group `item` joins (see above), or None: it runs wherever a worker is free."""
     fixtures = getattr(item, "fixturenames", ())
-    if "ray_installed" in fixtures or any(item.iter_markers("vllm")) or any(item.iter_markers("machine_wide")):
-        return MACHINE_GROUP
+    if "ray_installed" in fixtures:
+        return "ray"
+    if any(item.iter_markers("vllm")):
+        return "vllm"
+    if marker := item.get_closest_marker("machine_wide"):
+        return marker.args[0] if marker.args else "ports"
     info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures each test uses
     for name in fixtures:
         for definition in info.name2fixturedefs.get(name, ()) if info else ():

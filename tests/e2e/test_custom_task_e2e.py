@@ -181,8 +181,8 @@ def test_bad_user_code_stops_grpo_run_in_one_line_before_the_model_loads(tmp_pat
 @pytest.mark.parametrize(
     "setting",
     [
-        # Ray, and the default rendezvous port: each takes the machine (tests/conftest.py, "Parallel workers")
-        pytest.param(["sync=one_behind", "loss=grpo_clip"], id="ray_one_behind", marks=pytest.mark.machine_wide),
+        # Ray, and the default rendezvous port: each a resource of the machine (tests/conftest.py, "Parallel workers")
+        pytest.param(["sync=one_behind", "loss=grpo_clip"], id="ray_one_behind", marks=pytest.mark.machine_wide("ray")),
         pytest.param(
             ["distributed=ddp", "distributed.nproc_per_node=2"], id="ddp_2_ranks", marks=pytest.mark.machine_wide
         ),

@@ -13,7 +13,7 @@ from tests.conftest import run_grpo
 from tests.e2e.test_reliability_e2e import start_grpo, wait_for
 from tests.unit.distributed.test_distributed import SETTING, free_port
 
-# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+# torch.distributed ranks on a rendezvous port, a resource of the machine (tests/conftest.py, "Parallel workers")
 pytestmark = pytest.mark.machine_wide
 
 COMPARED = ("train/reward", "train/loss", "train/grad_norm")

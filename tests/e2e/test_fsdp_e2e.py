@@ -7,7 +7,7 @@ import pytest
 from tests.e2e.test_distributed_e2e import run_setting
 from tests.unit.distributed.test_distributed import free_port
 
-# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+# torch.distributed ranks on a rendezvous port, a resource of the machine (tests/conftest.py, "Parallel workers")
 pytestmark = pytest.mark.machine_wide
 
 

@@ -15,7 +15,7 @@ from tests.e2e.test_distributed_e2e import COMPARED, run_setting, train_rows
 from tests.unit.distributed.test_distributed import free_port
 from tests.unit.distributed.test_multinode import node_args
 
-# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+# torch.distributed ranks on a rendezvous port, a resource of the machine (tests/conftest.py, "Parallel workers")
 pytestmark = pytest.mark.machine_wide
 
 

@@ -23,7 +23,7 @@ from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 from tests.unit.distributed.test_distributed import free_port
 
-# torch.distributed ranks on a rendezvous port: they take the machine (tests/conftest.py, "Parallel workers")
+# torch.distributed ranks on a rendezvous port, a resource of the machine (tests/conftest.py, "Parallel workers")
 pytestmark = pytest.mark.machine_wide
 
 # Per rank: one group of 4 completions of one prompt; lengths differ, so the microbatches of several rows pad.

@@ -1,7 +1,7 @@
 """The suite's parallel workers (tests/conftest.py, "Parallel workers"), on a generated suite of sleeping tests run
 as the README's test command runs the real one (`-n 2 --dist loadgroup`): a test marked `alone` runs while no other
-test does, the machine's group (vLLM, Ray, torch.distributed ports) runs on one worker, and so do the tests that
-share a module-scoped fixture."""
+test does, the tests of one resource of the machine (Ray, vLLM, torch.distributed ports) run on one worker, and so
+do the tests that share a module-scoped fixture."""
 
 from __future__ import annotations
 
@@ -51,17 +51,32 @@ def test_alone(i):
 @pytest.mark.machine_wide
 @pytest.mark.parametrize("i", range(2))
 def test_ranks(i):
-    record(f"machine{i}")
+    record(f"ports{i}")
+
+
+@pytest.mark.machine_wide("ray")
+def test_ray_without_its_fixture():
+    record("ray0")
+
+
+def test_ray(ray_installed):
+    record("ray1")
 
 
 @pytest.mark.vllm
-def test_engine():
-    record("machine_vllm")
+@pytest.mark.parametrize("i", range(2))
+def test_engine(i):
+    record(f"vllm{i}")
 
 
 @pytest.mark.parametrize("i", range(3))
 def test_shares_a_module_fixture(built_once, i):
     record(f"module{i}")
+
+
+@pytest.fixture
+def ray_installed():  # the name is what counts: this one starts nothing
+    return None
 """
 
 CONFTEST = "from tests.conftest import OneAtATime, pytest_collection_modifyitems, pytest_configure  # noqa: F401\n"
@@ -78,7 +93,7 @@ def test_alone_tests_run_alone_and_each_group_on_one_worker(tmp_path: Path) -> N
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = {row["name"]: row for row in map(json.loads, record.read_text().splitlines())}
-    assert len(runs) == 16
+    assert len(runs) == 19
     # Two workers really ran side by side (else "alone" would hold trivially): some free tests overlapped.
     free = [runs[f"free{i}"] for i in range(8)]
     assert {run["worker"] for run in free} == {"gw0", "gw1"}
@@ -87,5 +102,5 @@ def test_alone_tests_run_alone_and_each_group_on_one_worker(tmp_path: Path) -> N
         alone = runs[name]
         beside = [other for other in runs.values() if other["start"] < alone["end"] and alone["start"] < other["end"]]
         assert beside == [alone], (name, beside)
-    assert len({runs[name]["worker"] for name in ("machine0", "machine1", "machine_vllm")}) == 1
-    assert len({runs[f"module{i}"]["worker"] for i in range(3)}) == 1
+    for group in ("ports", "ray", "vllm", "module"):
+        assert len({run["worker"] for name, run in runs.items() if name.startswith(group)}) == 1, group

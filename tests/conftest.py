@@ -165,6 +165,16 @@ def tiny_head_lm(architecture: str):
     return build_tiny_lm(model_class, config_class, **TINY_LM_CONFIG, **keys)
 
 
+@pytest.fixture(scope="session")
+def one_process_rows(tmp_path_factory) -> list[dict]:
+    """The training steps' metrics of `grpo-run <SETTING>` (tests/unit/distributed/test_distributed.py) in one
+    process, which DDP and FSDP ranks and two nodes must each reproduce: trained once for all the tests that compare
+    with it (all in xdist group "ports", so on one worker)."""
+    from tests.e2e.test_distributed_e2e import run_setting
+
+    return run_setting(tmp_path_factory.mktemp("one_process"), "single", [])
+
+
 # Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends.
 RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard", "ray_reaper")
 

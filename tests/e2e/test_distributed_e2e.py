@@ -31,8 +31,8 @@ def run_setting(tmp_path: Path, name: str, extra: list[str]) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_ddp_and_fsdp_take_the_same_steps_as_one_process(tmp_path):
-    single = run_setting(tmp_path, "single", [])
+def test_ddp_and_fsdp_take_the_same_steps_as_one_process(tmp_path, one_process_rows):
+    single = one_process_rows
     for strategy in ("ddp", "fsdp"):
         rows = run_setting(tmp_path, strategy, [f"distributed={strategy}", f"distributed.master_port={free_port()}"])
         assert [r["step"] for r in rows] == [1, 2, 3]  # each step logged once, by rank 0

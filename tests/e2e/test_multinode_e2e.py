@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import OFFLINE_ENV
-from tests.e2e.test_distributed_e2e import COMPARED, run_setting, train_rows
+from tests.e2e.test_distributed_e2e import COMPARED, train_rows
 from tests.unit.distributed.test_distributed import free_port
 from tests.unit.distributed.test_multinode import node_args
 
@@ -36,9 +36,9 @@ def wait_or_kill(process: subprocess.Popen, timeout: float) -> int | None:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_loopback_take_the_same_steps_as_one_process(tmp_path):
+def test_two_nodes_on_loopback_take_the_same_steps_as_one_process(tmp_path, one_process_rows):
     # Before the fix each node's launcher joined with its own random run id: both waited for each other forever.
-    single = run_setting(tmp_path, "single", [])
+    single = one_process_rows
     port, run_dir = free_port(), tmp_path / "nodes"  # one run directory, as on a shared file system
     nodes = [start_node(node_args(i, port, run_dir), tmp_path, tmp_path / f"node{i}.log") for i in (0, 1)]
     codes = [wait_or_kill(node, timeout=600) for node in nodes]

@@ -140,5 +140,6 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "length_constant": None,
     }
     assert printed["sync"]["strategy"] == "on_policy" and printed["sync"]["epochs_per_rollout_batch"] == 1
-    assert printed["logger"]["backend"] == "none" and printed["logger"]["mode"] == "offline"
+    # logger.mode's default is what logger=wandb sets where $WANDB_MODE is unset.
+    assert printed["logger"]["backend"] == "none" and printed["logger"]["mode"] == "online"
     assert (printed["seed"], printed["resume"], printed["report"]) == (0, None, {"runs": [], "out": None})

@@ -55,8 +55,8 @@ def hub_unreachable() -> str | None:
 
 def offline_refusal(name: str) -> str | None:
     """Why hub dataset `name` cannot load now (no local copy, and HF_HUB_OFFLINE set or the hub unreachable), or
-    None."""
-    if hub_dataset_cached(name):
+    None. A name that is a local directory or file is `datasets`' to load from disk, never the hub's."""
+    if Path(name).expanduser().exists() or hub_dataset_cached(name):
         return None
     if hub_offline():
         return f"{name} is not in the local cache and HF_HUB_OFFLINE is set"

@@ -116,9 +116,18 @@ def task_choice_for(key: str) -> list[str]:
     return [] if "keyword" in owners else [f"task={owners[0]}"]
 
 
+def is_list_of_choices(key: str) -> bool:
+    """Whether `key` holds a list of choices (job.engines, job.precisions): its overrides are lists, and an
+    error names the item."""
+    value = compose_config(task_choice_for(key))
+    for part in key.split("."):
+        value = getattr(value, part)
+    return isinstance(value, list)
+
+
 @pytest.mark.parametrize("key", sorted(choice_fields()))
 def test_an_unknown_choice_value_fails_in_one_line(key):
-    listed = key in {"job.engines"}  # a list of choices: the item is named
+    listed = is_list_of_choices(key)  # a list of choices: the item is named
     cfg = compose_config([*task_choice_for(key), f"{key}=[bogus]" if listed else f"{key}=bogus"])
     with pytest.raises(UserFacingError) as info:
         validate_config(cfg)
@@ -129,8 +138,7 @@ def test_an_unknown_choice_value_fails_in_one_line(key):
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, values in choice_fields().items() for v in values])
 def test_every_allowed_value_passes_the_choice_check(key, value):
     group_choice = {"rollout.engine": f"rollout={value}"}.get(key)  # an engine comes with its schema
-    listed = {"job.engines"}  # a list of choices
-    override = group_choice or (f"{key}=[{value}]" if key in listed else f"{key}={value}")
+    override = group_choice or (f"{key}=[{value}]" if is_list_of_choices(key) else f"{key}={value}")
     cfg = compose_config([*task_choice_for(key), override])
     try:
         validate_config(cfg)

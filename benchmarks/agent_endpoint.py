@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
+from grpo_cli.episodes.turns import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.agent_run import AgentRun, AgentSettings
 from grpo_cli.rollout.episode_rollout import run_on_engine
-from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.tasks.base import Example
 
 OBSERVATION = "Noted. Go on."

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from grpo_cli.episodes.turns import EpisodeLimits
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
 from grpo_cli.rollout.agent_run import AgentRun, AgentSettings
-from grpo_cli.rollout.episodes import EpisodeLimits
 from grpo_cli.tasks.base import Example
 
 AGENT = """

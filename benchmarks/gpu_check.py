@@ -95,10 +95,10 @@ def check_master_weights_and_autocast() -> Row:
 def check_decode_against_generate() -> list[Row]:
     from transformers import GenerationConfig
 
+    from grpo_cli.engines.decode import Decoder, left_pad
+    from grpo_cli.engines.hf import cut_completion
     from grpo_cli.models import TINY_RANDOM, load_policy
     from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
-    from grpo_cli.rollout.decode import Decoder, left_pad
-    from grpo_cli.rollout.hf import cut_completion
 
     device = _device()
     model, tokenizer = load_policy(TINY_RANDOM, device, torch.float32)

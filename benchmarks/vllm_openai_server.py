@@ -28,12 +28,12 @@ import torch
 from agent_endpoint import AGENT, OBSERVATION, opening
 
 from grpo_cli.config import VLLMRolloutConfig
+from grpo_cli.engines.vllm_engine import VLLMRolloutEngine
+from grpo_cli.episodes.turns import EpisodeLimits
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.models.embedded import EMBEDDED_SMOLLM2
 from grpo_cli.rollout import SamplingSettings
 from grpo_cli.rollout.agent_run import AgentRun, AgentSettings
-from grpo_cli.rollout.episodes import EpisodeLimits
-from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
 from grpo_cli.tasks.base import Example
 
 MODELS = {"smollm2": EMBEDDED_SMOLLM2, "tiny-random": TINY_RANDOM}

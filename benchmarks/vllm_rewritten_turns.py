@@ -18,13 +18,13 @@ import torch
 from agent_endpoint import AGENT, OBSERVATION, opening
 from vllm_openai_server import MODELS
 
+from grpo_cli.agents.recording import AgentEpisode
 from grpo_cli.config import VLLMRolloutConfig
+from grpo_cli.engines.vllm_engine import VLLMRolloutEngine
+from grpo_cli.episodes.turns import EpisodeLimits
 from grpo_cli.models import load_policy
 from grpo_cli.rollout import SamplingSettings
-from grpo_cli.rollout.agent_episodes import AgentEpisode
 from grpo_cli.rollout.agent_run import AgentRun, AgentSettings
-from grpo_cli.rollout.episodes import EpisodeLimits
-from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
 from grpo_cli.tasks.base import Example
 
 

@@ -18,7 +18,7 @@ class SamplingConfig:
     engine: str = choice(
         "hf",
         lambda: tuple(ROLLOUT_SCHEMAS),
-        help="hf: the policy itself samples (the decode loop of rollout/decode.py, or transformers' generate() "
+        help="hf: the policy itself samples (the decode loop of engines/decode.py, or transformers' generate() "
         "where the loop does not support the model or the installed transformers) | vllm: vLLM's offline engine "
         "(rollout=vllm adds its own keys).",
     )
@@ -71,7 +71,7 @@ class SamplingConfig:
 
 @dataclass
 class HFRolloutConfig(SamplingConfig):
-    """rollout=hf: the policy itself samples (static KV cache, grpo_cli/rollout/decode.py)."""
+    """rollout=hf: the policy itself samples (static KV cache, grpo_cli/engines/decode.py)."""
 
     compile: str = choice(
         "auto",
@@ -94,7 +94,7 @@ OPENAI_SERVERS = ("grpo_cli", "vllm")
 
 @dataclass
 class VLLMRolloutConfig(SamplingConfig):
-    """rollout=vllm: the vLLM-only keys (see grpo_cli/rollout/vllm_engine.py)."""
+    """rollout=vllm: the vLLM-only keys (see grpo_cli/engines/vllm_engine.py)."""
 
     gpu_memory_utilization: float = unit_interval(
         0.4,

@@ -33,7 +33,7 @@ def cache_keyword(module: nn.Module) -> str:
     FutureWarning until 5.40; the forward takes **kwargs, so the old name may then be dropped without a word and
     the cache never reach the attention), else `past_key_values` (every earlier release, down to the 4.57.1 floor).
     The one choice of the shared-prompt forward (core/prompt_sharing.py) and the decode loop
-    (rollout/hf_internals.py)."""
+    (engines/hf_internals.py)."""
     try:
         parameters = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):

@@ -41,7 +41,7 @@ from grpo_cli.errors import (
 from grpo_cli.models.runtime import timed
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
-from grpo_cli.tasks import load_eval_sets, load_examples, reward_workers
+from grpo_cli.tasks import load_eval_sets, load_examples
 from grpo_cli.tracking import FanOutSink, baseline_eval_reward, build_metrics_sink, read_metrics, truncate_metrics
 from grpo_cli.tracking.console import (
     RunClock,
@@ -54,6 +54,7 @@ from grpo_cli.tracking.console import (
     run_size_line,
     step_time_table,
 )
+from grpo_cli.usercode import reward_workers
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig

@@ -48,10 +48,10 @@ from rich.table import Table
 from grpo_cli.config import allowed_values, rollout_config_for
 from grpo_cli.drivers.local import InProcessExecutor
 from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.engines.decode import SkinnyLinear
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models.runtime import compute_dtype, has_fast_bf16, resolve_device, resolve_dtype, timed
 from grpo_cli.rollout import render_prompts
-from grpo_cli.rollout.decode import SkinnyLinear
 from grpo_cli.rollout.worker import sampling_settings
 from grpo_cli.tasks import load_examples
 
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from grpo_cli.config.schemas import GRPOConfig
-    from grpo_cli.rollout.base import RolloutEngine
+    from grpo_cli.engines.base import RolloutEngine
 
 # Breakdown rows: (label, metric key). forward+backward and optimizer split the trainer's training time.
 BREAKDOWN = (
@@ -171,7 +171,7 @@ def training_flops(non_embedding: int, vocab: int, hidden: int, tokens: int, res
 def decode_matmul_floor_s(model: torch.nn.Module, rows: int, device: torch.device, repeats: int = 3) -> float:
     """Seconds the matmuls of one decode step take alone: every linear layer of the model (the LM head included),
     in model order, applied to `rows` rows of one token, by the kernel the eager decode step uses on this device
-    (rollout/decode.py's SkinnyLinear on a CPU). The best of `repeats` passes; the weights are streamed as the
+    (engines/decode.py's SkinnyLinear on a CPU). The best of `repeats` passes; the weights are streamed as the
     real step streams them."""
     base = base_model(model)
     weights = [m.weight for m in base.modules() if isinstance(m, torch.nn.Linear)]

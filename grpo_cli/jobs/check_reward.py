@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from grpo_cli.engines.base import RolloutBatch, SamplingSettings
+from grpo_cli.episodes.turns import ChatTemplate, Episode, Generate, SampledTurn, run_episodes
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings
-from grpo_cli.rollout.episodes import ChatTemplate, Episode, Generate, SampledTurn, run_episodes
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
 from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for

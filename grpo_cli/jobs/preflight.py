@@ -25,7 +25,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
     check_model_source(cfg.model.name_or_path)
     check_quantization(cfg.model.quantization, resolve_device(cfg.model.device))
     if cfg.rollout.engine == "vllm":
-        from grpo_cli.rollout.vllm_engine import require_vllm
+        from grpo_cli.engines.vllm_engine import require_vllm
 
         require_vllm()
     if cfg.logger.backend == "tensorboard":
@@ -33,7 +33,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
 
         require_tensorboard()
     if agent_value(cfg.task) is not None:
-        from grpo_cli.rollout.agent_server import require_endpoint
+        from grpo_cli.agents.server import require_endpoint
 
         require_endpoint()
     check_tools_in_workers(cfg)
@@ -49,14 +49,14 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
 
 
 def check_tools_in_workers(cfg: GRPOConfig) -> None:
-    """task.tools, each loaded in a worker process as its calls will be (tasks/tools.py): a tool that cannot run
+    """task.tools, each loaded in a worker process as its calls will be (episodes/tools.py): a tool that cannot run
     there is one line now, not an error at the first call after the model loaded."""
     from grpo_cli.tasks.multiturn_config import base_dir_of_task, tool_specs
 
     specs = tool_specs(cfg.task)
     if not specs or not cfg.task.reward_workers:
         return
-    from grpo_cli.tasks.tools import check_tools_load_in_worker, load_tools
+    from grpo_cli.episodes.tools import check_tools_load_in_worker, load_tools
 
     check_tools_load_in_worker(load_tools(specs, base_dir_of_task(cfg.task)))
 

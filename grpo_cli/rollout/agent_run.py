@@ -1,7 +1,7 @@
 """Agent-driven episodes on the one rollout path: `AgentRun` is a task.agent task's `runs.RolloutRun`.
 
-The user's agents (tasks/agents.py) run in the worker processes and call the policy through the OpenAI-compatible
-endpoint (rollout/agent_server.py); this module is the other side, in the rollout's own thread: it opens one
+The user's agents (usercode/agents.py) run in the worker processes and call the policy through the OpenAI-compatible
+endpoint (agents/server.py); this module is the other side, in the rollout's own thread: it opens one
 `agent_episodes.AgentEpisode` per sample, gives each agent its episode's URL, and serves their calls on the engine
 until every agent has ended, then hands back the episodes as any multi-turn task's (`Samples`), scored by
 `multiturn.score_episodes` (the agent's reward is the episode's `env` component beside task.rewards).
@@ -26,30 +26,30 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from grpo_cli.errors import EnvironmentFailed
-from grpo_cli.rollout.agent_episodes import AgentEpisode, CallPlan, Refused, Reply
-from grpo_cli.rollout.agent_requests import (
+from grpo_cli.agents.recording import AgentEpisode, CallPlan, Refused, Reply
+from grpo_cli.agents.requests import (
     SamplingPolicy,
     chat_response,
     completion_response,
     generate_response,
     sampling_of,
 )
-from grpo_cli.rollout.agent_server import AgentServer, ModelCall, error_body, new_episode_id
-from grpo_cli.rollout.agent_vllm import OpenEpisode, VLLMFront
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
+from grpo_cli.agents.server import AgentServer, ModelCall, error_body, new_episode_id
+from grpo_cli.agents.vllm_front import OpenEpisode, VLLMFront
+from grpo_cli.engines.base import RolloutEngine, SamplingSettings
+from grpo_cli.engines.sampling import turn_seed
+from grpo_cli.episodes.environments import check_error
+from grpo_cli.episodes.tools import prompt_for_schemas
+from grpo_cli.episodes.turns import ChatTemplate, EpisodeLimits, SampledTurn
+from grpo_cli.errors import EnvironmentFailed
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, episode_transcripts
-from grpo_cli.rollout.episodes import ChatTemplate, EpisodeLimits, SampledTurn
 from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, opening_messages, score_episodes
 from grpo_cli.rollout.runs import Samples
-from grpo_cli.rollout.sampling import turn_seed
 from grpo_cli.rollout.scoring import Scores
-from grpo_cli.tasks.agents import AGENT_KEY, AgentJob, AgentShare, load_agent, run_agents
-from grpo_cli.tasks.environments import check_error
 from grpo_cli.tasks.multiturn_config import agent_value, base_dir_of_task, env_weight
-from grpo_cli.tasks.reward_workers import PendingCall, RewardWorkers, describe_error
-from grpo_cli.tasks.tools import prompt_for_schemas
-from grpo_cli.tasks.user_code import RewardSpec
+from grpo_cli.usercode.agents import AGENT_KEY, AgentJob, AgentShare, load_agent, run_agents
+from grpo_cli.usercode.reward_workers import PendingCall, RewardWorkers, describe_error
+from grpo_cli.usercode.user_code import RewardSpec
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
@@ -74,7 +74,7 @@ class AgentSettings:
     """What the run gives its agents: task.agent, where its file is found, the worker count, the per-episode time
     limit, the episodes' limits, task.on_reward_error, the `env` weight, the model's name."""
 
-    reference: RewardSpec  # task.agent: a reference string or a _target_ node (tasks/agents.py load_agent)
+    reference: RewardSpec  # task.agent: a reference string or a _target_ node (usercode/agents.py load_agent)
     base_dir: str
     workers: int
     timeout_s: float | None
@@ -164,7 +164,7 @@ class AgentRun:
             )
             jobs.append((key, self._job(server, key, row, example)))
         ends: dict[str, tuple[float | None, str | None]] = {}
-        if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (rollout/agent_vllm.py)
+        if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (agents/vllm_front.py)
             for key, agent_episode in episodes.items():
                 server.open[key] = OpenEpisode(
                     agent_episode, settings.seed, settings.temperature, settings.top_p, settings.min_tokens

@@ -2,7 +2,7 @@
 
 `episodes.run_episodes` drives a batch turn by turn through a `Generate` callable; `EngineTurns` binds one to any
 `RolloutEngine` (rollout=hf, rollout=vllm). Random streams: a single-turn completion draws from the stream of
-(step seed, prompt index, completion index) (`rollout.sampling`); an episode's turn t draws from the stream of
+(step seed, prompt index, completion index) (`engines.sampling`); an episode's turn t draws from the stream of
 (`turn_seed(step seed, t)`, episode index, 0), the episode index being its place in the step's whole list of
 episodes (prompt index * G + completion index). So a turn's samples depend on its episode and its turn only: not on
 which other episodes are still running in the round, how the batch is chunked, or how the step is split across
@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
-from grpo_cli.rollout.episodes import (
+from grpo_cli.engines.base import RolloutEngine, SamplingSettings
+from grpo_cli.engines.sampling import turn_seed
+from grpo_cli.episodes.turns import (
     ChatTemplate,
     Episode,
     EpisodeLimits,
@@ -35,7 +36,6 @@ from grpo_cli.rollout.episodes import (
     run_episodes,
 )
 from grpo_cli.rollout.runs import Samples
-from grpo_cli.rollout.sampling import turn_seed
 from grpo_cli.rollout.scoring import Scores
 
 if TYPE_CHECKING:

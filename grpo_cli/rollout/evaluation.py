@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.engines.base import RolloutEngine, SamplingSettings
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
 from grpo_cli.rollout.episode_rollout import TRANSCRIPT_COLUMNS
 from grpo_cli.rollout.runs import RolloutRun, Samples, join_samples
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text

@@ -2,7 +2,7 @@
 
     setup = episode_setup(cfg.task, tokenizer, cfg.rollout.max_tokens)   # None: a single-turn task
     if setup is not None:
-        episodes = setup.run(examples, generate)     # opened, run turn by turn (rollout/episodes.py), finished
+        episodes = setup.run(examples, generate)     # opened, run turn by turn (episodes/turns.py), finished
         scores = score_episodes(reward_fn, episodes, setup.env_weight, trainer_state)
         ...
         setup.close()                                 # the tool and environment worker processes stopped
@@ -21,7 +21,7 @@ and does:
     open(examples)            one Episode per example (its `context` an EpisodeContext: the example, its row and its
                               environment session): the environment's reset(row) gives the opening messages, else
                               the example's prompt (chat messages; text as one user message)
-    run(examples, generate)   open, rollout.episodes.run_episodes, finish: the finished episodes in order
+    run(examples, generate)   open, episodes.turns.run_episodes, finish: the finished episodes in order
     finish(episodes)          the environment sessions closed; an episode the environment failed on (reset, step,
                               a time-out) stops the run with one line under on_reward_error=stop (EnvironmentFailed);
                               under skip the episode is skipped (Episode.skipped: no reward, out of the loss)
@@ -45,7 +45,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_cli.rollout.episodes import (
+from grpo_cli.episodes.adapters.trl import ENVIRONMENT_FACTORY_KEY, EnvironmentResult, load_environments
+from grpo_cli.episodes.environments import (
+    EnvironmentRunner,
+    EnvSession,
+    EnvStep,
+    check_error,
+    default_opening,
+    with_run_limits,
+)
+from grpo_cli.episodes.tools import ToolPrompt, ToolRunner, load_tools, tool_prompt
+from grpo_cli.episodes.turns import (
     ChatTemplate,
     Episode,
     EpisodeLimits,
@@ -60,14 +70,6 @@ from grpo_cli.rollout.episodes import (
 )
 from grpo_cli.rollout.scoring import Scores, score_responses, scores_of_batch
 from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
-from grpo_cli.tasks.environments import (
-    EnvironmentRunner,
-    EnvSession,
-    EnvStep,
-    check_error,
-    default_opening,
-    with_run_limits,
-)
 from grpo_cli.tasks.multiturn_config import (
     ENV_COMPONENT,
     ENVIRONMENT_KEY,
@@ -79,9 +81,7 @@ from grpo_cli.tasks.multiturn_config import (
 )
 from grpo_cli.tasks.rewards import uses_n_tokens
 from grpo_cli.tasks.schema import TaskConfig
-from grpo_cli.tasks.tools import ToolPrompt, ToolRunner, load_tools, tool_prompt
 from grpo_cli.tasks.trainer_state import TrainerState
-from grpo_cli.tasks.trl_environments import ENVIRONMENT_FACTORY_KEY, EnvironmentResult, load_environments
 
 
 @dataclass

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings, first_prompt_past_context, render_prompts
+from grpo_cli.engines.base import RolloutEngine, SamplingSettings, first_prompt_past_context, render_prompts
 from grpo_cli.rollout.scoring import Scores, score_responses
 
 if TYPE_CHECKING:
-    from grpo_cli.rollout.episodes import Episode
+    from grpo_cli.episodes.turns import Episode
     from grpo_cli.tasks.base import Example, RewardFn
     from grpo_cli.tasks.custom import TrainerState
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.episodes.turns import Episode
 from grpo_cli.rollout.agent_run import AgentRun, agent_settings
 from grpo_cli.rollout.episode_rollout import EpisodeRun
-from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.multiturn import episode_setup, score_episodes
 from grpo_cli.rollout.runs import OneTurnRun, RolloutRun
 from grpo_cli.rollout.scoring import Scores

@@ -20,11 +20,11 @@ from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import fraction_of_zero_std_groups
+from grpo_cli.engines.base import RolloutEngine, SamplingSettings
+from grpo_cli.engines.build import build_rollout_engine
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
-from grpo_cli.rollout.base import RolloutEngine, SamplingSettings
-from grpo_cli.rollout.engines import build_rollout_engine
 from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.runs import RolloutRun
 from grpo_cli.rollout.scoring import reward_metrics, with_logged_metrics
@@ -207,7 +207,7 @@ class RolloutWorker:
     def check_prompts_fit(self, examples: list[Example]) -> None:
         """Stop the run (one line naming the example) when a training prompt leaves no room in the model's context
         for one sampled token: the engine would sample nothing after it. A multi-turn task's openings are checked
-        as its episodes open (rollout.episodes)."""
+        as its episodes open (episodes.turns)."""
         context = self.engine.context_length
         found = None if context is None else self.run.first_prompt_past_context(examples, context)
         if found is None:

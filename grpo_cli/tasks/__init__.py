@@ -48,8 +48,8 @@ from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
 from grpo_cli.tasks.schema import HubTaskConfig, NumericCloseOptions, RewardWeightsConfig, TaskConfig
-from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
 from grpo_cli.tasks.tool_tasks import GSM8K_TOOLS_TASK, PYTHON_MATH_TASK
+from grpo_cli.usercode.timelimit import RewardTimeout, call_with_time_limit
 
 TASKS: dict[str, TaskSpec] = {
     task.name: task

@@ -23,7 +23,7 @@ import re
 
 from grpo_cli.tasks.base import GroundTruth
 from grpo_cli.tasks.symbolic import symbolic_match
-from grpo_cli.tasks.timelimit import RewardTimeout
+from grpo_cli.usercode.timelimit import RewardTimeout
 
 R1_ZERO_ANSWER_OPEN = "</think> <answer>"
 ANSWER_CLOSE = "</answer>"

@@ -3,7 +3,7 @@
 Reward 1 on the turn the model names the number (the episode ends there); 0 for every other turn, so an episode
 that does not find it within task.max_turns earns nothing. A turn without a number is answered with what to write
 (and earns nothing). The number is the row's `target`, drawn with the task's data seed (`guess_number_rows`), so an
-instance rebuilt by replaying its episode (tasks/environments.py) is in the same state.
+instance rebuilt by replaying its episode (episodes/environments.py) is in the same state.
 """
 
 from __future__ import annotations

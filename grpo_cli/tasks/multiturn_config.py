@@ -17,12 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.errors import UserFacingError
-from grpo_cli.tasks.agents import AGENT_KEY, load_agent
-from grpo_cli.tasks.environments import EnvironmentSpec, load_environment_factory
-from grpo_cli.tasks.sandbox import configure, require, settings_from_config
-from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
-from grpo_cli.tasks.trl_environments import (
+from grpo_cli.episodes.adapters.trl import (
     ENVIRONMENT_FACTORY_KEY,
     SINGLE,
     adapter_node,
@@ -30,7 +25,12 @@ from grpo_cli.tasks.trl_environments import (
     load_environments,
     takes_environments,
 )
-from grpo_cli.tasks.user_code import (
+from grpo_cli.episodes.environments import EnvironmentSpec, load_environment_factory
+from grpo_cli.errors import UserFacingError
+from grpo_cli.sandbox import configure, require, settings_from_config
+from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
+from grpo_cli.usercode.agents import AGENT_KEY, load_agent
+from grpo_cli.usercode.user_code import (
     RewardSpec,
     UserCodeError,
     load_reward_spec,
@@ -66,7 +66,7 @@ def configure_sandbox(task_cfg: TaskConfig) -> None:
 
 
 def environment_factory_value(task_cfg: TaskConfig) -> Any:
-    """task.environment_factory as plain data (tasks/trl_environments.py reads it), None when the task has none."""
+    """task.environment_factory as plain data (episodes/adapters/trl.py reads it), None when the task has none."""
     value = _plain(task_cfg.environment_factory)
     return None if value is None or value == "" else value
 
@@ -159,7 +159,7 @@ def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
 def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("chat",)) -> None:
     """The multi-turn keys' checks, one line each: tools and an environment not both, a chat prompt, the tools
     and the environment loaded (imported here, before any model loads), task.tool_call_format only with tools."""
-    from grpo_cli.tasks.tools import load_tools  # transformers' get_json_schema: only for a task with tools
+    from grpo_cli.episodes.tools import load_tools  # transformers' get_json_schema: only for a task with tools
 
     specs = tool_specs(task_cfg)
     factory = environment_factory_value(task_cfg)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.tasks.base import GroundTruth, RewardComponent, RewardFn, TaskSpec
-from grpo_cli.tasks.timelimit import call_with_time_limit
+from grpo_cli.usercode.timelimit import call_with_time_limit
 
 # Component name -> key of the task's own reward dict.
 BUILTIN_COMPONENTS = {"correctness": "reward", "format": "format_reward", "answer": "answer_reward"}

@@ -23,9 +23,9 @@ from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
 from grpo_cli.config.task_registry import task_names
-from grpo_cli.tasks.sandbox import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
-from grpo_cli.tasks.sandbox_privileges import DEFAULT_UID
-from grpo_cli.tasks.tool_calls import TOOL_CALL_FORMATS
+from grpo_cli.episodes.tool_calls import TOOL_CALL_FORMATS
+from grpo_cli.sandbox.privileges import DEFAULT_UID
+from grpo_cli.sandbox.settings import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
@@ -198,14 +198,14 @@ class TaskConfig:
     tools: dict[str, Any] = any_value(
         factory=dict,
         help="Tools the model may call in a multi-turn episode, by the name it calls them: "
-        "task.tools.calculator=grpo_cli.tasks.builtin_tools:calculator, path/to/file.py:fn, package.module:fn, or a "
+        "task.tools.calculator=grpo_cli.episodes.builtin_tools:calculator, path/to/file.py:fn, package.module:fn, or a "
         "node {_target_: factory, <arguments>} whose factory returns the function (type hints and a docstring with "
         "Args:).",
     )
     tool_call_format: str | None = choice(
         None,
         tuple(TOOL_CALL_FORMATS),
-        help="How tool calls are written and read (grpo_cli/tasks/tool_calls.py); null: the chat template's own, "
+        help="How tool calls are written and read (grpo_cli/episodes/tool_calls.py); null: the chat template's own, "
         "else hermes.",
     )
     tool_timeout_s: float = non_negative(
@@ -217,7 +217,7 @@ class TaskConfig:
         None,
         help="An environment the model talks to in a multi-turn episode, one instance per episode: "
         "path/to/file.py:Class, package.module:Class, or a node {_target_: ..., <constructor arguments>} "
-        "(grpo_cli/tasks/environments.py); null: none.",
+        "(grpo_cli/episodes/environments.py); null: none.",
     )
     environment_factory: Any = any_value(
         None,
@@ -225,16 +225,16 @@ class TaskConfig:
         "methods as the model's tools and an optional get_reward (the env component), one pooled instance per "
         "episode: path/to/file.py:Class, package.module:Class, a node {_target_: ..., <arguments>}, or "
         "{<the row's environment column>: file.py:Class, ...}; rewards may take environments= "
-        "(grpo_cli/tasks/trl_environments.py). Not with task.environment or task.tools; null: none.",
+        "(grpo_cli/episodes/adapters/trl.py). Not with task.environment or task.tools; null: none.",
     )
     agent: Any = any_value(
         None,
         help="Agent code that drives each episode itself through an OpenAI client: path/to/file.py:fn, "
         "package.module:fn or a node {_target_: <factory returning it>, <its arguments>} (a verifiers environment: "
-        "grpo_cli.tasks.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, prompt, "
+        "grpo_cli.agents.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, prompt, "
         "base_url, api_key, model, tokenizer_path, client, async_client; it returns its reward (a number) or None. "
         "The policy is served on a loopback OpenAI-compatible endpoint, and exactly the sampled tokens train "
-        "(grpo_cli/tasks/agents.py, docs/multi-turn.md#agents-your-own-code-drives-the-episode). Not with "
+        "(grpo_cli/usercode/agents.py, docs/multi-turn.md#agents-your-own-code-drives-the-episode). Not with "
         "task.tools, task.environment or task.environment_factory; null: none.",
     )
     agent_timeout_s: float = non_negative(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from grpo_cli.tasks.base import Row, TaskDataError, iter_jsonl_objects
 from grpo_cli.tasks.hub import _one_line, offline_refusal
-from grpo_cli.tasks.user_code import check_signature, load_callable
+from grpo_cli.usercode.user_code import check_signature, load_callable
 
 FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 

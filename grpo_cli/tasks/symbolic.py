@@ -22,7 +22,7 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from grpo_cli.tasks.timelimit import RewardTimeout, call_with_time_limit
+from grpo_cli.usercode.timelimit import RewardTimeout, call_with_time_limit
 
 HELPER_START_TIMEOUT_S = 60.0
 HELPER_MEMORY_LIMIT_BYTES = 4 * 1024**3

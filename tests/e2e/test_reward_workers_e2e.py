@@ -1,4 +1,4 @@
-"""The grpo-run end-to-end half of tests/unit/tasks/test_reward_workers.py: grpo-run as a subprocess."""
+"""The grpo-run end-to-end half of tests/unit/usercode/test_reward_workers.py: grpo-run as a subprocess."""
 
 from __future__ import annotations
 

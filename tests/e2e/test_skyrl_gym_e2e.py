@@ -40,7 +40,7 @@ def test_a_skyrl_gym_environment_trains_two_steps(tmp_path: Path) -> None:
         "task.train_path=train.jsonl",
         "task.eval_path=train.jsonl",
         "task.prompt=chat",
-        "task.environment={_target_: grpo_cli.tasks.environments.SkyRLGymEnvironment, env: gsm8k_multi_turn}",
+        "task.environment={_target_: grpo_cli.episodes.environments.SkyRLGymEnvironment, env: gsm8k_multi_turn}",
         "task.rewards={parity: rewards.py:parity}",
         "task.max_turns=2",
         "train.eval_every=0",

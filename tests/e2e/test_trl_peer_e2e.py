@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import episodes_of, train_to_the_end
-from tests.unit.tasks.test_trl_peer import PEERS, PROMPT, biogrid_db
+from tests.unit.episodes.test_trl_peer import PEERS, PROMPT, biogrid_db
 
 
 def test_trls_agent_example_trains_two_steps(tmp_path: Path) -> None:

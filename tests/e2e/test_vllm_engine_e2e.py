@@ -1,4 +1,4 @@
-"""The grpo-run end-to-end half of tests/unit/rollout/test_vllm_engine.py: grpo-run as a subprocess."""
+"""The grpo-run end-to-end half of tests/unit/engines/test_vllm_engine.py: grpo-run as a subprocess."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import run_grpo
 from tests.e2e.test_distributed_e2e import COMPARED, run_setting
 from tests.unit.distributed.test_distributed import free_port
-from tests.unit.rollout.test_vllm_engine import needs_vllm
+from tests.unit.engines.test_vllm_engine import needs_vllm
 
 
 def test_rollout_vllm_without_vllm_is_one_line(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ None means "no reward from this function for this sample": the sample's reward i
 
 A reward that raises, returns the wrong number of values, NaN, a string, or runs past task.reward_timeout_s is
 one line naming the function, the row and what it returned. The functions run in task.reward_workers worker
-processes (tasks/reward_workers.py), so one blocked in C is killed at the limit and an exit or a crash is that
+processes (usercode/reward_workers.py), so one blocked in C is killed at the limit and an exit or a crash is that
 function's error; 0 calls them in this process, unprotected. task.on_reward_error decides what happens then:
 stop (the default: the run stops with its checkpoints kept, and a save of the last update) or skip (that function
 gives that sample no reward, counted in train/reward_errors and train/reward_timeouts).

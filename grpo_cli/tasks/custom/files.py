@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_cli.tasks.custom.schema import CustomTaskConfig, reward_specs
-from grpo_cli.tasks.user_code import (
+from grpo_cli.usercode.user_code import (
     absolute_reference,
     file_sha256,
     resolve_file,

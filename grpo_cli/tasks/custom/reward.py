@@ -16,10 +16,10 @@ from grpo_cli.tasks.base import GroundTruth
 from grpo_cli.tasks.custom.data import is_conversation
 from grpo_cli.tasks.custom.trl_convention import NamedReward, RewardLog, value_problem
 from grpo_cli.tasks.multiturn_config import ENV_COMPONENT
-from grpo_cli.tasks.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
-from grpo_cli.tasks.timelimit import RewardTimeout
 from grpo_cli.tasks.trainer_state import TrainerState
+from grpo_cli.usercode.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error
+from grpo_cli.usercode.timelimit import RewardTimeout
 
 
 def _row_text(truth: GroundTruth, limit: int = 160) -> str:
@@ -139,7 +139,7 @@ class CustomReward:
         opening messages, what its environment's reset gave the model). `env_rewards` (a task with an environment:
         each episode's summed step rewards, None where it gave none) are the component `env`, weighted by
         `env_weight`. `computed`: the rewards computed elsewhere, by name, (value, how it failed or None) per sample
-        (those taking environments=, run beside the environment instances: tasks/trl_environments.py); they are
+        (those taking environments=, run beside the environment instances: episodes/adapters/trl.py); they are
         checked and weighted as the others.
 
         Each sample's answer_reward and correctness are `answer_source`'s value (the weighted total, env included,

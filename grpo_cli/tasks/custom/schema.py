@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from grpo_cli.config.fields import any_value, choice, path, positive
 from grpo_cli.tasks.schema import TaskConfig
-from grpo_cli.tasks.user_code import RewardSpec, named_specs
+from grpo_cli.usercode.user_code import RewardSpec, named_specs
 
 REWARD_CONVENTIONS = ("trl", "per_sample")
 # What completions= holds: auto is TRL's rule (messages exactly when the data is conversational).

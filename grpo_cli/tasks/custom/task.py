@@ -17,7 +17,7 @@ from grpo_cli.tasks.custom.trl_convention import NamedReward, user_reward
 from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, gives_env_reward
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping
 from grpo_cli.tasks.schema import TaskConfig
-from grpo_cli.tasks.user_code import resolve_file
+from grpo_cli.usercode.user_code import resolve_file
 
 
 def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from grpo_cli.tasks.base import GroundTruth, Row
 from grpo_cli.tasks.trainer_state import TrainerState
-from grpo_cli.tasks.user_code import (
+from grpo_cli.usercode.user_code import (
     RewardSpec,
     UserCodeError,
     check_signature,

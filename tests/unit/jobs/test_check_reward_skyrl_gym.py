@@ -1,6 +1,6 @@
 """skyrl-gym 0.4.0's own test cases for its shipped environments (gsm8k, gsm8k_multi_turn, text2sql, search), run
 through `job=check_reward` against the installed, unchanged environments (the SkyRL adapter of
-tasks/environments.py), and compared with SkyRL's own scoring of the same scripted turns: the environment driven as
+episodes/environments.py), and compared with SkyRL's own scoring of the same scripted turns: the environment driven as
 SkyRL's generator drives it (`skyrl_generator_score`). The actions and expected rewards are those of skyrl-gym
 0.4.0's sdist, tests/test_gsm8k.py, tests/test_sql.py (on a real SQLite database built here) and tests/test_search.py
 (against a retrieval server on loopback started here); gsm8k_multi_turn has no test there, so its rows are shaped as
@@ -25,7 +25,7 @@ from grpo_cli.jobs.check_reward import run as check_reward
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
 from tests.conftest import compose_config
 
-ADAPTER = "grpo_cli.tasks.environments.SkyRLGymEnvironment"
+ADAPTER = "grpo_cli.episodes.environments.SkyRLGymEnvironment"
 
 
 def skyrl_generator_score(env_class: str, env_config: dict[str, Any], row: dict[str, Any], turns: list[str],

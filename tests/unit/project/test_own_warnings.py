@@ -72,7 +72,7 @@ def test_the_pytest_plugin_fails_the_test_whose_call_warned_and_lists_the_rest(t
             """
             import warnings
 
-            from grpo_cli.tasks.awaiting import resolved  # torch-free: this run starts in a few seconds
+            from grpo_cli.usercode.awaiting import resolved  # torch-free: this run starts in a few seconds
 
             def library():
                 warnings.warn("`old` is deprecated. Use `new` instead.", FutureWarning, stacklevel=2)
@@ -81,7 +81,7 @@ def test_the_pytest_plugin_fails_the_test_whose_call_warned_and_lists_the_rest(t
                 library()  # the warning is reported here, in this file, not in one of ours
 
             def test_ours():
-                resolved(user_code())  # our frame, grpo_cli/tasks/awaiting.py, is on the stack
+                resolved(user_code())  # our frame, grpo_cli/usercode/awaiting.py, is on the stack
 
             def test_theirs():
                 warnings.warn("a library's own deprecation", DeprecationWarning)
@@ -100,7 +100,7 @@ def test_the_pytest_plugin_fails_the_test_whose_call_warned_and_lists_the_rest(t
     assert result.returncode == 1, out
     assert "1 failed, 1 passed" in out, out
     assert "test_watched.py::test_ours" in out
-    assert "a warning from our own call: FutureWarning (from our call at grpo_cli/tasks/awaiting.py:" in out
+    assert "a warning from our own call: FutureWarning (from our call at grpo_cli/usercode/awaiting.py:" in out
     # Where it was reported: the user's coroutine in that file, not a file of ours.
     assert re.search(r"reported at \S*test_watched\.py:\d+\): `old` is deprecated", out), out
     summary = out.split("own warnings (tests/own_warnings.py)")[-1]

@@ -11,12 +11,8 @@ import pytest
 import torch
 import transformers
 
-from grpo_cli.errors import UserFacingError
-from grpo_cli.models import embedded_model_dir
-from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.rollout.base import first_prompt_past_context
-from grpo_cli.rollout.episode_rollout import EpisodeRun
-from grpo_cli.rollout.episodes import (
+from grpo_cli.engines.base import first_prompt_past_context
+from grpo_cli.episodes.turns import (
     ChatTemplate,
     Episode,
     EpisodeLimits,
@@ -26,6 +22,10 @@ from grpo_cli.rollout.episodes import (
     run_episodes,
     start_episode,
 )
+from grpo_cli.errors import UserFacingError
+from grpo_cli.models import embedded_model_dir
+from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, render_prompts
+from grpo_cli.rollout.episode_rollout import EpisodeRun
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup
 from grpo_cli.tasks.base import Example
 from grpo_cli.tasks.schema import TaskConfig

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_cli.engines.base import RolloutEngine
+from grpo_cli.episodes.turns import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.models import TINY_RANDOM, load_policy
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
-from grpo_cli.rollout.base import RolloutEngine
 from grpo_cli.rollout.episode_rollout import (
     EngineTurns,
     EpisodeRun,
@@ -22,7 +23,6 @@ from grpo_cli.rollout.episode_rollout import (
     run_on_engine,
     transcript,
 )
-from grpo_cli.rollout.episodes import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.rollout.evaluation import evaluate
 from grpo_cli.rollout.scoring import Scores
 from grpo_cli.scoring.batch import RolloutData
@@ -158,7 +158,7 @@ def test_engine_turns_refuses_prompts_that_are_not_its_episodes(tiny) -> None:
 @pytest.mark.vllm
 def test_vllm_episodes_sampler_log_probs_equal_the_learners(tiny) -> None:
     from grpo_cli.config import VLLMRolloutConfig
-    from grpo_cli.rollout.vllm_engine import VLLMRolloutEngine
+    from grpo_cli.engines.vllm_engine import VLLMRolloutEngine
 
     model, tokenizer = tiny
     engine = VLLMRolloutEngine(model, tokenizer, VLLMRolloutConfig(engine="vllm", temperature=0.7))

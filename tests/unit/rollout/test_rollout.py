@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from grpo_cli.core.tokenization import tokenize_prompt_and_output_ids
+from grpo_cli.engines.hf import cut_completion
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings, render_prompts
-from grpo_cli.rollout.hf import cut_completion
 
 
 class CharTokenizer:
@@ -45,7 +45,7 @@ def test_no_eos_no_stop_is_truncated():
     assert out == ids("abc") and not finished
 
 
-# vLLM's rule (grpo_cli/rollout/stopping.py): a stop string counts only where it ends after the text of the first
+# vLLM's rule (grpo_cli/engines/stopping.py): a stop string counts only where it ends after the text of the first
 # min_tokens tokens. One token per character here, so "ends after" is "ends at token min_tokens + 1 or later".
 
 

@@ -11,8 +11,8 @@ import torch
 from rich.console import Console
 
 from grpo_cli.config import validate_config
+from grpo_cli.engines.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
 from grpo_cli.rollout.runs import OneTurnRun
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k

@@ -18,7 +18,7 @@ from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
-from grpo_cli.tasks.user_code import UserCodeError
+from grpo_cli.usercode.user_code import UserCodeError
 from tests.conftest import REPO_ROOT, compose_config
 
 SEED_003_REWARDS = REPO_ROOT / "examples" / "medcalc_trl" / "rewards.py"

@@ -1,7 +1,7 @@
 """The task side of multi-turn episodes: the task.* keys and their one-line errors, rewards on whole episodes
 (score_episodes: the env component and its weight, task=custom's functions given the episode's messages and
 per-turn ids), and the built-in multi-turn tasks' rewards on hand-made episodes. No model, no tokenizer: the
-episodes are built by hand (rollout/episodes.py's own tests cover how their tokens are built)."""
+episodes are built by hand (episodes/turns.py's own tests cover how their tokens are built)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.config.validation import validate_config
+from grpo_cli.episodes.turns import Episode
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, score_episodes
 from grpo_cli.tasks import absolutize_task_paths, env_weight, is_multiturn, load_examples, make_reward_fn
 from grpo_cli.tasks import validate_task_config as validate
@@ -88,7 +88,7 @@ def test_on_reward_error_and_reward_workers_are_keys_of_every_task_and_custom_ke
     ("keys", "message"),
     [
         (
-            {"tools": {"calculator": "grpo_cli.tasks.builtin_tools:calculator"}},
+            {"tools": {"calculator": "grpo_cli.episodes.builtin_tools:calculator"}},
             r"^task.tools and task.environment together: .*drop one",
         ),
         ({"prompt": "r1_zero", "environment": None}, None),  # guess_number's prompts are chat only (below)
@@ -105,7 +105,7 @@ def test_tools_and_an_environment_together_is_one_line(keys, message):
 
 
 def test_a_text_prompt_with_tools_is_one_line():
-    cfg = task_cfg("gsm8k", prompt="r1_zero", tools={"calculator": "grpo_cli.tasks.builtin_tools:calculator"})
+    cfg = task_cfg("gsm8k", prompt="r1_zero", tools={"calculator": "grpo_cli.episodes.builtin_tools:calculator"})
     with pytest.raises(UserFacingError, match=r"^task.tools with task.prompt=r1_zero: .*use task.prompt=chat$"):
         validate(cfg)
 
@@ -138,10 +138,10 @@ def test_max_turns_below_one_is_one_line():
 def test_relative_tool_and_environment_files_are_made_absolute_against_the_start_folder(tmp_path):
     write_my_tools(tmp_path)
     cfg = task_cfg(
-        "gsm8k", prompt="chat", tools={"add": "my_tools.py:add", "calc": "grpo_cli.tasks.builtin_tools:calculator"}
+        "gsm8k", prompt="chat", tools={"add": "my_tools.py:add", "calc": "grpo_cli.episodes.builtin_tools:calculator"}
     )
     absolutize_task_paths(cfg, tmp_path)
-    assert cfg.tools == {"add": f"{tmp_path / 'my_tools.py'}:add", "calc": "grpo_cli.tasks.builtin_tools:calculator"}
+    assert cfg.tools == {"add": f"{tmp_path / 'my_tools.py'}:add", "calc": "grpo_cli.episodes.builtin_tools:calculator"}
     validate(cfg)  # loads from the absolute path, whatever the working directory
     env = task_cfg("guess_number", environment={"_target_": "envs.py:Game", "size": 3})
     absolutize_task_paths(env, tmp_path)
@@ -192,7 +192,8 @@ def test_custom_rewards_get_the_episodes_messages_and_the_sampled_ids_per_turn(t
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": [USER], "answer": "72"}) + "\n")
     cfg = CustomTaskConfig(
         name="custom", train_path="train.jsonl", eval_path="train.jsonl", prompt="chat", reward_workers=0,
-        rewards={"says_72": "rewards.py:last_says_72"}, tools={"calculator": "grpo_cli.tasks.builtin_tools:calculator"},
+        rewards={"says_72": "rewards.py:last_says_72"},
+        tools={"calculator": "grpo_cli.episodes.builtin_tools:calculator"},
     )  # fmt: skip
     absolutize_paths(cfg, tmp_path)
     validate(cfg)

@@ -21,8 +21,8 @@ from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
 from grpo_cli.tasks.trainer_state import TrainerState
-from grpo_cli.tasks.user_code import UserCodeError
 from grpo_cli.tracking.wandb_sink import extra_columns, sample_table_rows
+from grpo_cli.usercode.user_code import UserCodeError
 from tests.conftest import REPO_ROOT, compose_config
 from tests.unit.tasks.test_custom_task import rows_jsonl as jsonl
 from tests.unit.tasks.test_custom_task import write
@@ -136,8 +136,8 @@ def trl_rewards():
 def test_conversational_rows_in_jsonl_parquet_and_a_datasets_directory_are_the_conversation_itself(tmp_path):
     import datasets
 
+    from grpo_cli.engines.base import render_prompts
     from grpo_cli.models import TINY_RANDOM, load_tokenizer
-    from grpo_cli.rollout.base import render_prompts
 
     rows = [{"prompt": CONVERSATION, "answer": "Rome"}, {"prompt": CONVERSATION[1:], "answer": "Rome"}]
     write(tmp_path, {"d.jsonl": jsonl(rows), "rewards.py": USER_REWARDS})

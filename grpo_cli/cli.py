@@ -34,6 +34,7 @@ from grpo_cli.config import (
 from grpo_cli.config.group_choices import unknown_group_choice
 from grpo_cli.config.registry import HELP_TOPICS
 from grpo_cli.config.resume import resumed_config
+from grpo_cli.episodes import config as _episode_check  # noqa: F401 - registers the multi-turn keys' check
 from grpo_cli.errors import (
     EXIT_INTERNAL_ERROR,
     EXIT_USER_ERROR,

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from grpo_cli import tasks
 from grpo_cli.config import GRPOConfig, register_configs
 from grpo_cli.config.task_registry import TASK_SCHEMAS
+from grpo_cli.episodes import config as _episode_check  # noqa: F401 - registers the multi-turn check, as the cli
 from grpo_cli.tasks import Example, TaskConfig, TaskSpec
 from grpo_cli.tracking import read_metrics
 

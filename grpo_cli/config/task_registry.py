@@ -5,6 +5,10 @@ The config reads the registry and never imports a task, so the arrow runs one wa
 `task` node takes one of these schemas (picked by task=<name>, registered in Hydra's ConfigStore as
 `<name>_schema`), and validate_config ends with the registered check (the task's reward components, its tools
 and environment). Whatever composes or validates a config imports grpo_cli.tasks first (grpo-run's cli does).
+
+The multi-turn keys' check (loading the tools, the environment, the agent; starting the sandbox) is registered the
+same way, by grpo_cli.episodes.config when it is imported: the task check calls it through `check_episodes`, so that
+tasks/ never imports the episode machinery. Without it a task check raises (a caller's bug, never a skipped check).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Any
 TASK_SCHEMAS: dict[str, type] = {}
 # The one task check, a function of the task config that raises UserFacingError (tasks.validate_task_config).
 _TASK_CHECKS: list[Callable[[Any], None]] = []
+# The multi-turn keys' check, a function of the task config and the task's prompt styles that raises
+# UserFacingError (episodes.config.validate_multiturn).
+_EPISODE_CHECKS: list[Callable[[Any, tuple[str, ...]], None]] = []
 
 
 def register_tasks(schemas: Mapping[str, type], check: Callable[[Any], None]) -> None:
@@ -44,3 +51,20 @@ def check_task(task_cfg: Any) -> None:
     require_tasks()
     for check in _TASK_CHECKS:
         check(task_cfg)
+
+
+def register_episode_check(check: Callable[[Any, tuple[str, ...]], None]) -> None:
+    """Make `check` (the task config, the task's prompt styles) the multi-turn keys' check that the task check
+    calls. A second registration replaces the first (a module reloaded in a test)."""
+    _EPISODE_CHECKS[:] = [check]
+
+
+def check_episodes(task_cfg: Any, prompt_styles: tuple[str, ...]) -> None:
+    """The registered multi-turn keys' check on a task config (UserFacingError, one line); a RuntimeError (a bug
+    of the caller, not the user's) when none is registered: a task's tools would go unchecked."""
+    if not _EPISODE_CHECKS:
+        raise RuntimeError(
+            "no multi-turn check registered: import grpo_cli.episodes.config before validating a task config"
+        )
+    for check in _EPISODE_CHECKS:
+        check(task_cfg, prompt_styles)

@@ -109,7 +109,8 @@ HERMES = ToolCallFormat(
     write_call=write_hermes_call,
 )
 
-# Every tool-call format grpo-run reads, by the name task.tool_call_format takes. Add a format here.
+# Every tool-call format grpo-run reads, by the name task.tool_call_format takes. Add a format here, and its name
+# to tasks/schema.py's TOOL_CALL_FORMAT_NAMES (the names a task may declare; a test keeps the two in step).
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {HERMES.name: HERMES}
 
 # The format of the default tool prompt (a chat template that does not render tools).

@@ -25,7 +25,7 @@ from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episod
 from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.base import Example
-from grpo_cli.tasks.multiturn_config import agent_value
+from grpo_cli.tasks.multiturn import agent_value
 from grpo_cli.tasks.rewards import (
     DEFAULT_WEIGHTS,
     SHAPING_CASE_BUFFER,

@@ -11,7 +11,7 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.models import check_model_source, check_quantization
 from grpo_cli.models.runtime import pure_half_precision_warning, resolve_device
 from grpo_cli.tasks import load_eval_sets, load_examples
-from grpo_cli.tasks.multiturn_config import agent_value
+from grpo_cli.tasks.multiturn import agent_value
 from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
 def check_tools_in_workers(cfg: GRPOConfig) -> None:
     """task.tools, each loaded in a worker process as its calls will be (episodes/tools.py): a tool that cannot run
     there is one line now, not an error at the first call after the model loaded."""
-    from grpo_cli.tasks.multiturn_config import base_dir_of_task, tool_specs
+    from grpo_cli.episodes.config import base_dir_of_task, tool_specs
 
     specs = tool_specs(cfg.task)
     if not specs or not cfg.task.reward_workers:

@@ -7,7 +7,7 @@
         ...
         setup.close()                                 # the tool and environment worker processes stopped
 
-`EpisodeSetup` holds, built from task.* (tasks/multiturn_config.py reads and checks the keys):
+`EpisodeSetup` holds, built from task.* (tasks/multiturn.py reads the keys, episodes/config.py checks them):
     template    the ChatTemplate episodes render with (ChatTemplate.for_tools when the task has tools: the tools in
                 the template's own way or the default tool prompt)
     limits      EpisodeLimits(task.max_turns, rollout.max_tokens per turn, task.max_episode_tokens,
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.episodes.adapters.trl import ENVIRONMENT_FACTORY_KEY, EnvironmentResult, load_environments
+from grpo_cli.episodes.config import environment_spec, tool_specs
 from grpo_cli.episodes.environments import (
     EnvironmentRunner,
     EnvSession,
@@ -70,14 +71,12 @@ from grpo_cli.episodes.turns import (
 )
 from grpo_cli.rollout.scoring import Scores, score_responses, scores_of_batch
 from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
-from grpo_cli.tasks.multiturn_config import (
+from grpo_cli.tasks.multiturn import (
     ENV_COMPONENT,
     ENVIRONMENT_KEY,
     base_dir_of_task,
     env_weight,
     environment_factory_value,
-    environment_spec,
-    tool_specs,
 )
 from grpo_cli.tasks.rewards import uses_n_tokens
 from grpo_cli.tasks.schema import TaskConfig

@@ -11,7 +11,7 @@ from grpo_cli.rollout.episode_rollout import EpisodeRun
 from grpo_cli.rollout.multiturn import episode_setup, score_episodes
 from grpo_cli.rollout.runs import OneTurnRun, RolloutRun
 from grpo_cli.rollout.scoring import Scores
-from grpo_cli.tasks.multiturn_config import agent_value
+from grpo_cli.tasks.multiturn import agent_value
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig

@@ -37,7 +37,7 @@ limits and a seccomp filter:
   for the program and everything it starts; every call through another ABI (int 0x80, x32) is refused;
 - on any platform `socket.socket` is replaced by a class that refuses (ctypes gets around that: seccomp holds).
 
-One concern a module: sandbox/settings.py (task.sandbox's level, limits and packages), sandbox/prelude.py (the
+One concern a module: tasks/sandbox_settings.py (task.sandbox's level, limits and packages), sandbox/prelude.py (the
 prelude, the seccomp filter and the program's environment), sandbox/bwrap.py (bubblewrap's view and command line),
 cgroups.py (the pids and memory bounds), sandbox/privileges.py (under root: the drop to task.sandbox.uid); here, the
 settings this process runs with, the check that a level starts and is not host root (`require`), running a program
@@ -94,7 +94,7 @@ from grpo_cli.sandbox.privileges import (
     running_as_root,
     uid_problem,
 )
-from grpo_cli.sandbox.settings import (
+from grpo_cli.tasks.sandbox_settings import (
     DEFAULT_LIMITS,
     DEFAULT_PACKAGES,
     ISOLATION_LEVELS,

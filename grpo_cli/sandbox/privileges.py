@@ -34,9 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# The uid (and gid of the same number) sandboxed programs run as when the run is root: task.sandbox.uid's default
-# (nobody/nogroup on Debian, Ubuntu and Red Hat; a uid with no file of its own on the machine).
-DEFAULT_UID = 65534
+from grpo_cli.tasks.sandbox_settings import DEFAULT_UID
+
 # The largest uid the kernel accepts ((uid_t) -1 is "no change").
 MAX_UID = 2**32 - 2
 # The exit code of DROP_STEP when a step fails (the cgroup join's code before it, kept: callers check one code).

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from grpo_cli.config.task_registry import TASK_SCHEMAS, register_tasks
+from grpo_cli.config.task_registry import TASK_SCHEMAS, check_episodes, register_tasks
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tasks.addition import ADDITION_TASK, addition_reward_fn
 from grpo_cli.tasks.base import (
@@ -37,13 +37,7 @@ from grpo_cli.tasks.json_extraction import JSON_TASK, json_reward_fn
 from grpo_cli.tasks.keyword import KEYWORD_TASK, keyword_inclusion_reward_fn
 from grpo_cli.tasks.lipogram import LIPOGRAM_TASK, lipogram_reward_fn
 from grpo_cli.tasks.medcalc import MEDCALC_TASK, medcalc_reward_fn
-from grpo_cli.tasks.multiturn_config import (
-    ENV_COMPONENT,
-    absolutize_multiturn_paths,
-    env_weight,
-    is_multiturn,
-    validate_multiturn,
-)
+from grpo_cli.tasks.multiturn import ENV_COMPONENT, absolutize_multiturn_paths, env_weight, is_multiturn
 from grpo_cli.tasks.reasoning import GSM8K_TASK, MATH_TASK
 from grpo_cli.tasks.regex_sum import REGEX_SUM_TASK, regex_sum_reward_fn
 from grpo_cli.tasks.rewards import DEFAULT_WEIGHTS, Shaping, build_reward_fn, check_weights
@@ -238,7 +232,9 @@ def validate_task_config(task_cfg: TaskConfig) -> None:
             check_weights(task, task_cfg.prompt, component_weights(task_cfg), _reward_options(task, task_cfg))
     except ValueError as e:
         raise UserFacingError(str(e)) from None
-    validate_multiturn(task_cfg, task.prompt_styles)  # task.tools / task.environment loaded here, one line each
+    # task.tools / task.environment / task.agent loaded here, one line each: episodes/config.py's check, registered
+    # in the config's registry (tasks/ does not import the episode machinery)
+    check_episodes(task_cfg, task.prompt_styles)
     for name, source in (task_cfg.eval_sets or {}).items():
         if not _EVAL_SET_NAME.fullmatch(str(name)) or name in RESERVED_EVAL_SET_NAMES:
             raise UserFacingError(

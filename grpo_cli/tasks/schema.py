@@ -23,13 +23,15 @@ from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
 from grpo_cli.config.task_registry import task_names
-from grpo_cli.episodes.tool_calls import TOOL_CALL_FORMATS
-from grpo_cli.sandbox.privileges import DEFAULT_UID
-from grpo_cli.sandbox.settings import DEFAULT_LIMITS, DEFAULT_PACKAGES, ISOLATION_LEVELS
+from grpo_cli.tasks.sandbox_settings import DEFAULT_LIMITS, DEFAULT_PACKAGES, DEFAULT_UID, ISOLATION_LEVELS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.
 PROMPT_STYLES: tuple[str, ...] = ("chat", "r1_zero", "question_only")
+# task.tool_call_format: the names of the tool-call formats grpo-run reads. Declared here, what a task may name;
+# each is read and written by its entry of episodes/tool_calls.py's TOOL_CALL_FORMATS (a format added there is
+# named here too: tests/unit/episodes/test_tool_calls.py keeps the two in step).
+TOOL_CALL_FORMAT_NAMES: tuple[str, ...] = ("hermes",)
 # task.on_reward_error: what a reward function or an environment that fails does to the run.
 ON_REWARD_ERROR: tuple[str, ...] = ("stop", "skip")
 
@@ -204,7 +206,7 @@ class TaskConfig:
     )
     tool_call_format: str | None = choice(
         None,
-        tuple(TOOL_CALL_FORMATS),
+        TOOL_CALL_FORMAT_NAMES,
         help="How tool calls are written and read (grpo_cli/episodes/tool_calls.py); null: the chat template's own, "
         "else hermes.",
     )

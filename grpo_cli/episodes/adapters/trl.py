@@ -49,6 +49,7 @@ from typing import Any
 from grpo_cli.episodes.environments import BadEnvironmentReturn, default_opening
 from grpo_cli.episodes.tool_calls import DEFAULT_FORMAT, TOOL_CALL_FORMATS, ToolCall, parse_tool_calls
 from grpo_cli.episodes.tools import Tool, tool_schema
+from grpo_cli.tasks.multiturn import ENVIRONMENT_FACTORY_KEY, SINGLE, FactorySpecs, factory_specs
 from grpo_cli.usercode.awaiting import resolved
 from grpo_cli.usercode.reward_workers import describe_error
 from grpo_cli.usercode.user_code import (
@@ -62,41 +63,15 @@ from grpo_cli.usercode.user_code import (
     spec_text,
 )
 
-ENVIRONMENT_FACTORY_KEY = "task.environment_factory"
 # The column a dict of factories routes by (TRL's), not passed to reset.
 ENVIRONMENT_COLUMN = "environment"
 # TRL's reserved methods: never tools.
 RESERVED = ("reset", "get_reward")
 # The argument a reward function reads the episodes' instances from (TRL's reward_kwargs["environments"]).
 ENVIRONMENTS_ARGUMENT = "environments"
-# What task.environment_factory holds: one factory spec, or {environment name: factory spec}.
-FactorySpecs = dict[str, RewardSpec]
-# The key of the single factory in FactorySpecs (TRL's `None` environment name).
-SINGLE = ""
 
 
 # ------------------------------------------------------------------------------------------------- loading
-
-
-def factory_specs(value: Any) -> FactorySpecs:
-    """task.environment_factory as {name: spec}: a reference string or a `_target_` node is the one factory (name
-    ""), any other mapping is a dict of factories by the `environment` column's values."""
-    if isinstance(value, str):
-        return {SINGLE: value}
-    if isinstance(value, Mapping):
-        if TARGET_KEY in value:
-            return {SINGLE: dict(value)}
-        specs = {str(name): spec for name, spec in value.items()}
-        if not specs or not all(isinstance(s, str | Mapping) for s in specs.values()):
-            raise UserCodeError(
-                f"{ENVIRONMENT_FACTORY_KEY}={value!r:.120}: give file.py:Class, a node {{_target_: ..., <constructor "
-                "arguments>}, or a mapping {<environment column value>: file.py:Class, ...}"
-            )
-        return {name: dict(s) if isinstance(s, Mapping) else str(s) for name, s in specs.items()}
-    raise UserCodeError(
-        f"{ENVIRONMENT_FACTORY_KEY}={value!r:.120}: give file.py:Class, package.module:Class, a node {{_target_: ..., "
-        "<constructor arguments>} or a mapping {<environment column value>: file.py:Class}"
-    )
 
 
 def key_of(name: str) -> str:

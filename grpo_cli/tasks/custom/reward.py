@@ -15,7 +15,7 @@ from grpo_cli.errors import RewardFunctionError
 from grpo_cli.tasks.base import GroundTruth
 from grpo_cli.tasks.custom.data import is_conversation
 from grpo_cli.tasks.custom.trl_convention import NamedReward, RewardLog, value_problem
-from grpo_cli.tasks.multiturn_config import ENV_COMPONENT
+from grpo_cli.tasks.multiturn import ENV_COMPONENT
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping, overlong_penalty, repetition_penalty
 from grpo_cli.tasks.trainer_state import TrainerState
 from grpo_cli.usercode.reward_workers import InProcessCall, PendingCall, RewardWorkers, describe_error

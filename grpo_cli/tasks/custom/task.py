@@ -14,7 +14,7 @@ from grpo_cli.tasks.custom.data import build_examples, template_columns
 from grpo_cli.tasks.custom.reward import CustomReward
 from grpo_cli.tasks.custom.schema import CustomTaskConfig, reward_specs
 from grpo_cli.tasks.custom.trl_convention import NamedReward, user_reward
-from grpo_cli.tasks.multiturn_config import ENV_COMPONENT, env_weight, gives_env_reward
+from grpo_cli.tasks.multiturn import ENV_COMPONENT, env_weight, gives_env_reward
 from grpo_cli.tasks.rewards import SHAPING_COMPONENTS, Shaping
 from grpo_cli.tasks.schema import TaskConfig
 from grpo_cli.usercode.user_code import resolve_file
@@ -26,7 +26,7 @@ def weights_of(task_cfg: CustomTaskConfig, names: list[str]) -> dict[str, float]
     given = {str(k): v for k, v in dict(task_cfg.reward_weights or {}).items()}
     allowed = [*names, *SHAPING_COMPONENTS]
     with_environment = gives_env_reward(task_cfg)
-    if with_environment:  # the environment's (or agent's) rewards: multiturn_config.env_weight reads its weight
+    if with_environment:  # the environment's (or agent's) rewards: multiturn.env_weight reads its weight
         allowed.append(ENV_COMPONENT)
     for name, weight in given.items():
         if name not in allowed:

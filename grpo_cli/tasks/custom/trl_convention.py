@@ -28,7 +28,8 @@ from grpo_cli.usercode.user_code import (
 )
 
 # TRL 1.16 passes these itself (GRPOTrainer._calculate_rewards); a column with one of these names is not passed.
-# `environments` only with task.environment_factory (multiturn_config checks that; trl_environments passes it).
+# `environments` only with task.environment_factory (episodes/config.py checks that; episodes/adapters/trl.py
+# passes it).
 TRL_ARGUMENTS = (
     "prompts",
     "completions",

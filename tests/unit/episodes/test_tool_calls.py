@@ -137,6 +137,16 @@ def test_the_format_comes_from_the_key_the_template_or_the_default() -> None:
         tool_call_format(None, "{{ tools | tojson }}<|python_tag|>", renders_tools=True)
 
 
+def test_the_names_a_task_may_declare_are_the_formats_read_here() -> None:
+    """task.tool_call_format's allowed values are declared in tasks/ (the schema imports no episode code); each must
+    be a format this module reads, and each format read here must be one a task can name."""
+    from grpo_cli.tasks.schema import TOOL_CALL_FORMAT_NAMES
+
+    assert sorted(TOOL_CALL_FORMAT_NAMES) == sorted(TOOL_CALL_FORMATS)
+    assert len(set(TOOL_CALL_FORMAT_NAMES)) == len(TOOL_CALL_FORMAT_NAMES)
+    assert all(fmt.name == name for name, fmt in TOOL_CALL_FORMATS.items())
+
+
 def test_a_format_added_to_the_registry_is_found_by_its_marker_and_used(monkeypatch: pytest.MonkeyPatch) -> None:
     def find_bracketed(text: str) -> list[str]:
         return [line.removeprefix("[CALL]") for line in text.splitlines() if line.startswith("[CALL]")]

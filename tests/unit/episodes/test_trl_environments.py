@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 
 from grpo_cli.episodes.adapters.trl import TRLEnvironment, load_environments, tool_methods
+from grpo_cli.episodes.config import validate_multiturn
 from grpo_cli.errors import UserFacingError
 from grpo_cli.jobs.check_reward import run as check_reward
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
-from grpo_cli.tasks.multiturn_config import validate_multiturn
 from tests.conftest import REPO_ROOT, compose_config
 
 PEERS = REPO_ROOT / "tests" / "fixtures" / "peers" / "trl"

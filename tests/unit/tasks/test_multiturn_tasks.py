@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -113,6 +115,29 @@ def test_a_text_prompt_with_tools_is_one_line():
 def test_a_tool_call_format_without_tools_is_one_line():
     with pytest.raises(UserFacingError, match=r"^task.tool_call_format=hermes without task.tools: "):
         validate(task_cfg("gsm8k", tool_call_format="hermes"))
+
+
+def test_the_task_check_refuses_without_the_multiturn_check_registered(monkeypatch):
+    """tasks/ does not import episodes/ (the multi-turn check registers itself in the config's registry when
+    episodes/config.py is imported): a process that forgot that import must fail, never skip checking the tools."""
+    from grpo_cli.config import task_registry
+
+    cfg = task_cfg("gsm8k", prompt="r1_zero", tools={"calculator": "grpo_cli.episodes.builtin_tools:calculator"})
+    monkeypatch.setattr(task_registry, "_EPISODE_CHECKS", [])
+    with pytest.raises(RuntimeError, match=r"import grpo_cli\.episodes\.config before validating a task config"):
+        validate(cfg)
+
+
+def test_importing_the_tasks_loads_no_episode_or_sandbox_code():
+    """The layer table's tasks row (config, errors, usercode), as a process sees it: the tasks package and every
+    task's schema load without the episode machinery or the sandbox, which import the tasks' declarations instead."""
+    code = (
+        "import sys, grpo_cli.tasks, grpo_cli.tasks.multiturn, grpo_cli.tasks.sandbox_settings; "
+        "print(sorted(m for m in sys.modules if m.startswith('grpo_cli.') "
+        "and m.split('.')[1] in {'episodes', 'sandbox', 'rollout', 'agents', 'engines'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_tool_or_environment_that_does_not_load_is_one_line_at_preflight(tmp_path, monkeypatch):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.episodes.config import validate_multiturn
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.agent_run import agent_settings
-from grpo_cli.tasks.multiturn_config import absolutize_multiturn_paths, agent_value, validate_multiturn
+from grpo_cli.tasks.multiturn import absolutize_multiturn_paths, agent_value
 from grpo_cli.usercode.agents import load_agent
 from tests.conftest import compose_config
 

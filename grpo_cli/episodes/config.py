@@ -1,55 +1,48 @@
-"""The multi-turn keys every task has (task.tools, task.tool_call_format, task.tool_timeout_s, task.environment,
-task.environment_factory, task.agent, task.agent_timeout_s, task.max_turns, task.max_episode_tokens,
-task.reward_weights.env, task.sandbox), read and checked here. No torch.
+"""The multi-turn keys a task declares (tasks/multiturn.py reads them as plain data), loaded and checked: the
+tools, the environment and the agent imported, task.sandbox applied to this process and the workers it starts, and
+the sandbox of task.sandbox.isolation started once. No torch.
 
-A task runs episodes (grpo_cli/rollout/multiturn.py builds them) when it names tools or an environment, or an agent
-drives them (grpo_cli/rollout/agent_run.py); otherwise
-it is single-turn and none of these keys is read. `validate_multiturn` runs at preflight, before any model loads:
-every tool and the environment are imported and checked there (a spec that does not load, a tool without a
-docstring, an environment class without step()), each a one-line UserFacingError naming the key; a tool or
-environment marked `sandbox.uses_sandbox` (the `python` tool) also has the sandbox of task.sandbox.isolation
-started once there, so a machine where it cannot start stops the run in one line before any model loads.
+`validate_multiturn` runs at preflight, before any model loads, as part of the task check: importing this module
+registers it in the config's registry (config/task_registry.register_episode_check), which tasks.validate_task_config
+calls, so that tasks/ never imports the episode machinery (grpo-run's cli and the tests' conftest import this
+module; a task check without it fails loudly). Every tool and the environment are imported and checked there (a spec
+that does not load, a tool without a docstring, an environment class without step()), each a one-line
+UserFacingError naming the key; a tool or environment marked `sandbox.uses_sandbox` (the `python` tool) also has the
+sandbox of task.sandbox.isolation started once there, so a machine where it cannot start stops the run in one line
+before any model loads.
+
+The declared keys' readers (tasks/multiturn.py) are re-exported here: `grpo_cli.tasks.multiturn_config`, this
+module's path before the layout by trust, names them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-
-from grpo_cli.episodes.adapters.trl import (
-    ENVIRONMENT_FACTORY_KEY,
-    SINGLE,
-    adapter_node,
-    factory_specs,
-    load_environments,
-    takes_environments,
-)
+from grpo_cli.config.task_registry import register_episode_check
+from grpo_cli.episodes.adapters.trl import adapter_node, load_environments, takes_environments
 from grpo_cli.episodes.environments import EnvironmentSpec, load_environment_factory
 from grpo_cli.errors import UserFacingError
 from grpo_cli.sandbox import configure, require, settings_from_config
-from grpo_cli.tasks.schema import RewardWeightsConfig, TaskConfig
-from grpo_cli.usercode.agents import AGENT_KEY, load_agent
-from grpo_cli.usercode.user_code import (
-    RewardSpec,
-    UserCodeError,
-    load_reward_spec,
-    named_specs,
-    with_absolute_reference,
+from grpo_cli.tasks.multiturn import (
+    ENV_COMPONENT,
+    ENVIRONMENT_FACTORY_KEY,
+    ENVIRONMENT_KEY,
+    SINGLE,
+    absolutize_multiturn_paths,
+    agent_value,
+    base_dir_of_task,
+    declared_tools,
+    declares_environment,
+    env_weight,
+    environment_factory_value,
+    environment_value,
+    factory_specs,
+    gives_env_reward,
+    is_multiturn,
+    plain,
 )
-
-# The reward component the environment's summed step rewards are logged and weighted under.
-ENV_COMPONENT = "env"
-ENVIRONMENT_KEY = "task.environment"
-
-
-def _plain(value: Any) -> Any:
-    """A config value as plain Python (an OmegaConf node converted; anything else as it is)."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
+from grpo_cli.tasks.schema import TaskConfig
+from grpo_cli.usercode.agents import AGENT_KEY, load_agent
+from grpo_cli.usercode.user_code import RewardSpec, load_reward_spec, named_specs, with_absolute_reference
 
 
 def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
@@ -57,18 +50,12 @@ def tool_specs(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
     applies task.sandbox to this process and the workers it starts (sandbox.configure): every process that loads
     the tools or the environment (preflight, episode_setup) reads task.tools first."""
     configure_sandbox(task_cfg)
-    return named_specs(task_cfg.tools, "task.tools")
+    return declared_tools(task_cfg)
 
 
 def configure_sandbox(task_cfg: TaskConfig) -> None:
     """task.sandbox as the settings of sandbox.run in this process and the worker processes it starts."""
-    configure(settings_from_config(_plain(task_cfg.sandbox)))
-
-
-def environment_factory_value(task_cfg: TaskConfig) -> Any:
-    """task.environment_factory as plain data (episodes/adapters/trl.py reads it), None when the task has none."""
-    value = _plain(task_cfg.environment_factory)
-    return None if value is None or value == "" else value
+    configure(settings_from_config(plain(task_cfg.sandbox)))
 
 
 def environment_rewards(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
@@ -84,76 +71,13 @@ def environment_rewards(task_cfg: TaskConfig) -> dict[str, RewardSpec]:
 
 def environment_spec(task_cfg: TaskConfig) -> EnvironmentSpec | None:
     """task.environment as plain data (a reference string or a node), None when the task has none. A task with
-    task.environment_factory has the node of its adapter (trl_environments.TRLEnvironment) here."""
+    task.environment_factory has the node of its adapter (episodes/adapters/trl.py's TRLEnvironment) here."""
     factory = environment_factory_value(task_cfg)
     if factory is not None:
         base_dir = base_dir_of_task(task_cfg)
         rewards = environment_rewards(task_cfg)
         return adapter_node(factory, base_dir, task_cfg.tool_call_format, task_cfg.max_turns, rewards)
-    value = _plain(task_cfg.environment)
-    if value is None or value == "":
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): v for k, v in value.items()}
-    if isinstance(value, str):
-        return value
-    raise UserCodeError(
-        f"{ENVIRONMENT_KEY}={value!r}: give path/to/file.py:Class, package.module:Class or a node "
-        "{_target_: ..., <constructor arguments>}"
-    )
-
-
-def agent_value(task_cfg: TaskConfig) -> RewardSpec | None:
-    """task.agent as plain data (a reference string or a `_target_` node), None when the task has none."""
-    value = _plain(task_cfg.agent)
-    if value is None or value == "":
-        return None
-    return named_specs({"agent": value}, "task")["agent"]
-
-
-def gives_env_reward(task_cfg: TaskConfig) -> bool:
-    """Whether the task's episodes have an `env` reward component: an environment's step rewards, or an agent's."""
-    return environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None
-
-
-def is_multiturn(task_cfg: TaskConfig) -> bool:
-    """Whether the task runs multi-turn episodes (it names tools or an environment, or an agent drives them)."""
-    return bool(tool_specs(task_cfg)) or environment_spec(task_cfg) is not None or agent_value(task_cfg) is not None
-
-
-def base_dir_of_task(task_cfg: TaskConfig) -> Path:
-    """Where relative tool and environment references and package modules are found: task.base_dir (task=custom),
-    else this process's working directory (file references are absolute by then: absolutize_multiturn_paths)."""
-    return task_cfg.reference_dir()
-
-
-def env_weight(task_cfg: TaskConfig) -> float:
-    """task.reward_weights.env: the weight of the environment's summed step rewards (default 1)."""
-    weights = task_cfg.reward_weights
-    if isinstance(weights, RewardWeightsConfig):
-        return float(weights.env)
-    value = (_plain(weights) or {}).get(ENV_COMPONENT, 1.0)  # task=custom: a mapping of names
-    return float(value)
-
-
-def absolutize_multiturn_paths(task_cfg: TaskConfig, base_dir: Path) -> None:
-    """The file references of task.tools and task.environment made absolute against `base_dir` (where grpo-run was
-    started), in place, so that every rank, worker and sweep job finds the same files."""
-    specs = tool_specs(task_cfg)
-    if specs:
-        task_cfg.tools = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
-    agent = agent_value(task_cfg)
-    if agent is not None:
-        task_cfg.agent = with_absolute_reference(agent, base_dir)
-    factory = environment_factory_value(task_cfg)
-    if factory is not None:
-        specs = factory_specs(factory)
-        absolute = {name: with_absolute_reference(spec, base_dir) for name, spec in specs.items()}
-        task_cfg.environment_factory = absolute[SINGLE] if SINGLE in absolute else absolute
-        return
-    spec = environment_spec(task_cfg)
-    if spec is not None:
-        task_cfg.environment = with_absolute_reference(spec, base_dir)
+    return environment_value(task_cfg)
 
 
 def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("chat",)) -> None:
@@ -166,7 +90,7 @@ def validate_multiturn(task_cfg: TaskConfig, prompt_styles: tuple[str, ...] = ("
     if agent_value(task_cfg) is not None:
         validate_agent(task_cfg, prompt_styles)
         return
-    if factory is not None and (specs or _plain(task_cfg.environment) not in (None, "")):
+    if factory is not None and (specs or plain(task_cfg.environment) not in (None, "")):
         other = "task.tools" if specs else ENVIRONMENT_KEY
         raise UserFacingError(
             f"{ENVIRONMENT_FACTORY_KEY} and {other} together: an episode's turns are answered by one of them: "
@@ -222,7 +146,7 @@ def validate_agent(task_cfg: TaskConfig, prompt_styles: tuple[str, ...]) -> None
         key
         for key, given in (
             ("task.tools", bool(tool_specs(task_cfg))),
-            (ENVIRONMENT_KEY, _plain(task_cfg.environment) not in (None, "")),
+            (ENVIRONMENT_KEY, plain(task_cfg.environment) not in (None, "")),
             (ENVIRONMENT_FACTORY_KEY, environment_factory_value(task_cfg) is not None),
         )
         if given
@@ -237,3 +161,32 @@ def validate_agent(task_cfg: TaskConfig, prompt_styles: tuple[str, ...]) -> None
             f"{AGENT_KEY}: an agent's episode opens with the task's chat prompt: use task.prompt=chat"
         )
     load_agent(agent, base_dir_of_task(task_cfg))
+
+
+# The task check (tasks.validate_task_config) calls this through the config's registry: tasks/ does not import it.
+register_episode_check(validate_multiturn)
+
+__all__ = [
+    "ENV_COMPONENT",
+    "ENVIRONMENT_FACTORY_KEY",
+    "ENVIRONMENT_KEY",
+    "SINGLE",
+    "absolutize_multiturn_paths",
+    "agent_value",
+    "base_dir_of_task",
+    "configure_sandbox",
+    "declared_tools",
+    "declares_environment",
+    "env_weight",
+    "environment_factory_value",
+    "environment_rewards",
+    "environment_spec",
+    "environment_value",
+    "factory_specs",
+    "gives_env_reward",
+    "is_multiturn",
+    "plain",
+    "tool_specs",
+    "validate_agent",
+    "validate_multiturn",
+]

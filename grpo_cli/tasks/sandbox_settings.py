@@ -1,12 +1,15 @@
-"""task.sandbox as the sandbox uses it: the isolation level, the limits of one run and the packages a program may
-import (grpo_cli/sandbox/__init__.py runs programs under them; tasks/schema.py takes its defaults from here)."""
+"""task.sandbox as a task declares it and the sandbox uses it: the isolation level, the limits of one run, the
+packages a program may import and the uid programs run as under root. Declared here, in tasks/, so that the task's
+schema (tasks/schema.py takes its defaults and allowed values from here) does not import the sandbox;
+grpo_cli/sandbox/ runs programs under these settings and imports them from here, each value declared once."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo_cli.sandbox.privileges import DEFAULT_UID
-
+# The uid (and gid of the same number) sandboxed programs run as when the run is root: task.sandbox.uid's default
+# (nobody/nogroup on Debian, Ubuntu and Red Hat; a uid with no file of its own on the machine).
+DEFAULT_UID = 65534
 ISOLATION_LEVELS: tuple[str, ...] = ("bwrap", "process")
 # The packages a program may import besides the standard library (task.sandbox.packages' default).
 DEFAULT_PACKAGES: tuple[str, ...] = ("numpy", "sympy", "mpmath")

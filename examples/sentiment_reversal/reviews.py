@@ -1,4 +1,5 @@
-"""The training and held-out prompts, generated (the assignment "Tiny GRPO-based RL Fine-Tuning": "programmatically generate your training set").
+"""The training and held-out prompts, generated (the assignment "Tiny GRPO-based RL Fine-Tuning":
+"programmatically generate your training set").
 
 grpo-run calls make_reviews(n, seed): (task.n_train, task.data_seed) for training and (task.n_eval,
 task.data_seed + 1) for the held-out set, so the two sets differ and each is the same on every run.

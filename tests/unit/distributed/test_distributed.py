@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -44,7 +45,22 @@ SETTING = [
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A rendezvous port that is free now and that no other process is handed before the ranks bind it: one below
+    the kernel's ephemeral range. A port found free by binding port 0 lies inside that range, where any server
+    binding port 0 or any outgoing connection (the other xdist worker's tests) may be given it first: the ranks'
+    store then fails to start, or a rank connects to a stranger (rank 0 was seen to abort under two workers)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(max(1024, low - 8192), low))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no such range on this kernel: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -18,7 +18,8 @@ from grpo_cli.tracking.wandb_sink import choose_mode, has_wandb_credentials, sam
 from tests.conftest import REPO_ROOT, compose_config
 
 SWEEP_DIR = REPO_ROOT / "grpo_cli" / "conf" / "sweep"
-README = REPO_ROOT / "README.md"
+# The page of the sweeps' commands (the README, a front page, shows one and links it).
+SWEEPS_PAGE = REPO_ROOT / "docs" / "sweeps.md"
 
 
 class RecordingSink:
@@ -170,7 +171,7 @@ def test_every_run_of_every_preset_is_a_valid_config_with_several_seeds(preset):
     assert len(combos) >= 4
     for combo in combos:
         validate_config(compose_config([f"sweep={preset}", *combo]))
-    assert f"grpo-run -m sweep={preset}" in README.read_text()  # each preset has its one-line command
+    assert f"grpo-run -m sweep={preset} " in SWEEPS_PAGE.read_text()  # each preset has its one-line command
 
 
 @pytest.mark.skipif(find_spec("hydra_plugins.hydra_optuna_sweeper") is None, reason="needs the [optuna] extra")
@@ -185,7 +186,7 @@ def test_every_search_preset_maximizes_over_valid_configs(preset):
     assert dict(cfg.hydra.sweeper.params) == {"optim.lr": "tag(log, interval(1e-6, 1e-4))"}
     for lr in ("1e-6", "1e-4"):  # the ends of the search space are valid runs
         validate_config(compose_config([f"sweep={preset}", f"optim.lr={lr}"]))
-    assert f"grpo-run -m sweep={preset}" in README.read_text()
+    assert f"grpo-run -m sweep={preset} " in SWEEPS_PAGE.read_text()
 
 
 def test_job_report_composes_with_a_single_path_or_a_list(tmp_path):

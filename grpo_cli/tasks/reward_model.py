@@ -1,9 +1,10 @@
 """A Hugging Face sequence-classification model as a reward (task.reward_model.*, task=custom).
 
-The reward of a response is the probability of a named label (softmax over the model's labels: seed 000's
-"probability of the negative class") or, with no label, the raw score of a one-logit head (a reward model as TRL
-uses one). Scored in batches, without gradients, on the policy's device, each text truncated to the model's
-maximum length. The only module of grpo_cli.tasks that uses torch, imported only when a reward model is set.
+The reward of a response is the probability of a named label (softmax over the model's labels: the "Tiny
+GRPO-based RL Fine-Tuning" assignment's "probability of the negative class") or, with no label, the raw score of a
+one-logit head (a reward model as TRL uses one). Scored in batches, without gradients, on the policy's device, each
+text truncated to the model's maximum length. The only module of grpo_cli.tasks that uses torch, imported only when
+a reward model is set.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ class TrainingLoop:
                         )
                         if hint is not None:
                             progress.print(hint)
-                    if cfg.train.eval_every and step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                    if step in eval_at:  # the schedule the size line and the eta count
                         summary.update(self._timed_eval(clock, step, progress))
                     progress.advance()
                     summary.update(metrics)

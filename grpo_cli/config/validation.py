@@ -11,7 +11,7 @@ from grpo_cli.config.batch_shape import BatchShape, loss_declarations, ratio_los
 from grpo_cli.config.declared import check_fields
 from grpo_cli.config.fields import core_value
 from grpo_cli.config.rollout_schemas import ROLLOUT_SCHEMAS, VLLMRolloutConfig
-from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig, TrainConfig
+from grpo_cli.config.schemas import DISAGGREGATED, GRPOConfig, SyncConfig, TrainConfig
 from grpo_cli.config.task_registry import check_task
 from grpo_cli.errors import UserFacingError
 
@@ -68,6 +68,16 @@ def validate_sync(cfg: GRPOConfig) -> None:
             f"loss={cfg.loss.type} with sync={sync.strategy} needs the old policy's log-probs for its ratios, but "
             "sync.old_log_probs=false: drop that override (null computes them when needed)"
         )
+    if sync.strategy == "async":
+        validate_async(cfg)
+    else:
+        defaults = SyncConfig()
+        for key in ASYNC_ONLY_KEYS:
+            if getattr(sync, key) != getattr(defaults, key):
+                raise UserFacingError(
+                    f"sync.{key}={getattr(sync, key)} acts only under sync=async, but sync={sync.strategy}: use "
+                    f"sync=async, or drop sync.{key}"
+                )
     if sync.strategy == "replay_buffer":
         if sync.buffer_size < t.rollout_batch_size:
             raise UserFacingError(
@@ -79,6 +89,58 @@ def validate_sync(cfg: GRPOConfig) -> None:
                 f"sync.max_staleness={sync.max_staleness}: the replay buffer needs at least 1 (the generator "
                 "samples the next batch while the learner updates); use sync=on_policy for on-policy training"
             )
+
+
+# The sync=async keys that act only under sync=async (each set elsewhere is refused, as a silently ignored key would
+# mislead a comparison), with their schema defaults.
+ASYNC_ONLY_KEYS = (
+    "on_stale",
+    "partial_rollouts",
+    "kv_after_update",
+    "proximal",
+    "generators",
+    "decode_rows",
+    "lockstep",
+)
+
+
+def validate_async(cfg: GRPOConfig) -> None:
+    """sync=async: a ratio loss, a bound of at least 1, and the partial rollouts' engines."""
+    sync, rollout = cfg.sync, cfg.rollout
+    if cfg.loss.type not in ratio_loss_types():
+        raise UserFacingError(
+            f"sync=async trains on samples up to sync.max_staleness={sync.max_staleness} policy versions old and "
+            f"clips each token's ratio against the proximal policy, which loss={cfg.loss.type} has none of: "
+            f"{use_ratio_loss()}"
+        )
+    if sync.max_staleness < 1:
+        raise UserFacingError(
+            f"sync.max_staleness={sync.max_staleness}: sync=async needs at least 1 (the generator samples while "
+            "the learner updates); use sync=on_policy for on-policy training"
+        )
+    if cfg.train.dynamic_sampling:
+        raise UserFacingError(
+            "train.dynamic_sampling with sync=async: the generator does not sample extra rounds for a step yet; "
+            "use sync=one_behind or sync=on_policy with it, or drop train.dynamic_sampling"
+        )
+    if sync.lockstep and (sync.partial_rollouts or sync.on_stale == "drop" or sync.generators > 1):
+        raise UserFacingError(
+            "sync.lockstep=true samples each batch whole by one fixed version on one generator: it does not combine "
+            "with sync.partial_rollouts=true, sync.on_stale=drop or sync.generators>1"
+        )
+    if sync.partial_rollouts and rollout.engine == "hf" and getattr(rollout, "decoder", "auto") == "generate":
+        raise UserFacingError(
+            "sync.partial_rollouts=true applies weight updates between decode steps, which transformers' generate() "
+            "(rollout.decoder=generate) has none of: use rollout.decoder=auto (the decode loop)"
+        )
+    per_token = sync.partial_rollouts or sync.proximal == "recompute"
+    if per_token and rollout.engine == "vllm" and rollout.top_p < 1.0:
+        raise UserFacingError(
+            f"sync=async with rollout=vllm and rollout.top_p={rollout.top_p}: vLLM's log-probs are then "
+            "renormalized over the nucleus, not the policy's, and the tokens' behaviour log-probs (decoupled PPO's "
+            "pi_prox / pi_behav, partial rollouts) would be wrong: use rollout.top_p=1.0, or "
+            "sync.proximal=behaviour with sync.partial_rollouts=false"
+        )
 
 
 def validate_algorithm(cfg: GRPOConfig) -> None:

@@ -37,6 +37,7 @@ def compute_importance_weights(
     level: str = "token",
     threshold: float = 2.0,
     threshold_low: float | None = None,
+    decoupled: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss weights that correct for sampling from ``pi_sampler`` instead of ``pi_learner``.
 
@@ -51,11 +52,16 @@ def compute_importance_weights(
             its token ratios).
         threshold (float): C > 0: the cap of "truncated", the upper bound of "masked".
         threshold_low (float | None): the lower bound of "masked"; None: 1 / C.
+        decoupled (bool): decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization";
+            AReaL's ``use_decoupled_loss``): the learner's side is a proximal policy recomputed after sampling,
+            so the weight pi_prox / pi_behav is part of the objective and applies with mode "none" too (the
+            ratio itself, uncapped); "truncated" and "masked" cap or band it as usual.
 
     Returns:
         tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
-        - weights: (batch, seq), detached, 0 off the response mask; on it 1 where ``mode`` is "none".
+        - weights: (batch, seq), detached, 0 off the response mask; on it 1 where ``mode`` is "none" (the ratio
+          with ``decoupled``).
         - metadata, (batch, seq) detached: "ratio" (w_t, or the response's product broadcast over it at level
           "sequence"; outside the mask 1), "truncated" (bool, the cap acted), "masked" (bool, the token was
           rejected: outside the band of "masked").
@@ -84,7 +90,7 @@ def compute_importance_weights(
     ratio = torch.exp(log_ratio)  # may be inf at the sequence level; the comparisons below stay right
     truncated = torch.zeros_like(mask)
     masked = torch.zeros_like(mask)
-    weights = torch.ones_like(ratio)
+    weights = ratio.clone() if decoupled else torch.ones_like(ratio)
     # The bounds are compared in log space: a subtraction and a comparison, the same on every device, so the
     # learner's count of rejected tokens before the step (learner.optimizer_step_totals) is the train step's.
     if mode == "truncated":

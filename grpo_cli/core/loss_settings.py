@@ -52,6 +52,9 @@ class LossSettings:
     importance_threshold: float = 2.0
     # The lower bound of importance_correction="masked"; None: 1 / importance_threshold.
     importance_threshold_low: float | None = None
+    # Decoupled PPO (sync=async): old_log_probs are a proximal policy's, the sampler's are the behaviour policy's,
+    # and pi_prox / pi_behav weighs every token whatever importance_correction is (core.importance).
+    decoupled: bool = False
 
     @property
     def kl_penalty(self) -> bool:

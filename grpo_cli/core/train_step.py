@@ -214,6 +214,7 @@ def microbatch_train_step(
             settings.importance_level,
             settings.importance_threshold,
             settings.importance_threshold_low,
+            decoupled=settings.decoupled,
         )
         per_token_loss = per_token_loss * weights
         if settings.importance_correction == "masked":

@@ -66,6 +66,10 @@ SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handler
 
 def build_executor(cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> Executor:
     """The executor for cfg.sync.strategy: in-process, or generator and learner as Ray actors."""
+    if cfg.sync.strategy == "async":
+        from grpo_cli.drivers.async_executor import AsyncExecutor  # Ray is an optional extra
+
+        return AsyncExecutor(cfg, output_dir, sampler)
     if cfg.sync.strategy in DISAGGREGATED:
         from grpo_cli.drivers.ray_executor import RayExecutor  # Ray is an optional extra
 

@@ -6,7 +6,10 @@ the same number) when the learner trains on it is `learner version - behaviour v
 
 - on_policy, multi_epoch: always 0 (generation and training take turns on the same weights);
 - one_behind: at most 1, because batch k+1 is sampled while the learner trains on batch k;
-- replay_buffer: at most sync.max_staleness; older trajectories are dropped from the buffer, unused or not.
+- replay_buffer: at most sync.max_staleness; older trajectories are dropped from the buffer, unused or not;
+- async: at most sync.max_staleness, where a sample's lag is that of the *oldest* version among its tokens (with
+  partial rollouts one completion is sampled by several versions; an episode's environment tokens, version -1,
+  have none).
 """
 
 from __future__ import annotations
@@ -114,3 +117,34 @@ def staleness_stats(learner_version: int, versions: Sequence[int]) -> dict[str, 
     """Max and mean lag of the trajectories one update samples."""
     lags = [lag(learner_version, v) for v in versions]
     return {"max": float(max(lags)), "mean": sum(lags) / len(lags)}
+
+
+def staleness_check(learner_version: int, token_versions: Sequence[Sequence[int]], max_lag: int) -> dict[str, float]:
+    """sync=async's hard check and its statistics over one training batch, each sample's token versions given
+    (-1: a token no policy sampled). Raises RuntimeError when a sample's oldest token lags more than max_lag.
+
+    Returns "max" and "mean" (over samples) of learner_version - the sample's oldest version, "token_mean" (over
+    sampled tokens) of learner_version - the token's version, "partial_frac" (samples with tokens of more than one
+    version) and "span_mean" (newest - oldest version, over those samples; 0 when none)."""
+    lags: list[int] = []
+    token_lags: list[int] = []
+    spans: list[int] = []
+    for versions in token_versions:
+        sampled = [v for v in versions if v >= 0]
+        if not sampled:  # nothing sampled (a prompt that filled the context)
+            continue
+        oldest = min(sampled)
+        lags.append(check_lag(learner_version, oldest, max_lag))
+        token_lags.extend(lag(learner_version, v) for v in sampled)
+        if max(sampled) > oldest:
+            spans.append(max(sampled) - oldest)
+        if any(later < earlier for earlier, later in zip(sampled, sampled[1:], strict=False)):
+            raise RuntimeError(f"a sample's token versions decrease: {sampled}")
+    n = max(len(lags), 1)
+    return {
+        "max": float(max(lags, default=0)),
+        "mean": sum(lags) / n,
+        "token_mean": sum(token_lags) / max(len(token_lags), 1),
+        "partial_frac": len(spans) / n,
+        "span_mean": sum(spans) / len(spans) if spans else 0.0,
+    }

@@ -185,6 +185,18 @@ class HFRolloutEngine:
             self.model.train(was_training)
         return out
 
+    @property
+    def decode_loop_checked(self) -> bool:
+        return self._loop_checked
+
+    def check_decode_loop(self, prompt_ids: list[list[int]]) -> str | None:
+        """Check the decode loop against generate() on these prompts now (once per engine; the asynchronous
+        generator's stream runs the loop's model calls without `generate`); returns why it does not run here, or
+        None."""
+        if isinstance(self.decoder, Decoder) and not self._loop_checked:
+            self._check_loop(self.decoder, prompt_ids)
+        return self.loop_problem
+
     def _check_loop(self, decoder: Decoder, prompt_ids: list[list[int]]) -> None:
         """Keep the decode loop only if it agrees with generate() on this model, these prompts, in this context."""
         self._loop_checked = True

@@ -61,6 +61,8 @@ Renderer = Callable[[Sequence["Message"], bool], str]
 Message = dict[str, Any]
 
 # What stands in for the last assistant content under rule 2: plain text no template alters.
+# The version recorded at tokens no policy sampled (an episode's tool and environment tokens; never in the loss).
+ENV_VERSION = -1
 _SENTINEL = "\u2063GRPO_CLI_ASSISTANT_TURN\u2063"
 
 
@@ -93,6 +95,9 @@ class SampledTurn:
     ids: list[int]
     logprobs: list[float] | None = None
     stopped: bool | None = None
+    # The policy version that sampled the turn (sync=async: the generator applies updates between turns only);
+    # None: not recorded.
+    version: int | None = None
 
 
 class Generate(Protocol):
@@ -193,6 +198,8 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)
     # The sampler's log-prob of each model token; 0.0 at environment tokens, NaN where the engine gave none.
     sampler_logprobs: list[float] = field(default_factory=list)
+    # The policy version that sampled each token (sync=async); -1 at environment tokens, None where not recorded.
+    versions: list[int | None] = field(default_factory=list)
     spans: list[TokenSpan] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)  # the whole conversation, the opening messages first
     model_turns: list[list[int]] = field(default_factory=list)  # each model turn's sampled ids
@@ -374,6 +381,7 @@ def add_model_turn(episode: Episode, template: ChatTemplate, sampled: SampledTur
     episode.ids.extend(ids)
     episode.loss_mask.extend([1] * len(ids))
     episode.sampler_logprobs.extend(sampled.logprobs if sampled.logprobs is not None else [math.nan] * len(ids))
+    episode.versions.extend([sampled.version] * len(ids))
     episode.spans.append(TokenSpan("model", start, len(episode.ids)))
     episode.model_turns.append(ids)
     episode.turn_cut.append(not (ended if sampled.stopped is None else sampled.stopped))
@@ -398,6 +406,7 @@ def append_env(episode: Episode, new: list[Message], delta_ids: list[int], after
     episode.ids.extend(delta_ids)
     episode.loss_mask.extend([0] * len(delta_ids))
     episode.sampler_logprobs.extend([0.0] * len(delta_ids))
+    episode.versions.extend([ENV_VERSION] * len(delta_ids))
     episode.spans.append(TokenSpan("env", start, len(episode.ids)))
     episode.messages.extend(new)
     episode.rendered = after

@@ -55,4 +55,7 @@ def loss_settings(cfg: GRPOConfig) -> LossSettings:
         importance_level=rollout.importance_level,
         importance_threshold=rollout.importance_threshold,
         importance_threshold_low=rollout.importance_threshold_low,
+        # sync=async recomputes the old log-probs at the learner's version (the proximal policy) while the sampler's
+        # are each token's behaviour policy: pi_prox / pi_behav weighs the loss whatever the correction.
+        decoupled=cfg.sync.strategy == "async" and cfg.sync.proximal == "recompute",
     )

@@ -44,7 +44,7 @@ from grpo_cli.episodes.turns import ChatTemplate, EpisodeLimits, SampledTurn
 from grpo_cli.errors import EnvironmentFailed
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, episode_transcripts
 from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, opening_messages, score_episodes
-from grpo_cli.rollout.runs import Samples
+from grpo_cli.rollout.runs import Samples, sampling_version
 from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks.multiturn import agent_value, base_dir_of_task, env_weight
 from grpo_cli.usercode.agents import AGENT_KEY, AgentJob, AgentShare, load_agent, run_agents
@@ -481,6 +481,7 @@ class AgentRun:
                         list(batch.completion_ids[r]),
                         None if batch.sampler_log_probs is None else list(batch.sampler_log_probs[r]),
                         not batch.truncated[r],
+                        sampling_version(engine),
                     )
                     for r in rows
                 ]

@@ -35,7 +35,7 @@ from grpo_cli.episodes.turns import (
     last_model_turn,
     run_episodes,
 )
-from grpo_cli.rollout.runs import Samples
+from grpo_cli.rollout.runs import Samples, sampling_version
 from grpo_cli.rollout.scoring import Scores
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ class EngineTurns:
         batch = self.engine.generate([list(p) for p in prompts], settings)
         self.calls += 1
         log_probs = batch.sampler_log_probs
+        version = sampling_version(self.engine)
         return [
-            SampledTurn(list(ids), None if log_probs is None else list(log_probs[row]), not cut)
+            SampledTurn(list(ids), None if log_probs is None else list(log_probs[row]), not cut, version)
             for row, (ids, cut) in enumerate(zip(batch.completion_ids, batch.truncated, strict=True))
         ]
 
@@ -124,8 +125,20 @@ def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | No
         context_limited=[e.stop_reason == "context" for e in episodes],
         sampler_log_probs=log_probs if given else None,
         token_masks=[list(e.loss_mask) for e in episodes],
+        token_versions=episode_versions(episodes),
         episodes=list(episodes),
     )
+
+
+def episode_versions(episodes: Sequence[Episode]) -> list[list[int]] | None:
+    """Each episode's token versions (sync=async), None unless every model token's was recorded."""
+    versions = []
+    for episode in episodes:
+        row = [v for v in episode.versions if v is not None]
+        if len(row) != len(episode.versions):
+            return None
+        versions.append(row)
+    return versions
 
 
 def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") -> dict[str, float]:

@@ -41,6 +41,9 @@ class Samples:
     # Per completion id: 1 a model token (in the loss), 0 a tool/environment token; None: every one is the model's.
     token_masks: list[list[int]] | None = None
     episodes: list[Episode] = field(default_factory=list)  # a multi-turn run's episodes (their transcripts)
+    # sync=async: per completion id, the policy version that sampled it (-1 at tool/environment tokens); None: not
+    # recorded (every other strategy: the batch's one version).
+    token_versions: list[list[int]] | None = None
 
     @property
     def n_generated_tokens(self) -> int:
@@ -67,7 +70,15 @@ def join_samples(parts: Sequence[Samples]) -> Samples:
         sampler_log_probs=rows_if_all("sampler_log_probs"),
         token_masks=rows_if_all("token_masks"),
         episodes=rows("episodes"),
+        token_versions=rows_if_all("token_versions"),
     )
+
+
+def sampling_version(engine: RolloutEngine) -> int | None:
+    """The policy version `engine` samples from when it records one (the asynchronous generator's engine,
+    rollout/async_generation.py, which takes weight updates between calls); None otherwise."""
+    version = getattr(engine, "policy_version", None)
+    return version if isinstance(version, int) else None
 
 
 class RolloutRun(Protocol):

@@ -26,7 +26,7 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.evaluation import evaluate, voting_for
-from grpo_cli.rollout.runs import RolloutRun
+from grpo_cli.rollout.runs import RolloutRun, Samples
 from grpo_cli.rollout.scoring import reward_metrics, with_logged_metrics
 from grpo_cli.rollout.task_run import run_for
 from grpo_cli.scoring.batch import RolloutData
@@ -132,7 +132,20 @@ class RolloutWorker:
                 first_prompt_index=first_prompt_index,
             )
             samples = self.run.sample(self.engine, sampling, examples)
+        return self.scored(samples, timings, busy_start, with_old_log_probs, epoch)
 
+    def scored(
+        self,
+        samples: Samples,
+        timings: dict[str, float],
+        busy_start: float,
+        with_old_log_probs: bool = False,
+        epoch: float = 0.0,
+    ) -> RolloutData:
+        """Sampled groups (whole groups of group_size, prompt-major) scored, with advantages and the batch's
+        metrics: the second half of `produce`, also what the asynchronous generator does with each finished group.
+        `timings` holds the sampling's time/generation_s; `busy_start` is when the work on them began."""
+        cfg, shape = self.cfg, self.shape
         with timed(timings, "time/scoring_s"):
             scores = self.run.score(samples, self.trainer_state(epoch))
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
@@ -150,6 +163,10 @@ class RolloutWorker:
         if scores.skipped:
             data.scored = scored
         data.policy_version = self.version
+        if samples.token_versions is not None:  # sync=async: each token's own (rollout/async_generation.py)
+            data.token_versions = samples.token_versions
+            sampled = [v for row in samples.token_versions for v in row if v >= 0]
+            data.policy_version = min(sampled, default=self.version)
         if samples.sampler_log_probs is not None:
             data.sampler_log_probs = [torch.tensor(lp, dtype=torch.float32) for lp in samples.sampler_log_probs]
         if cfg.train.mask_truncated:
@@ -232,6 +249,16 @@ class RolloutWorker:
         """As a Ray actor: load the learner's trainable weights into this copy, then into the engine.
         Returns the seconds it took (also reported with the next batch)."""
         t0 = time.perf_counter()
+        self.copy_weights(tensors)
+        self.engine.sync_weights(version=version)
+        self.version = version
+        seconds = time.perf_counter() - t0
+        self.load_s += seconds
+        return seconds
+
+    def copy_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the learner's trainable weights into this policy copy, in place (the engine not told: load_weights,
+        or the asynchronous generator's stream between two decode steps)."""
         own = dict(self.model.named_parameters())
         unknown = sorted(set(tensors) - set(own))
         if unknown:
@@ -239,11 +266,6 @@ class RolloutWorker:
         with torch.no_grad():
             for name, value in tensors.items():
                 own[name].copy_(value)
-        self.engine.sync_weights(version=version)
-        self.version = version
-        seconds = time.perf_counter() - t0
-        self.load_s += seconds
-        return seconds
 
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None = None, epoch: float = 0.0

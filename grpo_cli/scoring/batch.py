@@ -40,10 +40,13 @@ class RolloutData:
     # Multi-turn episodes: one transcript per episode (rollout.episode_rollout.transcript), for the run's logs.
     transcripts: list[dict[str, Any]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # rollout statistics and the producer's timings
-    policy_version: int = 0
+    policy_version: int = 0  # the version of the weights that sampled it (the oldest, for a replay sample)
+    # sync=async: per completion (len_i,), the policy version that sampled each token (engines.stream; -1 at an
+    # episode's tool/environment tokens); None: every token is `policy_version`'s.
+    token_versions: list[list[int]] | None = None
     # (n,) bool: True the completion's reward is in its group's advantage statistics, False it has none (an episode
     # skipped under task.on_reward_error=skip: compute_advantages' keep); None: every one has a reward.
-    scored: torch.Tensor | None = None  # the version of the weights that sampled it (the oldest, for a replay sample)
+    scored: torch.Tensor | None = None
 
 
 def make_microbatch(
@@ -115,6 +118,7 @@ def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
         transcripts=rows_if_any(data.transcripts),
         metrics=dict(data.metrics),
         policy_version=data.policy_version,
+        token_versions=rows_if_any(data.token_versions),
         scored=None if data.scored is None else data.scored[index],
     )
 
@@ -146,6 +150,7 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
         transcripts=joined("transcripts"),
         metrics=dict(parts[0].metrics),
         policy_version=min(part.policy_version for part in parts),
+        token_versions=joined("token_versions"),
         scored=None
         if all(p.scored is None for p in parts)
         else torch.cat(

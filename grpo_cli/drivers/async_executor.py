@@ -1,0 +1,275 @@
+"""sync=async: generators that never wait for training, and one learner, as Ray actors (docs/sync.md).
+
+    generator(s)  rollout/async_generation.AsyncGeneration: a thread that keeps sampling the batches it was handed,
+                  ships each group when it has ended, applies offered weights when it may
+    learner       Learner: proximal log-probs at its own version -> decoupled PPO update -> publishes its weights
+
+Each step (learner version V = step - 1 before it):
+
+    on_stale=wait  the batches up to step + max_staleness are handed out (batch b to generator b mod N); the step
+                   trains on batch `step`'s groups, in prompt order, waiting for its last one; the generators pace
+                   themselves (a group of batch b starts only at version >= b - 1 - max_staleness).
+    on_stale=drop  enough batches are handed out to keep max_staleness + 1 batches in flight; the step trains on the
+                   first groups to end, dropping (and counting) those older than the bound.
+
+Every trained sample is checked: V - (the oldest version among its tokens) <= max_staleness, or the run stops (an
+orchestration bug must not bias training silently). Resume: a checkpoint holds the prompt sampler as it was before
+the first prompt not trained yet, and under drop the prompts trained since (their groups are not sampled again);
+what was in flight is sampled again after the resume, never trained twice, never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
+from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
+from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.ray_executor import Hosted, RayExecutor
+from grpo_cli.drivers.ray_reaper import start_sentinel
+from grpo_cli.drivers.versions import staleness_check
+from grpo_cli.learner.learner import Learner
+from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup, join_groups
+from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.tasks import Example
+
+if TYPE_CHECKING:
+    from grpo_cli.config.schemas import GRPOConfig
+
+# How long one collect call waits on a generator before the driver looks at the others (and at their errors).
+COLLECT_WAIT_S = 0.5
+
+
+class AsyncExecutor(RayExecutor):
+    """The executor of a sync=async run (module docstring); Ray start-up, actor calls and shutdown are
+    RayExecutor's."""
+
+    def __init__(self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> None:
+        self.generators: list[Any] = []  # Ray ActorHandles of Hosted(AsyncGeneration)
+        self.orders: dict[int, dict[str, Any]] = {}  # batch number -> {"state": sampler before it, "left": prompts}
+        self.arrived: dict[int, list[FinishedGroup]] = {}  # wait: groups by batch, not trained yet
+        self.ready: list[FinishedGroup] = []  # drop: groups in the order they ended, not trained yet
+        self.trained_groups: dict[int, set[int]] = {}  # drop: per open batch, the prompt indices trained or dropped
+        self.counters: dict[str, float] = {}
+        self.dropped_stale = 0
+        self.resumed_state: dict[str, Any] = {}
+        super().__init__(cfg, output_dir, sampler)
+
+    def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
+        ray = self.ray
+        n = cfg.sync.generators
+        t0 = time.perf_counter()
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": 40}
+            if cfg.sync.ray_address is None:
+                kwargs["num_cpus"] = max(os.cpu_count() or 1, (n + 1) * cpus)
+                self.sentinel = start_sentinel()
+            ray.init(address=cfg.sync.ray_address, **kwargs)
+            self.started_ray = True
+        ray_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
+        self.learner_actor = ray.remote(Hosted).options(**options).remote()
+        # Several calls at once: collect waits for groups while offer_weights and evaluate arrive.
+        self.generators = [ray.remote(Hosted).options(**options, max_concurrency=4).remote() for _ in range(n)]
+        self.generator_actor = self.generators[0]
+        device_text, *_ = self.get_all(
+            [
+                self.learner_actor.start.remote(Learner, cfg, output_dir, cpus),
+                *(g.start.remote(AsyncGeneration, cfg, cpus) for g in self.generators),
+            ]
+        )
+        self.load_s = time.perf_counter() - t0
+        self.get(self.generator_actor.call.remote("check_prompts_fit", self.sampler.examples))
+        return device_text, ray_s
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+        step, state, messages = super().resume()
+        self.resumed_state = state
+        return step, state, messages
+
+    def save_checkpoint(self, step: int) -> Path:
+        open_batches = sorted(b for b in self.orders if self.orders[b]["left"] > 0)
+        first = open_batches[0] if open_batches else None
+        state: dict[str, Any] = {"sampler": self.orders[first]["state"] if first is not None else self.sampler.state()}
+        if self.cfg.sync.on_stale == "drop" and first is not None:
+            state["async_first_batch"] = first
+            state["async_trained"] = {str(b): sorted(self.trained_groups.get(b, ())) for b in open_batches}
+        return self.get(self.learner_actor.call.remote("save_checkpoint", step, state))
+
+    # --- weights, batches -----------------------------------------------------------------------------------
+    def start(self, start_step: int) -> dict[str, float]:
+        self.version = start_step
+        # Batch numbers are sampling seeds: after a resume the batches not trained are drawn again with theirs.
+        first = int(self.resumed_state.get("async_first_batch", start_step + 1))
+        self.batch_counter = first - 1
+        trained = self.resumed_state.get("async_trained", {})
+        self.resume_skips = {int(b): frozenset(v) for b, v in trained.items()}
+        return {"time/sync_s": self.publish(start_step)}
+
+    def publish(self, version: int) -> float:
+        t0 = time.perf_counter()
+        weights = self.learner_actor.call.remote("trainable_weights")
+        self.ray.wait([weights], fetch_local=False)
+        seconds = time.perf_counter() - t0
+        for generator in self.generators:
+            self.loads.append(generator.call.remote("offer_weights", weights, version))
+        return seconds
+
+    def hand_out(self, up_to: int) -> None:
+        """Hand out batches until batch `up_to` has been (each to its generator, in order)."""
+        while self.batch_counter < up_to:
+            state, epoch = self.sampler.state(), self.sampler.epoch
+            examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
+            self.batch_counter += 1
+            b = self.batch_counter
+            skip = self.resume_skips.pop(b, frozenset())
+            self.orders[b] = {"state": state, "left": len(examples) - len(skip)}
+            if skip:
+                self.trained_groups[b] = set(skip)
+            generator = self.generators[b % len(self.generators)]
+            self.loads.append(generator.call.remote("submit", BatchOrder(b, examples, epoch, skip)))
+
+    def gather(self, until: Callable[[], bool]) -> float:
+        """Collect finished groups from every generator until `until()` holds; returns the seconds waited."""
+        t0 = time.perf_counter()
+        while True:
+            self.check_loads()
+            wait = 0.0 if until() else COLLECT_WAIT_S / len(self.generators)
+            for generator in self.generators:
+                groups, counters, _version = self.get(generator.call.remote("collect", wait))
+                for key, value in counters.items():
+                    self.counters[key] = self.counters.get(key, 0.0) + value
+                for group in groups:
+                    if self.cfg.sync.on_stale == "drop":
+                        self.ready.append(group)
+                    else:
+                        self.arrived.setdefault(group.batch_number, []).append(group)
+            if until():
+                return time.perf_counter() - t0
+
+    # --- the step -----------------------------------------------------------------------------------------------
+    def step(self, step: int) -> tuple[dict[str, float], int]:
+        step_start = time.perf_counter()
+        sync, prompts = self.cfg.sync, self.shape.prompts_per_rollout_batch
+        last = self.cfg.train.steps
+        if sync.on_stale == "wait":
+            self.hand_out(min(step + sync.max_staleness, last))
+            waiting_s = self.gather(
+                lambda: sum(len(g.prompt_indices) for g in self.arrived.get(step, ())) >= self.orders[step]["left"]
+            )
+            groups = sorted(self.arrived.pop(step), key=lambda g: g.prompt_indices[0])
+            dropped: list[FinishedGroup] = []
+        else:
+            # Enough in flight for this step and max_staleness more, but never prompts past the run's last batch.
+            self.hand_out(min(step + sync.max_staleness, last + sync.max_staleness))
+            waiting_s = self.gather(lambda: self._fresh_groups() >= prompts)
+            groups, dropped = self._take_fresh(prompts)
+        for group in groups:
+            self._mark_trained(group)
+        batch = join_groups(groups)
+        staleness = staleness_check(self.version, batch.token_versions or [], sync.max_staleness)
+        learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", batch, step))
+        self.version = step
+        sync_s = self.publish(step)
+        if sync.on_stale == "wait" and step < last:
+            self.hand_out(min(step + 1 + sync.max_staleness, last))  # the generators never wait for the driver
+        counters, self.counters = self.counters, {}
+        metrics = step_metrics(
+            self._rollout_metrics(groups, counters),
+            learned,
+            {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s},
+            {**self._sync_metrics(batch, staleness, len(dropped), counters)},
+        )
+        self.last_transcripts = [t for g in groups for t in g.data.transcripts or []]
+        return finish_step_metrics(metrics, batch.raw_rewards), nonfinite_streak
+
+    def _fresh_groups(self) -> int:
+        bound = self.version - self.cfg.sync.max_staleness
+        return sum(1 for g in self.ready if g.data.policy_version >= bound)
+
+    def _take_fresh(self, n: int) -> tuple[list[FinishedGroup], list[FinishedGroup]]:
+        """on_stale=drop: the first n groups to end within the bound, and the stale ones dropped on the way."""
+        bound = self.version - self.cfg.sync.max_staleness
+        taken: list[FinishedGroup] = []
+        dropped: list[FinishedGroup] = []
+        while len(taken) < n:
+            group = self.ready.pop(0)
+            (taken if group.data.policy_version >= bound else dropped).append(group)
+        for group in dropped:
+            self._mark_trained(group)
+        self.dropped_stale += len(dropped)
+        return taken, dropped
+
+    def _mark_trained(self, group: FinishedGroup) -> None:
+        b = group.batch_number
+        self.orders[b]["left"] -= len(group.prompt_indices)
+        self.trained_groups.setdefault(b, set()).update(group.prompt_indices)
+        if self.orders[b]["left"] == 0:
+            # Nothing of it left in flight: a checkpoint need not remember it.
+            del self.orders[b]
+            self.trained_groups.pop(b, None)
+
+    def _rollout_metrics(self, groups: list[FinishedGroup], counters: dict[str, float]) -> dict[str, float]:
+        rollout = combine_rollout_metrics([g.data.metrics for g in groups])
+        # The generators' own time (groups overlap one another: theirs is not a sum of the groups').
+        rollout["time/generation_s"] = counters.get("generation_s", 0.0)
+        rollout["time/produce_s"] = sum(counters.get(k, 0.0) for k in ("generation_s", "scoring_s", "update_s"))
+        rollout["time/weight_load_s"] = counters.get("update_s", 0.0)
+        # Rewards, advantages and (sync.proximal=behaviour) the old log-probs, on the generators.
+        rollout["time/scoring_s"] = counters.get("scoring_s", 0.0)
+        rollout["time/old_log_probs_s"] = 0.0
+        return rollout
+
+    def _sync_metrics(
+        self, batch: RolloutData, staleness: dict[str, float], dropped: int, counters: dict[str, float]
+    ) -> dict[str, float]:
+        row_steps = counters.get("row_steps", 0.0)
+        return {
+            "sync/policy_version": float(batch.policy_version),
+            "sync/lag": staleness["max"],
+            "sync/lag_mean": staleness["mean"],
+            "sync/staleness_token_mean": staleness["token_mean"],
+            "sync/partial_frac": staleness["partial_frac"],
+            "sync/version_span_mean": staleness["span_mean"],
+            "sync/dropped_stale": float(dropped),
+            "sync/dropped_stale_total": float(self.dropped_stale),
+            "sync/updates_mid_generation": counters.get("updates_mid_generation", 0.0),
+            "sync/wasted_row_steps": counters.get("wasted_row_steps", 0.0),
+            "sync/wasted_row_frac": counters.get("wasted_row_steps", 0.0) / row_steps if row_steps else 0.0,
+            "time/generator_idle_s": counters.get("idle_s", 0.0),
+            "time/generator_paced_s": counters.get("paced_s", 0.0),
+            "time/update_pause_s": counters.get("update_s", 0.0),
+            "time/recompute_s": counters.get("recompute_s", 0.0),
+        }
+
+    # --- evaluation, shutdown -------------------------------------------------------------------------------
+    def evaluate(
+        self, examples: list[Example], on_generated: Callable[[int], None] | None
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        metrics, records, version = self.get(
+            self.generator_actor.call.remote("evaluate", examples, self.sampler.epoch, self.version)
+        )
+        if version != self.version:
+            raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
+        if on_generated is not None:
+            on_generated(len(records))
+        return metrics, records
+
+    def close(self) -> None:
+        ray = self.ray
+        for generator in self.generators:
+            with contextlib.suppress(Exception):  # a dead actor has nothing left to close
+                ray.get(generator.call.remote("close"), timeout=70)
+        for generator in self.generators:
+            with contextlib.suppress(Exception):
+                ray.kill(generator)
+        self.generators = []
+        self.generator_actor = None  # closed and killed above: RayExecutor.close stops the learner and Ray
+        super().close()

@@ -1,0 +1,564 @@
+"""The generator of sync=async: a thread that keeps sampling while the learner trains (docs/sync.md).
+
+The driver (drivers/async_executor.py) hands it rollout batches in order (`submit`) and the learner's weights after
+every step (`offer_weights`), and takes its finished groups (`collect`). Inside, one thread owns the model and the
+engine:
+
+- single-turn tasks run on a decode stream (engines/stream.py): each group's G rows join the running rows as soon
+  as there is room (continuous batching) and the group ships, scored, as soon as its G rows have ended, so one long
+  completion no longer holds the others;
+- multi-turn tasks and agents run a batch at a time through the task's own run (rollout/runs.py); the engine they
+  call applies a waiting update before each of its calls (between turns; the agent endpoint holds calls while it
+  runs), so each turn's tokens carry the version that sampled them;
+- `sync.lockstep`: each batch whole, by exactly version `batch - 1 - max_staleness`, through the very `produce` of
+  the other strategies (a fixed schedule, for comparisons and tests).
+
+The bound: a group of batch b is trained at learner version b - 1 (on_stale=wait: each step trains its own batch).
+It may start only once the generator holds version >= b - 1 - max_staleness, and its tokens' versions never
+decrease, so no trained sample lags more than max_staleness (the driver checks it again on every sample). With
+on_stale=drop nothing is paced and the driver drops the groups past the bound.
+
+Updates: with sync.partial_rollouts the newest offered weights are applied between two decode steps (the stream
+recomputes or keeps the running rows' keys/values: sync.kv_after_update); without, an update waits until the running
+rows have ended (no new group starts meanwhile), so every sample is one version's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from grpo_cli.config import BatchShape
+from grpo_cli.engines.base import SamplingSettings, context_room, render_prompts
+from grpo_cli.engines.decode import Decoder
+from grpo_cli.engines.hf import HFRolloutEngine
+from grpo_cli.engines.sampling import completion_seed
+from grpo_cli.engines.stopping import decoded
+from grpo_cli.engines.stream import DecodeStream, HFDecodeStream, StreamCounters, StreamRow
+from grpo_cli.errors import UserFacingError
+from grpo_cli.models.runtime import limit_threads
+from grpo_cli.rollout.runs import OneTurnRun, Samples
+from grpo_cli.rollout.worker import RolloutWorker, rollout_seed, sampling_settings
+from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
+from grpo_cli.tasks import Example
+
+if TYPE_CHECKING:
+    from grpo_cli.config.rollout_schemas import HFRolloutConfig
+    from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.engines.base import RolloutBatch, RolloutEngine
+
+# How long the loop sleeps when it has nothing to do before it looks again (a submit or an offer wakes it earlier).
+IDLE_POLL_S = 0.05
+
+
+@dataclass
+class BatchOrder:
+    """A rollout batch to sample: its number (its sampling seed; under on_stale=wait the step that trains it), its
+    prompts, the epoch reward functions read, and the prompt indices not to sample (trained before a resume)."""
+
+    batch_number: int
+    examples: list[Example]
+    epoch: float = 0.0
+    skip: frozenset[int] = frozenset()
+
+
+@dataclass
+class FinishedGroup:
+    """One scored group: its batch, its prompt's index there, its G completions (metrics: the batch's statistics
+    for a group of a whole batch; the driver takes the generator's times from its counters)."""
+
+    batch_number: int
+    prompt_indices: list[int]  # [the prompt's index in its batch]
+    data: RolloutData
+
+
+@dataclass
+class GeneratorCounters:
+    """The generator's time and work since the driver last collected (the step's sync metrics)."""
+
+    generation_s: float = 0.0  # decode steps, prefills and whole-batch sampling
+    scoring_s: float = 0.0  # rewards, advantages (and old log-probs with sync.proximal=behaviour)
+    paced_s: float = 0.0  # waiting for the staleness bound (on_stale=wait) with prompts in hand
+    idle_s: float = 0.0  # nothing to sample: no prompts submitted, or an update waiting for its version
+    update_s: float = 0.0  # applying weights (copy into the policy, the engine's load)
+    recompute_s: float = 0.0  # prefilling running rows again after an update (kv_after_update=recompute)
+    row_steps: int = 0
+    wasted_row_steps: int = 0  # decode steps spent on rows already ended
+    updates_mid_generation: int = 0  # updates applied while rows were running
+    groups: int = 0
+
+    def add_stream(self, stream: StreamCounters) -> None:
+        self.generation_s += stream.decode_s + stream.prefill_s
+        self.recompute_s += stream.recompute_s
+        self.row_steps += stream.row_steps
+        self.wasted_row_steps += stream.wasted_row_steps
+
+
+@dataclass
+class Update:
+    tensors: dict[str, torch.Tensor]
+    version: int
+
+
+@dataclass
+class _Group:
+    """A group in flight on the stream."""
+
+    order: BatchOrder
+    prompt_index: int
+    example: Example
+    rows: list[StreamRow]
+
+
+class UpdatingEngine:
+    """The engine as a whole-batch run (episodes, agents) calls it: before each call the generator applies a
+    waiting update if it may (partial rollouts), and `policy_version` says which version sampled the call's
+    tokens (rollout.runs.sampling_version reads it)."""
+
+    def __init__(self, engine: RolloutEngine, generation: AsyncGeneration) -> None:
+        self._engine = engine
+        self._generation = generation
+
+    @property
+    def policy_version(self) -> int:
+        return self._generation.worker.version
+
+    @property
+    def context_length(self) -> int | None:
+        return self._engine.context_length
+
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
+        self._generation.between_calls()
+        return self._engine.generate(prompt_ids, settings)
+
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        return self._engine.sync_weights(version)
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __getattr__(self, name: str) -> Any:  # the engine's own attributes (model, openai_server, ...)
+        return getattr(self._engine, name)
+
+
+class AsyncGeneration:
+    """The generator actor's object (drivers/async_executor.py hosts it): a RolloutWorker and the loop thread."""
+
+    def __init__(self, cfg: GRPOConfig, threads: int = 0) -> None:
+        limit_threads(threads)
+        self.cfg = cfg
+        self.sync = cfg.sync
+        self.shape = BatchShape.from_config(cfg)
+        self.worker = RolloutWorker(cfg, None, None, threads)
+        self.cond = threading.Condition()
+        self.orders: deque[BatchOrder] = deque()  # submitted, not all of whose groups have started
+        self.next_group = 0  # within orders[0]: the next prompt index to start
+        self.updates: list[Update] = []  # offered, not applied (in version order)
+        self.floor_version: int | None = None
+        self.offered = -1  # the newest version offered so far
+        self.finished: list[FinishedGroup] = []
+        self.counters = GeneratorCounters()
+        self.eval_request: tuple[list[Example], float, int] | None = None
+        self.eval_result: tuple[dict[str, float], list[dict[str, Any]], int] | None = None
+        self.error: BaseException | None = None
+        self.closed = False
+        self.in_flight: list[_Group] = []
+        self.whole_batches = self.sync.lockstep or not isinstance(self.worker.run, OneTurnRun)
+        self.stream: DecodeStream | None = None if self.whole_batches else self._make_stream()
+        if self.stream is None:
+            self.whole_batches = True
+        self.batch_engine = UpdatingEngine(self.worker.engine, self)
+        self.thread = threading.Thread(target=self._loop, name="grpo-cli-generator", daemon=True)
+        self.thread.start()
+
+    # --- what the driver calls (any thread) ------------------------------------------------------------------
+    def describe(self) -> str:
+        return self.worker.describe()
+
+    def check_prompts_fit(self, examples: list[Example]) -> None:
+        self.worker.check_prompts_fit(examples)
+
+    def submit(self, order: BatchOrder) -> None:
+        with self.cond:
+            # The actor takes calls on several threads, so two submits may arrive out of order: keep batch order.
+            position = len(self.orders)
+            while position > 0 and self.orders[position - 1].batch_number > order.batch_number:
+                position -= 1
+            if position == 0 and self.orders and self.next_group > 0:
+                position = 1  # never ahead of the batch whose groups have started
+            self.orders.insert(position, order)
+            self.cond.notify_all()
+
+    def offer_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """The learner's weights of `version`; applied by the loop when it may (module docstring)."""
+        with self.cond:
+            if self.floor_version is None:
+                self.floor_version = version  # the run's first weights (the resumed checkpoint's after a resume)
+            # Offers may arrive out of order too (several threads): keep them in version order, never one older than
+            # the weights held.
+            if version > self.worker.version or self.floor_version == version:
+                update = Update(tensors, version)
+                if self.sync.lockstep:  # each version is applied in turn
+                    self.updates = sorted([*self.updates, update], key=lambda u: u.version)
+                elif not self.updates or version > self.updates[-1].version:
+                    self.updates = [update]  # only the newest matters
+            self.offered = max(self.offered, version)
+            self.cond.notify_all()
+
+    def collect(self, timeout: float) -> tuple[list[FinishedGroup], dict[str, float], int]:
+        """Groups finished since the last call (waiting up to `timeout` seconds for one), the generator's counters
+        since then, and the version it holds. Raises what stopped the loop."""
+        deadline = time.perf_counter() + timeout
+        with self.cond:
+            while not self.finished and self.error is None and not self.closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            if self.error is not None:
+                raise self.error
+            groups, self.finished = self.finished, []
+            counters, self.counters = self.counters, GeneratorCounters()
+            return groups, vars(counters).copy(), self.worker.version
+
+    def evaluate(
+        self, examples: list[Example], epoch: float, version: int
+    ) -> tuple[dict[str, float], list[dict[str, Any]], int]:
+        """Held-out evaluation by the weights of `version` (the learner's, offered already): the loop runs it
+        between two steps of its own, once the running rows allow (a stream that cannot be set aside is drained
+        first)."""
+        with self.cond:
+            self.eval_request = (examples, epoch, version)
+            self.eval_result = None
+            self.cond.notify_all()
+            while self.eval_result is None and self.error is None:
+                self.cond.wait(1.0)
+            if self.error is not None:
+                raise self.error
+            result, self.eval_result = self.eval_result, None
+            return result
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join(timeout=60)
+        self.worker.close()
+
+    # --- the loop (its own thread: the only one that touches the model and the engine) ----------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    if self.closed:
+                        return
+                if self.eval_request is not None and self._may_evaluate():
+                    self._run_evaluation()
+                elif self.whole_batches:
+                    self._whole_batch_turn()
+                else:
+                    self._stream_turn()
+        except BaseException as error:  # noqa: BLE001 - handed to the driver, which raises it
+            with self.cond:
+                self.error = error
+                self.cond.notify_all()
+
+    def _wait(self, counter: str) -> None:
+        """Nothing to do now: sleep until a submit, an offer or IDLE_POLL_S, the time counted under `counter`."""
+        started = time.perf_counter()
+        with self.cond:
+            if not self.closed:
+                self.cond.wait(IDLE_POLL_S)
+        setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - started)
+
+    def _bound_allows(self, batch_number: int) -> bool:
+        """Whether a group of batch `batch_number` may start now: it will be trained at version batch_number - 1,
+        and its first token's version is the one held now (on_stale=drop: always)."""
+        if self.sync.on_stale == "drop":
+            return True
+        return self.worker.version >= batch_number - 1 - self.sync.max_staleness
+
+    def _apply(self, update: Update) -> None:
+        started = time.perf_counter()
+        if self.stream is not None and not self.whole_batches:
+            self.worker.copy_weights(update.tensors)
+            self.worker.version = update.version
+            if self.stream.running():
+                self.counters.updates_mid_generation += 1
+            self.stream.updated(update.version, self.sync.kv_after_update)
+        else:
+            self.worker.load_weights(update.tensors, update.version)
+            self.worker.load_s = 0.0  # counted here, not in the next batch's produce time
+        self.counters.update_s += time.perf_counter() - started
+
+    def _take_update(self, newest_allowed: int | None = None) -> Update | None:
+        with self.cond:
+            usable = [u for u in self.updates if newest_allowed is None or u.version <= newest_allowed]
+            if not usable:
+                return None
+            update = usable[-1]
+            self.updates = [u for u in self.updates if u.version > update.version]
+            return update
+
+    # whole batches ---------------------------------------------------------------------------------------------
+    def between_calls(self) -> None:
+        """Before each engine call of a whole-batch run: a waiting update lands here with partial rollouts."""
+        if self.sync.partial_rollouts:
+            update = self._take_update()
+            if update is not None:
+                self.counters.updates_mid_generation += 1
+                self._apply(update)
+
+    def _whole_batch_turn(self) -> None:
+        with self.cond:
+            order = self.orders[0] if self.orders else None
+        if order is None:
+            update = None if self.sync.lockstep else self._take_update()
+            if update is not None:
+                self._apply(update)
+            else:
+                self._wait("idle_s")
+            return
+        # lockstep: exactly version batch - 1 - max_staleness, or the run's first weights before it exists (each
+        # offered version is kept until its batch); otherwise the newest.
+        exact = max(order.batch_number - 1 - self.sync.max_staleness, self.floor_version or 0)
+        update = self._take_update(exact if self.sync.lockstep else None)
+        if update is not None:
+            self._apply(update)
+        if self.floor_version is None or not self._bound_allows(order.batch_number):
+            self._wait("paced_s")
+            return
+        if self.sync.lockstep and self.worker.version != exact:
+            self._wait("paced_s")
+            return
+        with self.cond:
+            self.orders.popleft()
+        self._sample_batch(order)
+
+    def _sample_batch(self, order: BatchOrder) -> None:
+        started = time.perf_counter()
+        indices = [i for i in range(len(order.examples)) if i not in order.skip]
+        examples = [order.examples[i] for i in indices]
+        worker, version = self.worker, self.worker.version
+        with_old = self.sync.proximal == "behaviour" and not self.sync.partial_rollouts
+        if self.sync.lockstep:  # the very produce of the other strategies
+            data = worker.produce(examples, order.batch_number, with_old, 0, order.epoch)
+        else:
+            cfg = self.cfg
+            timings: dict[str, float] = {}
+            with worker.autocast():
+                sampling = sampling_settings(
+                    cfg, self.shape.group_size, seed=rollout_seed(cfg.seed, order.batch_number)
+                )
+                samples = worker.run.sample(self.batch_engine, sampling, examples)
+            timings["time/generation_s"] = time.perf_counter() - started
+            data = worker.scored(samples, timings, started, with_old, order.epoch)
+        if data.token_versions is None:  # one version sampled every token
+            data.token_versions = [[version] * len(ids) for ids in data.completion_ids]
+        self._behaviour_as_old(data)
+        self.counters.generation_s += data.metrics.get("time/generation_s", 0.0)
+        self.counters.scoring_s += data.metrics.get("time/scoring_s", 0.0) + data.metrics.get(
+            "time/old_log_probs_s", 0.0
+        )
+        self.counters.groups += len(indices)
+        g = self.shape.group_size
+        for k, index in enumerate(indices):  # one group at a time, as the stream ships them
+            self._ship(
+                FinishedGroup(order.batch_number, [index], select_completions(data, list(range(k * g, (k + 1) * g))))
+            )
+
+    def _behaviour_as_old(self, data: RolloutData) -> None:
+        """sync.proximal=behaviour with partial rollouts: the sampler's own log-probs are the old policy's (no
+        single version could score the sample)."""
+        if self.sync.proximal == "behaviour" and self.sync.partial_rollouts:
+            if data.sampler_log_probs is None:
+                raise UserFacingError(
+                    "sync.proximal=behaviour with sync.partial_rollouts=true needs the sampler's log-probs, which the "
+                    "engine did not return: use sync.partial_rollouts=false"
+                )
+            data.old_log_probs = [lp.clone() for lp in data.sampler_log_probs]
+
+    def _ship(self, group: FinishedGroup) -> None:
+        with self.cond:
+            self.finished.append(group)
+            self.cond.notify_all()
+
+    # the stream ------------------------------------------------------------------------------------------------
+    def _make_stream(self) -> DecodeStream | None:
+        """The engine's decode stream, or None where it has none (the whole-batch path then serves)."""
+        engine, cfg = self.worker.engine, self.cfg
+        capacity = self.sync.decode_rows or cfg.train.rollout_batch_size
+        settings = sampling_settings(cfg, self.shape.group_size, seed=0)
+        if isinstance(engine, HFRolloutEngine) and isinstance(engine.decoder, Decoder):
+            self.worker.model.eval()  # the generator's copy never trains: no dropout while sampling
+            # Its own Decoder: its caches are the stream's, never an evaluation's.
+            decoder = Decoder(
+                engine.model,
+                engine.tokenizer,
+                engine.eos_ids,
+                compile_setting=cast("HFRolloutConfig", cfg.rollout).compile,
+            )
+            return HFDecodeStream(decoder, settings, capacity, version=self.worker.version)
+        if cfg.rollout.engine == "vllm":
+            from grpo_cli.engines.vllm_stream import VLLMDecodeStream  # vLLM is an optional extra
+
+            return VLLMDecodeStream(engine, settings, capacity, version=self.worker.version)
+        if self.sync.partial_rollouts:
+            raise UserFacingError(
+                "sync.partial_rollouts=true needs the decode loop, which does not run this model (see the "
+                "rollout: line above): use sync.partial_rollouts=false"
+            )
+        return None
+
+    def _stream_turn(self) -> None:
+        stream = self.stream
+        assert stream is not None
+        pending_update = bool(self.updates)
+        if pending_update and (self.sync.partial_rollouts or stream.running() == 0):
+            update = self._take_update()
+            if update is not None:
+                self._apply(update)
+                pending_update = False
+        # Without partial rollouts a waiting update holds new groups back, so the running ones end and it lands.
+        paced = False
+        if not (pending_update and not self.sync.partial_rollouts) and self.eval_request is None:
+            paced = self._admit(stream)
+        if stream.running() == 0:
+            self._wait("paced_s" if paced else "idle_s")
+            return
+        before = replace(stream.counters)
+        with self.worker.autocast():
+            ended = stream.step()
+        self.counters.add_stream(_difference(stream.counters, before))
+        for row in ended:
+            self._row_ended(row)
+
+    def _admit(self, stream: DecodeStream) -> bool:
+        """Start groups while the stream has room and the bound allows; True when the bound held one back."""
+        g = self.shape.group_size
+        while stream.room() >= g:
+            with self.cond:
+                while self.orders and self.next_group >= len(self.orders[0].examples):
+                    self.orders.popleft()
+                    self.next_group = 0
+                if not self.orders:
+                    return False
+                order = self.orders[0]
+                index = self.next_group
+                if index in order.skip:
+                    self.next_group += 1
+                    continue
+                if not self._bound_allows(order.batch_number):
+                    return True
+                self.next_group += 1
+            stream.add(self._group_rows(order, index))
+        return False
+
+    def _group_rows(self, order: BatchOrder, index: int) -> list[StreamRow]:
+        example = order.examples[index]
+        prompt_ids = render_prompts([example.prompt], self.worker.tokenizer)[0]
+        engine = self.worker.engine
+        if isinstance(engine, HFRolloutEngine) and not engine.decode_loop_checked:
+            problem = engine.check_decode_loop([prompt_ids])
+            if problem is not None:
+                raise UserFacingError(
+                    f"sync=async samples with the decode loop, which disagrees with generate() on this model "
+                    f"({problem}): use sync=one_behind"
+                )
+        room = context_room([prompt_ids], self.cfg.rollout.max_tokens, self.worker.engine.context_length)[0]
+        seed = rollout_seed(self.cfg.seed, order.batch_number)
+        rows = [
+            StreamRow(
+                key=(order.batch_number, index, j),
+                prompt_ids=list(prompt_ids),
+                max_tokens=room,
+                seed=completion_seed(seed, index, j),
+                context_limited=room < self.cfg.rollout.max_tokens,
+            )
+            for j in range(self.shape.group_size)
+        ]
+        group = _Group(order, index, example, rows)
+        self.in_flight.append(group)
+        if room == 0:  # the prompt fills the context: nothing to sample (check_prompts_fit refuses it first)
+            for row in rows:
+                row.ended = True
+            self._maybe_finish(group)
+        return rows
+
+    def _row_ended(self, row: StreamRow) -> None:
+        for group in self.in_flight:
+            if group.order.batch_number == row.key[0] and group.prompt_index == row.key[1]:
+                self._maybe_finish(group)
+                return
+
+    def _maybe_finish(self, group: _Group) -> None:
+        if not all(row.ended for row in group.rows):
+            return
+        self.in_flight.remove(group)
+        started = time.perf_counter()
+        tokenizer = self.worker.tokenizer
+        rows = group.rows
+        samples = Samples(
+            prompt_ids=[row.prompt_ids for row in rows],
+            completion_ids=[row.token_ids for row in rows],
+            responses=[decoded(tokenizer, row.token_ids, skip_special_tokens=True) for row in rows],
+            ground_truths=[group.example.ground_truth] * len(rows),
+            truncated=[not row.stopped for row in rows],
+            model_tokens=[len(row.token_ids) for row in rows],
+            context_limited=[row.context_limited and not row.stopped for row in rows],
+            sampler_log_probs=[row.log_probs for row in rows],
+            token_versions=[row.versions for row in rows],
+        )
+        with_old = self.sync.proximal == "behaviour" and not self.sync.partial_rollouts
+        data = self.worker.scored(samples, {"time/generation_s": 0.0}, started, with_old, group.order.epoch)
+        self._behaviour_as_old(data)
+        self.counters.scoring_s += time.perf_counter() - started
+        self.counters.groups += 1
+        self._ship(FinishedGroup(group.order.batch_number, [group.prompt_index], data))
+
+    # evaluation ------------------------------------------------------------------------------------------------
+    def _may_evaluate(self) -> bool:
+        """Once the weights to evaluate were offered, between two steps of the loop; a stream that cannot be set
+        aside has no running row (none start while an evaluation waits); under lockstep no batch waits for an
+        older version than the evaluated one."""
+        assert self.eval_request is not None
+        version = self.eval_request[2]
+        if self.offered < version:  # its weights' offer is still on its way (another thread)
+            return False
+        k = self.sync.max_staleness
+        if self.sync.lockstep and any(order.batch_number - 1 - k < version for order in self.orders):
+            return False
+        if self.whole_batches or self.stream is None or self.stream.running() == 0:
+            return True
+        return bool(getattr(self.stream, "suspendable", False)) and self.sync.partial_rollouts
+
+    def _run_evaluation(self) -> None:
+        assert self.eval_request is not None
+        examples, epoch, version = self.eval_request
+        update = self._take_update(version)
+        if update is not None:
+            self._apply(update)
+        if self.worker.version != version:
+            raise RuntimeError(
+                f"evaluation asked for policy version {version}, the generator holds {self.worker.version}"
+            )
+        result = self.worker.evaluate(examples, None, epoch)
+        with self.cond:
+            self.eval_request = None
+            self.eval_result = result
+            self.cond.notify_all()
+
+
+def _difference(after: StreamCounters, before: StreamCounters) -> StreamCounters:
+    return StreamCounters(**{k: getattr(after, k) - getattr(before, k) for k in vars(after)})
+
+
+def join_groups(groups: Sequence[FinishedGroup]) -> RolloutData:
+    """One training batch of finished groups, in the given order (their advantages are each group's own)."""
+    return concat_rollouts([g.data for g in groups])

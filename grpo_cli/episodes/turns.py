@@ -453,8 +453,8 @@ def cut_turn(sampled: SampledTurn, budget: int, stop_token_ids: frozenset[int]) 
     end = min(stop or len(ids), budget)
     logprobs = list(sampled.logprobs[:end]) if sampled.logprobs is not None else None
     if stop is not None and stop <= budget:
-        return SampledTurn(ids[:end], logprobs, True)
-    return SampledTurn(ids[:end], logprobs, sampled.stopped if end == len(ids) else False)
+        return SampledTurn(ids[:end], logprobs, True, sampled.version)
+    return SampledTurn(ids[:end], logprobs, sampled.stopped if end == len(ids) else False, sampled.version)
 
 
 def apply_outcome(episode: Episode, template: ChatTemplate, outcome: TurnOutcome, limits: EpisodeLimits) -> None:

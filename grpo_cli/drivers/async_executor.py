@@ -60,6 +60,10 @@ class AsyncExecutor(RayExecutor):
         self.resumed_state: dict[str, Any] = {}
         super().__init__(cfg, output_dir, sampler)
 
+    def actors_text(self) -> str:
+        n = self.cfg.sync.generators
+        return f"{'a generator' if n == 1 else f'{n} generators'} and a learner actor"
+
     def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
         ray = self.ray
         n = cfg.sync.generators

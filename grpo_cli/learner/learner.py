@@ -18,6 +18,7 @@ import copy
 import logging
 import math
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -275,6 +276,12 @@ class Learner:
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, data: RolloutData, step: int) -> tuple[dict[str, float], int]:
         """Old and reference log-probs, then the updates. Returns (metrics, consecutive non-finite updates)."""
+        if self.cfg.sync.simulated_update_s is not None:  # a benchmark arm: no update, its time slept instead
+            time.sleep(self.cfg.sync.simulated_update_s)
+            self.version = step
+            slept = {"time/training_s": self.cfg.sync.simulated_update_s, "perf/rank_idle_s": 0.0}
+            zero = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0, "perf/rank_idle_s_max": 0.0}
+            return {**slept, **zero, "train/lr": self.optimizer.param_groups[0]["lr"]}, 0
         self.model.train()
         correction = self.cfg.rollout.importance_correction
         if correction != "none" and data.sampler_log_probs is None:

@@ -249,6 +249,9 @@ class AsyncGeneration:
             self.closed = True
             self.cond.notify_all()
         self.thread.join(timeout=60)
+        close_stream = getattr(self.stream, "close", None)  # vLLM's: abort the requests still in its engine
+        if close_stream is not None:
+            close_stream()
         self.worker.close()
 
     # --- the loop (its own thread: the only one that touches the model and the engine) ----------------------

@@ -45,8 +45,15 @@ STEP_TIME_ROWS = (
     ("time/sync_s", "weight sync (s)", "{:.2f}"),
     ("time/waiting_s", "learner waiting for rollouts (s)", "{:.2f}"),
     ("time/step_s", "step, wall time (s)", "{:.2f}"),
+    ("time/generator_idle_s", "generator idle (s)", "{:.2f}"),
+    ("time/generator_paced_s", "generator paced by the bound (s)", "{:.2f}"),
+    ("time/update_pause_s", "generator applying updates (s)", "{:.2f}"),
+    ("time/recompute_s", "generator recomputing after updates (s)", "{:.2f}"),
     ("time/overlap_frac", "generation hidden behind training", "{:.0%}"),
     ("sync/lag", "policy lag (versions)", "{:.2f}"),
+    ("sync/staleness_token_mean", "token lag (versions)", "{:.2f}"),
+    ("sync/partial_frac", "samples of several versions", "{:.0%}"),
+    ("sync/wasted_row_frac", "decode row-steps on ended rows", "{:.0%}"),
 )
 
 

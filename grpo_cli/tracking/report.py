@@ -71,9 +71,22 @@ STEP_TIME_KEYS = (
     "time/training_s",
     "time/sync_s",
     "time/waiting_s",
+    # sync=async's generators: idle (nothing handed out), paced by the staleness bound, applying updates, and
+    # prefilling running rows again after one.
+    "time/generator_idle_s",
+    "time/generator_paced_s",
+    "time/update_pause_s",
+    "time/recompute_s",
 )
-# Per-step means that are not seconds: the share of generator time hidden behind training, and the policy lag.
-STEP_RATIO_KEYS = (("time/overlap_frac", "overlap"), ("sync/lag", "lag"))
+# Per-step means that are not seconds: the share of generator time hidden behind training, the policy lag, and
+# sync=async's token staleness, share of samples of several versions and decode row-steps spent on ended rows.
+STEP_RATIO_KEYS = (
+    ("time/overlap_frac", "overlap"),
+    ("sync/lag", "lag"),
+    ("sync/staleness_token_mean", "token lag"),
+    ("sync/partial_frac", "partial"),
+    ("sync/wasted_row_frac", "wasted rows"),
+)
 
 
 def mean_step_breakdown(rows: list[dict[str, Any]]) -> dict[str, float]:

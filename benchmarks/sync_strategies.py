@@ -21,9 +21,12 @@ import time
 from pathlib import Path
 
 # The task and sizes every arm shares: SmolLM2-135M on lipogram, whose completions range from a few words to the
-# token limit (heavy-tailed lengths, measured in the results), 4 prompts x 4 completions per step.
+# token limit (heavy-tailed lengths, measured in the results), 4 prompts x 4 completions per step; the reward is the
+# share of words without an e (the answer component alone), which a 135M model moves in a few steps.
 COMMON = [
     "task=lipogram",
+    "task.reward_weights.correctness=0",
+    "task.reward_weights.answer=1",
     "train.rollout_batch_size=16",
     "train.train_batch_size=16",
     "train.group_size=4",

@@ -73,10 +73,12 @@ def validate_sync(cfg: GRPOConfig) -> None:
     else:
         defaults = SyncConfig()
         for key in ASYNC_ONLY_KEYS:
-            if getattr(sync, key) != getattr(defaults, key):
+            value = getattr(sync, key)
+            if value != getattr(defaults, key):
+                shown = str(value).lower() if isinstance(value, bool) else value  # as it was typed
                 raise UserFacingError(
-                    f"sync.{key}={getattr(sync, key)} acts only under sync=async, but sync={sync.strategy}: use "
-                    f"sync=async, or drop sync.{key}"
+                    f"sync.{key}={shown} acts only under sync=async, but sync={sync.strategy}: use sync=async, or "
+                    f"drop sync.{key}"
                 )
     if sync.strategy == "replay_buffer":
         if sync.buffer_size < t.rollout_batch_size:
@@ -117,6 +119,11 @@ def validate_async(cfg: GRPOConfig) -> None:
         raise UserFacingError(
             f"sync.max_staleness={sync.max_staleness}: sync=async needs at least 1 (the generator samples while "
             "the learner updates); use sync=on_policy for on-policy training"
+        )
+    if sync.decode_rows is not None and sync.decode_rows < cfg.train.group_size:
+        raise UserFacingError(
+            f"sync.decode_rows={sync.decode_rows} is smaller than a group (train.group_size={cfg.train.group_size}), "
+            f"which starts whole: use sync.decode_rows>={cfg.train.group_size}"
         )
     if cfg.train.dynamic_sampling:
         raise UserFacingError(

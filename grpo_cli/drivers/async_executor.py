@@ -6,7 +6,7 @@
 
 Each step (learner version V = step - 1 before it):
 
-    on_stale=wait  the batches up to step + max_staleness are handed out (batch b to generator b mod N); the step
+    on_stale=wait  the batches up to step + 1 + max_staleness are handed out (batch b to generator b mod N); the step
                    trains on batch `step`'s groups, in prompt order, waiting for its last one; the generators pace
                    themselves (a group of batch b starts only at version >= b - 1 - max_staleness).
     on_stale=drop  enough batches are handed out to keep max_staleness + 1 batches in flight; the step trains on the
@@ -56,7 +56,8 @@ class AsyncExecutor(RayExecutor):
         self.ready: list[FinishedGroup] = []  # drop: groups in the order they ended, not trained yet
         self.trained_groups: dict[int, set[int]] = {}  # drop: per open batch, the prompt indices trained or dropped
         self.counters: dict[str, float] = {}
-        self.dropped_stale = 0
+        self.dropped_stale = 0  # groups dropped past the bound (on_stale=drop), in all
+        self.dropped_this_step = 0
         self.resumed_state: dict[str, Any] = {}
         super().__init__(cfg, output_dir, sampler)
 
@@ -155,26 +156,30 @@ class AsyncExecutor(RayExecutor):
                         self.ready.append(group)
                     else:
                         self.arrived.setdefault(group.batch_number, []).append(group)
+            if self.cfg.sync.on_stale == "drop":
+                self._drop_stale()
             if until():
                 return time.perf_counter() - t0
 
     # --- the step -----------------------------------------------------------------------------------------------
     def step(self, step: int) -> tuple[dict[str, float], int]:
         step_start = time.perf_counter()
+        self.dropped_this_step = 0
         sync, prompts = self.cfg.sync, self.shape.prompts_per_rollout_batch
         last = self.cfg.train.steps
         if sync.on_stale == "wait":
-            self.hand_out(min(step + sync.max_staleness, last))
+            # Up to the batch the next version may start: the generators' bound holds it until then (counted as
+            # paced, not idle), and it starts the moment that version's weights arrive.
+            self.hand_out(min(step + 1 + sync.max_staleness, last))
             waiting_s = self.gather(
                 lambda: sum(len(g.prompt_indices) for g in self.arrived.get(step, ())) >= self.orders[step]["left"]
             )
             groups = sorted(self.arrived.pop(step), key=lambda g: g.prompt_indices[0])
-            dropped: list[FinishedGroup] = []
         else:
-            # Enough in flight for this step and max_staleness more, but never prompts past the run's last batch.
-            self.hand_out(min(step + sync.max_staleness, last + sync.max_staleness))
+            self.top_up()
             waiting_s = self.gather(lambda: self._fresh_groups() >= prompts)
-            groups, dropped = self._take_fresh(prompts)
+            groups = self._take_fresh(prompts)
+            self.top_up()
         for group in groups:
             self._mark_trained(group)
         batch = join_groups(groups)
@@ -182,34 +187,44 @@ class AsyncExecutor(RayExecutor):
         learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", batch, step))
         self.version = step
         sync_s = self.publish(step)
-        if sync.on_stale == "wait" and step < last:
-            self.hand_out(min(step + 1 + sync.max_staleness, last))  # the generators never wait for the driver
         counters, self.counters = self.counters, {}
         metrics = step_metrics(
             self._rollout_metrics(groups, counters),
             learned,
             {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s},
-            {**self._sync_metrics(batch, staleness, len(dropped), counters)},
+            self._sync_metrics(batch, staleness, self.dropped_this_step, counters),
         )
         self.last_transcripts = [t for g in groups for t in g.data.transcripts or []]
         return finish_step_metrics(metrics, batch.raw_rewards), nonfinite_streak
+
+    def top_up(self) -> None:
+        """on_stale=drop: prompts handed out and neither trained nor dropped, at least max_staleness + 1 batches'
+        worth (dropped groups are replaced by new prompts, so the run draws more than steps x batch)."""
+        prompts = self.shape.prompts_per_rollout_batch
+        while sum(order["left"] for order in self.orders.values()) < (self.cfg.sync.max_staleness + 1) * prompts:
+            self.hand_out(self.batch_counter + 1)
+
+    def _drop_stale(self) -> None:
+        """on_stale=drop: groups past the bound never become fresh again (versions only grow): drop them now, so
+        that their prompts are replaced while the step waits."""
+        bound = self.version - self.cfg.sync.max_staleness
+        stale = [g for g in self.ready if g.data.policy_version < bound]
+        if stale:
+            self.ready = [g for g in self.ready if g.data.policy_version >= bound]
+            for group in stale:
+                self._mark_trained(group)
+            self.dropped_stale += len(stale)
+            self.dropped_this_step += len(stale)
+            self.top_up()
 
     def _fresh_groups(self) -> int:
         bound = self.version - self.cfg.sync.max_staleness
         return sum(1 for g in self.ready if g.data.policy_version >= bound)
 
-    def _take_fresh(self, n: int) -> tuple[list[FinishedGroup], list[FinishedGroup]]:
-        """on_stale=drop: the first n groups to end within the bound, and the stale ones dropped on the way."""
-        bound = self.version - self.cfg.sync.max_staleness
-        taken: list[FinishedGroup] = []
-        dropped: list[FinishedGroup] = []
-        while len(taken) < n:
-            group = self.ready.pop(0)
-            (taken if group.data.policy_version >= bound else dropped).append(group)
-        for group in dropped:
-            self._mark_trained(group)
-        self.dropped_stale += len(dropped)
-        return taken, dropped
+    def _take_fresh(self, n: int) -> list[FinishedGroup]:
+        """on_stale=drop: the first n groups to end (gather dropped the stale ones)."""
+        taken, self.ready = self.ready[:n], self.ready[n:]
+        return taken
 
     def _mark_trained(self, group: FinishedGroup) -> None:
         b = group.batch_number

@@ -199,6 +199,24 @@ def copy_prefill_into_static(static: Any, prefix: Any, n: int, width: int) -> bo
     return True
 
 
+def copy_rows_into_static(static: Any, prefix: Any, sources: torch.Tensor, rows: torch.Tensor, start: int) -> bool:
+    """Copy a prefill's keys/values (its sequences `sources` (n,), W positions each) into rows `rows` (n,) of a
+    static cache at positions [start, start + W), leaving its other rows and its filled length as they are (rows
+    joining a running batch, their last prefix token in the batch's last filled column). False (nothing copied)
+    when the layers are not the plain kinds."""
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    if len(static.layers) != len(prefix.layers) or not all(type(layer) is StaticLayer for layer in static.layers):
+        return False
+    if not all(type(layer) is DynamicLayer for layer in prefix.layers):
+        return False
+    for target, source in zip(static.layers, prefix.layers, strict=True):
+        width = source.keys.shape[2]
+        target.keys[rows, :, start : start + width] = source.keys[sources].to(target.keys.dtype)
+        target.values[rows, :, start : start + width] = source.values[sources].to(target.values.dtype)
+    return True
+
+
 def repeat_dynamic(prefix: DynamicCache, n: int) -> DynamicCache:
     """The prefill's dynamic cache with each prompt's row repeated n times (prompt-major), in place."""
     prefix.batch_repeat_interleave(n)

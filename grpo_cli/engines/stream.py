@@ -70,6 +70,7 @@ class StreamCounters:
     prefill_s: float = 0.0
     recompute_s: float = 0.0  # prefills of running rows' tokens again after an update (kv=recompute)
     decode_s: float = 0.0
+    rows_joined: int = 0  # rows that joined a running batch in an ended row's place (no rebuild)
 
 
 class DecodeStream(Protocol):
@@ -130,8 +131,9 @@ class HFDecodeStream:
         self.rows: list[StreamRow] = []  # the built batch, ended rows included until the next rebuild
         self.waiting: list[StreamRow] = []  # added, not in the batch yet
         self.stale = False  # an update with kv=recompute: rebuild before the next step
-        self.logits: torch.Tensor | None = None  # (B, V), the next token's, from the forward of `logits_version`
-        self.logits_version = version
+        self.logits: torch.Tensor | None = None  # (B, V), the next token's, row r's from a forward of version
+        self.logits_versions: list[int] = []  # logits_versions[r]
+        self.static = False  # the built batch runs on a static cache: rows can join into ended rows' places
         self.eos_ids = set(decoder.eos_ids)
         self.eos = torch.tensor(decoder.eos_ids, dtype=torch.long, device=decoder.device)
 
@@ -147,6 +149,9 @@ class HFDecodeStream:
 
     def room(self) -> int:
         live = self.running()
+        if self.static and self.rows:
+            # Rows join into ended rows' places (prefilling only themselves): as many as have ended.
+            return max(0, sum(row.ended for row in self.rows) - len(self.waiting))
         # Rows join at a rebuild, which prefills every running row again: only once half the batch has ended.
         if self.rows and live > len(self.rows) // 2 and not self.waiting:
             return 0
@@ -156,7 +161,7 @@ class HFDecodeStream:
         if kv not in KV_AFTER_UPDATE:
             raise ValueError(f"kv={kv!r}: one of {list(KV_AFTER_UPDATE)}")
         self.version = version
-        if kv == "recompute" and self.rows:
+        if kv == "recompute" and any(not row.ended for row in self.rows):
             self.stale = True  # the logits in hand and the cache are the old weights'
 
     @torch.no_grad()
@@ -172,6 +177,10 @@ class HFDecodeStream:
             self.logits = None
             return
         d = self.decoder
+        if d.compile:
+            # A compiled step (CUDA graphs) is captured per shape: pad the batch to `capacity` rows with ended rows so
+            # that joining and ending rows never change it (the padding counts as wasted row-steps).
+            self.rows += [self._padding_row() for _ in range(self.capacity - len(self.rows))]
         prefixes = [row.prompt_ids + row.token_ids for row in self.rows]
         input_ids, prefix_mask = left_pad(prefixes, d.pad_id)
         input_ids, prefix_mask = input_ids.to(d.device), prefix_mask.to(d.device)
@@ -179,13 +188,16 @@ class HFDecodeStream:
         positions = (prefix_mask.cumsum(-1) - 1).clamp_min_(0)
         prefix = hf_internals.new_dynamic_cache(d.config)
         self.logits = d._forward(input_ids, positions, prefix_mask, prefix)  # (B, V)
-        self.logits_version = self.version
+        self.logits_versions = [self.version] * len(self.rows)
         left = max(row.max_tokens - len(row.token_ids) for row in self.rows)
         limit = getattr(d.config, "max_position_embeddings", None)
-        self.length = cache_length(self.width + left, limit) if d.static else self.width + left
-        self.cache, static = d._decode_cache(prefix, 1, self.width, self.length)
+        # A static cache has room for rows that join later with a whole completion still to sample.
+        self.length = (
+            cache_length(self.width + left + self.settings.max_tokens, limit) if d.static else self.width + left
+        )
+        self.cache, self.static = d._decode_cache(prefix, 1, self.width, self.length)
         self.mask = d._step_mask(prefix_mask, self.length)
-        self.sliced = not static or (d.grouped_attention and not d.compile)
+        self.sliced = not self.static or (d.grouped_attention and not d.compile)
         self.next_positions = prefix_mask.sum(-1, keepdim=True)  # (B, 1)
         self.filled = 0  # decode positions written after the prefix
         seconds = time.perf_counter() - started
@@ -194,11 +206,77 @@ class HFDecodeStream:
         else:
             self.counters.prefill_s += seconds
 
+    def _padding_row(self) -> StreamRow:
+        row = StreamRow((-1, -1, -1), [self.decoder.pad_id], 0, 0, ended=True)
+        row.generator = torch.Generator(device=self.decoder.device)
+        return row
+
+    @torch.no_grad()
+    def _join(self) -> None:
+        """Waiting rows into ended rows' places of the running static batch: only they are prefilled (left-padded to
+        the batch's current column, so that they decode in step with it), their keys/values copied into their
+        rows of the cache, their masks, positions and next-token logits set. Rows that do not fit (a prefix longer
+        than the column, a completion past the cache) wait for the next rebuild."""
+        d = self.decoder
+        column = self.width + self.filled  # where every row's next token goes
+        free = [i for i, row in enumerate(self.rows) if row.ended]
+        joining, slots, kept = [], [], []
+        for row in self.waiting:
+            fits = len(row.prompt_ids) + len(row.token_ids) <= column
+            fits = fits and column + row.max_tokens - len(row.token_ids) <= self.length
+            if fits and len(slots) < len(free):
+                joining.append(row)
+                slots.append(free[len(slots)])
+            else:
+                kept.append(row)
+        if not joining:
+            return
+        started = time.perf_counter()
+        # Each distinct prefix once (a new group's G rows share their prompt), left-padded to the longest of them
+        # only, and placed so that it ends in the batch's last filled column.
+        prefixes = [tuple(row.prompt_ids + row.token_ids) for row in joining]
+        distinct = list(dict.fromkeys(prefixes))
+        input_ids, prefix_mask = left_pad([list(p) for p in distinct], d.pad_id)
+        input_ids, prefix_mask = input_ids.to(d.device), prefix_mask.to(d.device)
+        width = input_ids.shape[1]
+        positions = (prefix_mask.cumsum(-1) - 1).clamp_min_(0)
+        prefix = hf_internals.new_dynamic_cache(d.config)
+        distinct_logits = d._forward(input_ids, positions, prefix_mask, prefix)  # (distinct, V)
+        sources = torch.tensor([distinct.index(p) for p in prefixes], dtype=torch.long, device=d.device)
+        index = torch.tensor(slots, dtype=torch.long, device=d.device)
+        if not hf_internals.copy_rows_into_static(self.cache, prefix, sources, index, column - width):
+            self.static = False  # not the plain layer kinds: rows join at rebuilds instead
+            return
+        logits, prefix_mask = distinct_logits[sources], prefix_mask[sources]
+        self.waiting = kept
+        assert self.logits is not None
+        self.logits[index] = logits.to(self.logits.dtype)
+        start = column - width
+        if d.grouped_attention:
+            self.mask[index] = float("-inf")
+            self.mask[index, 0, 0, start:column] = torch.zeros_like(prefix_mask, dtype=self.mask.dtype).masked_fill_(
+                prefix_mask == 0, float("-inf")
+            )
+        else:
+            self.mask[index] = 0
+            self.mask[index, start:column] = prefix_mask.to(self.mask.dtype)
+        self.next_positions[index] = prefix_mask.sum(-1, keepdim=True)
+        for slot, row in zip(slots, joining, strict=True):
+            self.rows[slot] = row
+            self.logits_versions[slot] = self.version
+        self.counters.rows_joined += len(joining)
+        self.counters.prefill_s += time.perf_counter() - started
+
     @torch.no_grad()
     def step(self) -> list[StreamRow]:
         live = sum(not row.ended for row in self.rows)
-        if self.waiting or self.stale or (self.rows and live <= len(self.rows) // 2) or self.logits is None:
+        if self.waiting and self.static and not self.stale and self.logits is not None:
+            self._join()
+        mostly_ended = self.rows and live <= len(self.rows) // (4 if self.static else 2)
+        if self.waiting and mostly_ended or self.stale or self.logits is None:
             self._rebuild()
+        elif mostly_ended and not self.decoder.compile:
+            self._rebuild()  # fewer rows per step from here on (a compiled step keeps its one shape)
         if not self.rows or self.logits is None:
             return []
         started = time.perf_counter()
@@ -212,14 +290,14 @@ class HFDecodeStream:
         next_tokens = sample_next_tokens(logits, settings.temperature, settings.top_p, generators)  # type: ignore[arg-type]
         token_log_probs = log_softmax.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).tolist()
         ended_now = []
-        for row, token, log_prob in zip(self.rows, next_tokens.tolist(), token_log_probs, strict=True):
+        for i, (row, token, log_prob) in enumerate(zip(self.rows, next_tokens.tolist(), token_log_probs, strict=True)):
             self.counters.row_steps += 1
             if row.ended:
                 self.counters.wasted_row_steps += 1
                 continue
             row.token_ids.append(token)
             row.log_probs.append(log_prob)
-            row.versions.append(self.logits_version)
+            row.versions.append(self.logits_versions[i])
             if row_ended(row, self.eos_ids, d.tokenizer, settings):
                 ended_now.append(row)
         if all(row.ended for row in self.rows) or self.filled + self.width >= self.length:
@@ -234,7 +312,7 @@ class HFDecodeStream:
                 visible = self.mask[..., : column + 1] if self.sliced else self.mask
                 rows = len(self.rows)
                 self.logits = d._decode_step(next_tokens.view(rows, 1), self.next_positions, visible, self.cache)
-            self.logits_version = self.version
+            self.logits_versions = [self.version] * rows
             self.next_positions += 1
             self.filled += 1
         self.counters.decode_s += time.perf_counter() - started

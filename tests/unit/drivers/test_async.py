@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from grpo_cli.config import validate_config
+from grpo_cli.config import BatchShape, validate_config
+from grpo_cli.drivers.async_executor import AsyncExecutor
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import staleness_check
 from grpo_cli.errors import UserFacingError
@@ -19,6 +20,7 @@ from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, Finis
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.e2e.test_multiturn_e2e import ENVIRONMENT
+from tests.unit.engines.test_stream import one_row_log_probs
 
 ASYNC = ["debug=smoke", "sync=async", "loss=grpo_clip", "model.mixed_precision=no"]
 
@@ -50,9 +52,12 @@ def test_the_check_measures_each_samples_oldest_token_and_refuses_past_the_bound
 # --- the bound under random timings -------------------------------------------------------------------------------
 
 
-def weights_of(generation: AsyncGeneration, version: int) -> dict[str, torch.Tensor]:
-    """The generator's weights moved a little per version (the values do not matter to the bound)."""
-    return {n: p.detach().clone() + 1e-4 * version for n, p in generation.worker.model.named_parameters()}
+def weights_of(generation: AsyncGeneration, version: int, base: dict[str, torch.Tensor] | None = None):
+    """Version `version`'s weights: the generator's initial ones (`base`, default its current ones) moved by seeded
+    noise per version (version 0: unchanged), enough that each version's log-probs differ."""
+    base = base or {n: p.detach().clone() for n, p in generation.worker.model.named_parameters()}
+    g = torch.Generator().manual_seed(version)
+    return {n: p + (0.05 * torch.randn(p.shape, generator=g) if version else 0.0) for n, p in base.items()}
 
 
 def drive(overrides: list[str], steps: int, seed: int) -> list[tuple[int, list[FinishedGroup]]]:
@@ -137,6 +142,7 @@ def test_an_episodes_turns_carry_the_version_of_the_weights_that_sampled_them_an
         ]
     )
     generation = AsyncGeneration(cfg)
+    initial = weights_of(generation, 0)
     try:
         assert generation.whole_batches
         engine = generation.batch_engine
@@ -147,12 +153,12 @@ def test_an_episodes_turns_carry_the_version_of_the_weights_that_sampled_them_an
             batch = real(prompt_ids, settings)
             calls.append(engine.policy_version)
             if len(calls) == 1:  # an update arrives after the first turn
-                generation.offer_weights(weights_of(generation, 1), 1)
+                generation.offer_weights(weights_of(generation, 1, initial), 1)
             return batch
 
         engine._engine.generate = generate_then_offer
         sampler = PromptSampler(load_examples(cfg.task, "train"), seed=0)
-        generation.offer_weights(weights_of(generation, 0), 0)
+        generation.offer_weights(initial, 0)
         generation.submit(BatchOrder(1, sampler.next_batch(2)))
         groups: list[FinishedGroup] = []
         while len(groups) < 2:
@@ -167,6 +173,26 @@ def test_an_episodes_turns_carry_the_version_of_the_weights_that_sampled_them_an
                 assert (version >= 0) == bool(is_model)  # environment tokens carry none
             sampled = [v for v in versions if v >= 0]
             assert sampled == sorted(sampled) and set(sampled) == {0, 1}
+    # Each model token's recorded log-prob is its log-prob under the weights of the version it records, by an
+    # unpadded one-row forward (the episode's environment tokens are context there, never scored).
+    model = generation.worker.model
+    under: dict[int, list[list[float]]] = {}
+    rows = [(g.data.prompt_ids[r], g.data.completion_ids[r]) for g in groups for r in range(len(g.data.prompt_ids))]
+    for version in (0, 1):
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                parameter.copy_(weights_of(generation, version, initial)[name])
+        under[version] = [one_row_log_probs(model, p, c, cfg.rollout.temperature) for p, c in rows]
+    recorded = [
+        (g.data.token_versions[r], g.data.sampler_log_probs[r]) for g in groups for r in range(len(g.data.prompt_ids))
+    ]
+    checked = 0
+    for row, (versions, log_probs) in enumerate(recorded):
+        for t, version in enumerate(versions):
+            if version >= 0:
+                assert log_probs[t].item() == pytest.approx(under[version][row][t], abs=1e-5), (row, t, version)
+                checked += 1
+    assert checked > 10
 
 
 # --- the config ---------------------------------------------------------------------------------------------------
@@ -191,5 +217,67 @@ def test_the_config_refuses_what_async_cannot_do_in_one_line(overrides, message)
 
 def test_async_only_keys_are_refused_under_other_strategies():
     cfg = compose_config(["debug=smoke", "sync=one_behind", "loss=grpo_clip", "sync.partial_rollouts=true"])
-    with pytest.raises(UserFacingError, match="sync.partial_rollouts=True acts only under sync=async"):
+    with pytest.raises(UserFacingError, match="sync.partial_rollouts=true acts only under sync=async"):
         validate_config(cfg)
+
+
+# --- the driver's resume bookkeeping ------------------------------------------------------------------------------
+
+
+class FakeActor:
+    """Records the calls an actor handle receives (`handle.call.remote(method, *args)`), returning the arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.call = self
+        self.start = self
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return args
+
+
+def bare_executor(cfg, sampler: PromptSampler, state: dict) -> AsyncExecutor:
+    """An AsyncExecutor without Ray: its bookkeeping with actors that record their calls."""
+    executor = object.__new__(AsyncExecutor)
+    executor.cfg, executor.sampler, executor.shape = cfg, sampler, BatchShape.from_config(cfg)
+    executor.generators, executor.learner_actor = [FakeActor()], FakeActor()
+    executor.orders, executor.arrived, executor.ready, executor.trained_groups = {}, {}, [], {}
+    executor.loads, executor.counters, executor.dropped_stale = [], {}, 0
+    executor.resumed_state = state
+    executor.get = lambda refs, timeout=None: refs
+    executor.ray = type("Ray", (), {"wait": staticmethod(lambda refs, **kw: (refs, []))})
+    return executor
+
+
+def submitted(executor: AsyncExecutor) -> list[BatchOrder]:
+    return [args[1] for args in executor.generators[0].calls if args[0] == "submit"]
+
+
+def test_drop_resume_samples_again_exactly_the_prompts_not_trained_with_their_batch_numbers():
+    cfg = compose_config([*ASYNC, "sync.on_stale=drop", "sync.max_staleness=1"])
+    examples = load_examples(cfg.task, "train")
+    before = bare_executor(cfg, PromptSampler(examples, seed=0), {})
+    before.start(0)
+    before.top_up()  # (k + 1) batches in flight
+    orders = submitted(before)
+    assert [o.batch_number for o in orders] == [1, 2]
+    # Groups end out of order: batch 2's prompt 1, then batch 1's prompt 0, are trained (or dropped)
+    for batch, prompt in ((2, 1), (1, 0)):
+        group = FinishedGroup(batch, [prompt], None)  # type: ignore[arg-type]
+        before._mark_trained(group)
+    state = before.save_checkpoint(3)[2]
+    assert state["async_first_batch"] == 1 and state["async_trained"] == {"1": [0], "2": [1]}
+
+    resumed_sampler = PromptSampler(examples, seed=0)
+    resumed_sampler.load_state(state["sampler"])
+    after = bare_executor(cfg, resumed_sampler, state)
+    after.start(3)
+    after.top_up()
+    again = submitted(after)
+    assert [o.batch_number for o in again[:2]] == [1, 2]  # the same batch numbers: the same sampling seeds
+    assert [o.skip for o in again[:2]] == [frozenset({0}), frozenset({1})]
+    for old, new in zip(orders, again[:2], strict=True):
+        assert [e.prompt for e in new.examples] == [e.prompt for e in old.examples]
+    left = {o.batch_number: [i for i in range(len(o.examples)) if i not in o.skip] for o in again[:2]}
+    assert left == {1: [1], 2: [0]}  # exactly the prompts not trained before the kill

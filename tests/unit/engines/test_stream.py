@@ -77,21 +77,26 @@ def test_without_updates_the_stream_samples_what_the_batch_engine_samples():
 
 
 def test_rows_that_join_a_running_batch_change_no_completion():
+    def short_first(rows: list[StreamRow]) -> list[StreamRow]:
+        rows[0].max_tokens, rows[1].max_tokens = 3, 5  # two places free up early
+        return rows
+
     model = tiny_lm(std=0.3)
     alone = stream_for(model)
-    reference = rows_of(PROMPTS)
+    reference = short_first(rows_of(PROMPTS))
     alone.add(reference)
     run_to_end(alone)
 
     joined = stream_for(model)
-    first, later = rows_of(PROMPTS[:1]), rows_of(PROMPTS[1:], first=1)
+    first, later = short_first(rows_of(PROMPTS[:2])), rows_of(PROMPTS[2:], first=2)
     joined.add(first)
 
     def add_later(step: int) -> None:
-        if step == 3:
-            joined.add(later)  # the next step rebuilds the batch with the running rows' tokens so far
+        if step == 6:
+            joined.add(later)  # two join in the ended rows' places at once; the others when more end
 
     run_to_end(joined, add_later)
+    assert joined.counters.rows_joined >= 2  # in ended rows' places, prefilling only themselves
     assert [r.token_ids for r in first + later] == [r.token_ids for r in reference]
     for row, ref in zip(first + later, reference, strict=True):
         torch.testing.assert_close(torch.tensor(row.log_probs), torch.tensor(ref.log_probs), atol=1e-5, rtol=1e-5)
@@ -182,3 +187,28 @@ def test_ended_rows_are_counted_as_wasted_until_the_batch_is_rebuilt():
     lengths = [len(r.token_ids) for r in rows]
     assert stream.counters.row_steps >= sum(lengths)
     assert stream.counters.row_steps - stream.counters.wasted_row_steps == sum(lengths)
+
+
+def test_a_compiled_step_sees_one_batch_shape_whatever_joins_and_ends():
+    """On CUDA the step is compiled (CUDA graphs, captured per shape): the stream pads its batch to capacity. The
+    compiler is stood in for by the eager step, recording the shapes it is called with."""
+    model = tiny_lm(std=0.3)
+    reference = rows_of(PROMPTS)
+    plain = stream_for(model)
+    plain.add(reference)
+    run_to_end(plain)
+
+    stream = stream_for(model, capacity=12)
+    decoder = stream.decoder
+    shapes = []
+
+    def eager(input_ids, positions, mask, cache):
+        shapes.append(tuple(input_ids.shape))
+        return decoder._forward(input_ids, positions, mask, cache)
+
+    decoder.compile, decoder._compiled = True, eager
+    first, later = rows_of(PROMPTS[:2]), rows_of(PROMPTS[2:], first=2)
+    stream.add(first)
+    run_to_end(stream, lambda step: stream.add(later) if step == 2 else None)
+    assert set(shapes) == {(12, 1)}
+    assert [r.token_ids for r in first + later] == [r.token_ids for r in reference]

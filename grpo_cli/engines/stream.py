@@ -149,9 +149,11 @@ class HFDecodeStream:
 
     def room(self) -> int:
         live = self.running()
-        if self.static and self.rows:
-            # Rows join into ended rows' places (prefilling only themselves): as many as have ended.
-            return max(0, sum(row.ended for row in self.rows) - len(self.waiting))
+        if self.static and live:
+            # Rows join into ended rows' places (prefilling only themselves), and past the batch's rows at the
+            # next rebuild.
+            free = sum(row.ended for row in self.rows) + self.capacity - len(self.rows)
+            return max(0, free - len(self.waiting))
         # Rows join at a rebuild, which prefills every running row again: only once half the batch has ended.
         if self.rows and live > len(self.rows) // 2 and not self.waiting:
             return 0

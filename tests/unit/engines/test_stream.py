@@ -212,3 +212,18 @@ def test_a_compiled_step_sees_one_batch_shape_whatever_joins_and_ends():
     run_to_end(stream, lambda step: stream.add(later) if step == 2 else None)
     assert set(shapes) == {(12, 1)}
     assert [r.token_ids for r in first + later] == [r.token_ids for r in reference]
+
+
+def test_a_batch_whose_rows_all_ended_takes_a_whole_capacity_again():
+    """After a small batch has ended (here two rows of a capacity of 8), the stream has room for a whole group
+    again: what the generator asks before it starts one (a stream that answered its ended rows only would never
+    start another group of 4)."""
+    model = tiny_lm(std=0.3)
+    stream = stream_for(model, capacity=8)
+    stream.add(rows_of(PROMPTS[:1]))
+    run_to_end(stream)
+    assert stream.running() == 0 and stream.room() == 8
+    later = rows_of(PROMPTS[1:3], first=1)
+    stream.add(later)
+    run_to_end(stream)
+    assert all(row.ended and row.token_ids for row in later)

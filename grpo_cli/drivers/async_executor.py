@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 # How long one collect call waits on a generator before the driver looks at the others (and at their errors).
 COLLECT_WAIT_S = 0.5
+# How long every generator may sit with nothing at all to do while a step waits for groups before the run stops.
+STALL_S = 60.0
 
 
 class AsyncExecutor(RayExecutor):
@@ -147,8 +149,10 @@ class AsyncExecutor(RayExecutor):
         while True:
             self.check_loads()
             wait = 0.0 if until() else COLLECT_WAIT_S / len(self.generators)
+            idle = []
             for generator in self.generators:
-                groups, counters, _version = self.get(generator.call.remote("collect", wait))
+                groups, counters, _version, idle_for = self.get(generator.call.remote("collect", wait))
+                idle.append(idle_for)
                 for key, value in counters.items():
                     self.counters[key] = self.counters.get(key, 0.0) + value
                 for group in groups:
@@ -160,6 +164,13 @@ class AsyncExecutor(RayExecutor):
                 self._drop_stale()
             if until():
                 return time.perf_counter() - t0
+            if min(idle) > STALL_S:
+                # Nothing handed out is left to sample, yet the step's groups have not all arrived: an orchestration
+                # bug. Stop with it rather than wait forever.
+                raise RuntimeError(
+                    f"the generators have had nothing to sample for {min(idle):.0f}s while the step waits for groups "
+                    "that never came (sync=async's bookkeeping lost them)"
+                )
 
     # --- the step -----------------------------------------------------------------------------------------------
     def step(self, step: int) -> tuple[dict[str, float], int]:
@@ -195,7 +206,14 @@ class AsyncExecutor(RayExecutor):
             self._sync_metrics(batch, staleness, self.dropped_this_step, counters),
         )
         self.last_transcripts = [t for g in groups for t in g.data.transcripts or []]
-        return finish_step_metrics(metrics, batch.raw_rewards), nonfinite_streak
+        metrics = finish_step_metrics(metrics, batch.raw_rewards)
+        # The generators' rate over their own clock: the groups trained now were sampled over several steps, so
+        # the trained tokens over this step's generation time (add_throughput's) would mean nothing.
+        generation_s = counters.get("generation_s", 0.0)
+        metrics["throughput/generation_tokens_per_s"] = (
+            counters.get("sampled_tokens", 0.0) / generation_s if generation_s > 0 else 0.0
+        )
+        return metrics, nonfinite_streak
 
     def top_up(self) -> None:
         """on_stale=drop: prompts handed out and neither trained nor dropped, at least max_staleness + 1 batches'

@@ -90,6 +90,7 @@ class GeneratorCounters:
     recompute_s: float = 0.0  # prefilling running rows again after an update (kv_after_update=recompute)
     row_steps: int = 0
     wasted_row_steps: int = 0  # decode steps spent on rows already ended
+    sampled_tokens: int = 0  # tokens sampled (a whole-batch run's: the model's tokens of its samples)
     updates_mid_generation: int = 0  # updates applied while rows were running
     groups: int = 0
 
@@ -98,6 +99,7 @@ class GeneratorCounters:
         self.recompute_s += stream.recompute_s
         self.row_steps += stream.row_steps
         self.wasted_row_steps += stream.wasted_row_steps
+        self.sampled_tokens += stream.row_steps - stream.wasted_row_steps
 
 
 @dataclass
@@ -162,6 +164,7 @@ class AsyncGeneration:
         self.updates: list[Update] = []  # offered, not applied (in version order)
         self.floor_version: int | None = None
         self.offered = -1  # the newest version offered so far
+        self.idle_since: float | None = None  # when the loop last ran out of everything to do
         self.finished: list[FinishedGroup] = []
         self.counters = GeneratorCounters()
         self.eval_request: tuple[list[Example], float, int] | None = None
@@ -211,9 +214,10 @@ class AsyncGeneration:
             self.offered = max(self.offered, version)
             self.cond.notify_all()
 
-    def collect(self, timeout: float) -> tuple[list[FinishedGroup], dict[str, float], int]:
+    def collect(self, timeout: float) -> tuple[list[FinishedGroup], dict[str, float], int, float]:
         """Groups finished since the last call (waiting up to `timeout` seconds for one), the generator's counters
-        since then, and the version it holds. Raises what stopped the loop."""
+        since then, the version it holds, and for how long it has had nothing at all to do (0 while it works or
+        waits for the bound). Raises what stopped the loop."""
         deadline = time.perf_counter() + timeout
         with self.cond:
             while not self.finished and self.error is None and not self.closed:
@@ -225,7 +229,8 @@ class AsyncGeneration:
                 raise self.error
             groups, self.finished = self.finished, []
             counters, self.counters = self.counters, GeneratorCounters()
-            return groups, vars(counters).copy(), self.worker.version
+            idle_for = 0.0 if self.idle_since is None else time.perf_counter() - self.idle_since
+            return groups, vars(counters).copy(), self.worker.version, idle_for
 
     def evaluate(
         self, examples: list[Example], epoch: float, version: int
@@ -261,6 +266,10 @@ class AsyncGeneration:
                 with self.cond:
                     if self.closed:
                         return
+                    if self.orders or self.eval_request is not None or self.updates:
+                        self.idle_since = None  # something to do (or to wait for the bound over)
+                if self.stream is not None and self.stream.running():
+                    self.idle_since = None
                 if self.eval_request is not None and self._may_evaluate():
                     self._run_evaluation()
                 elif self.whole_batches:
@@ -275,6 +284,8 @@ class AsyncGeneration:
     def _wait(self, counter: str) -> None:
         """Nothing to do now: sleep until a submit, an offer or IDLE_POLL_S, the time counted under `counter`."""
         started = time.perf_counter()
+        if counter == "idle_s" and self.idle_since is None:
+            self.idle_since = started
         with self.cond:
             if not self.closed:
                 self.cond.wait(IDLE_POLL_S)
@@ -366,6 +377,7 @@ class AsyncGeneration:
             data.token_versions = [[version] * len(ids) for ids in data.completion_ids]
         self._behaviour_as_old(data)
         self.counters.generation_s += data.metrics.get("time/generation_s", 0.0)
+        self.counters.sampled_tokens += int(data.metrics.get("n_tokens", 0.0))
         self.counters.scoring_s += data.metrics.get("time/scoring_s", 0.0) + data.metrics.get(
             "time/old_log_probs_s", 0.0
         )

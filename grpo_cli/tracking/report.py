@@ -33,6 +33,9 @@ PLOTS = (
     ("train/entropy", "train_entropy.png", "entropy (response tokens)"),
     ("train/clip_fraction", "train_clip_fraction.png", "clip fraction"),
 )
+# Plotted against the training time (the sum of the steps' time/step_s) too: what a sync strategy buys is reward per
+# second, not per step.
+TIMED_PLOTS = (("eval/reward", "eval_reward_by_time.png", "eval reward (held-out), by training time"),)
 # Eval metrics beyond eval/reward that get a results column (their last value) and a plot when some run logs
 # them: mean@n, pass@k and maj@n (eval.n_samples > 1), and each task.eval_sets set's reward and the same three.
 EXTRA_EVAL_METRIC = re.compile(r"eval/(?:([A-Za-z0-9_-]+)/)?(reward|mean@\d+|pass@\d+|maj@\d+)")
@@ -134,6 +137,17 @@ class RunData:
         # Train and eval lines never share a key, so one pass over all lines finds either kind.
         points = [(row["step"], row[key]) for row in self.rows if _is_number(row.get(key))]
         return [s for s, _ in points], [float(v) for _, v in points]
+
+    def timed_series(self, key: str) -> tuple[list[float], list[float]]:
+        """(training seconds, values) of one metric: each line's x is the sum of time/step_s up to its step
+        (evaluations left out: strategies evaluate differently, and an evaluation trains nothing)."""
+        clock, points = 0.0, []
+        for row in self.rows:
+            if _is_number(row.get("time/step_s")):
+                clock += float(row["time/step_s"])
+            if _is_number(row.get(key)):
+                points.append((clock, float(row[key])))
+        return [t for t, _ in points], [v for _, v in points]
 
 
 @dataclass
@@ -409,10 +423,13 @@ def time_table(summaries: list[RunSummary]) -> str:
     return markdown_table(header, rows)
 
 
-def plot_metric(groups: list[tuple[str, list[RunData]]], keys: list[str], key: str, ylabel: str, path: Path) -> bool:
-    """One line per run; a group of seeds gets its mean as a thick line and its min-max as a band.
-    Lines are labelled by the differing hyperparameters `keys`. Returns False (and writes nothing) when no
-    run has the metric."""
+def plot_metric(
+    groups: list[tuple[str, list[RunData]]], keys: list[str], key: str, ylabel: str, path: Path, by_time: bool = False
+) -> bool:
+    """One line per run; a group of seeds gets its mean as a thick line and its min-max as a band (`by_time`: the
+    metric against each run's training time, one line per run, no band: the runs' clocks differ). Lines are
+    labelled by the differing hyperparameters `keys`. Returns False (and writes nothing) when no run has the
+    metric."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -423,6 +440,13 @@ def plot_metric(groups: list[tuple[str, list[RunData]]], keys: list[str], key: s
     n_labels = 0
     for index, (label, runs) in enumerate(groups):
         color = f"C{index % 10}"
+        if by_time:
+            for run in runs:
+                seconds, values = run.timed_series(key)
+                ax.plot(seconds, values, color=color, marker="o", markersize=3, linewidth=1.2)
+            ax.lines[-1].set_label(label if len(runs) > 1 else hparams_label(runs[0], keys, runs[0].name))
+            n_labels += 1
+            continue
         if len(runs) == 1:
             steps, values = runs[0].series(key)
             label = hparams_label(runs[0], keys, runs[0].name)
@@ -439,8 +463,11 @@ def plot_metric(groups: list[tuple[str, list[RunData]]], keys: list[str], key: s
             )
             ax.fill_between(common_steps, lows, highs, color=color, alpha=0.18, linewidth=0)
             n_labels += 1
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if by_time:
+        ax.set_xlabel("training time (s, evaluations excluded)")
+    else:
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.set_title(key)
     ax.grid(alpha=0.3)
@@ -564,6 +591,9 @@ def write_report(runs: RunPaths, out: Path, console: Console) -> dict[str, Any]:
         for key, name, label in (*PLOTS, *extra_plots)
         if plot_metric(groups, keys, key, label, out / name)
     ]
+    plots += [
+        (name, label) for key, name, label in TIMED_PLOTS if plot_metric(groups, keys, key, label, out / name, True)
+    ]
 
     sections = [
         "# GRPO run report",
@@ -588,7 +618,7 @@ def write_report(runs: RunPaths, out: Path, console: Console) -> dict[str, Any]:
     sections += [
         "## Time per step (mean seconds; eval: per evaluation)",
         time_table(summaries),
-        "With sync=one_behind or replay_buffer, generation, scoring and old log-probs run on the generator "
+        "With sync=one_behind, replay_buffer or async, generation, scoring and old log-probs run on the generator "
         "while the learner trains, so the phases add up to more than the step; waiting is the learner idle, "
         "waiting for a rollout batch; overlap is the share of the generator's time hidden behind training; lag "
         "is how many policy versions the learner had moved past the weights that sampled (its mean per step).",

@@ -95,7 +95,7 @@ def test_choice_walk_covers_every_choice_field():
     assert fields["kl.estimator"] == KL_ESTIMATORS
     assert allowed_values("rollout.engine") == tuple(ROLLOUT_SCHEMAS) == ("hf", "vllm")
     assert allowed_values("sync.strategy") == ("on_policy", "multi_epoch", *DISAGGREGATED)
-    assert DISAGGREGATED == ("one_behind", "replay_buffer")
+    assert DISAGGREGATED == ("one_behind", "replay_buffer", "async")
     with pytest.raises(KeyError):
         allowed_values("optim.lr")
 

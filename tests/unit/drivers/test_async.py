@@ -85,7 +85,7 @@ def drive(overrides: list[str], steps: int, seed: int) -> list[tuple[int, list[F
         hand_out(1 + k)
         for step in range(1, steps + 1):
             while sum(len(g.prompt_indices) for g in arrived.get(step, ())) < 2:
-                groups, _counters, _version = generation.collect(0.2)
+                groups, _counters, _version, _idle = generation.collect(0.2)
                 for g in groups:
                     arrived.setdefault(g.batch_number, []).append(g)
             trained.append((step, arrived.pop(step)))

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.tracking.report import (
+    RunData,
     differing_keys,
     flatten,
     read_metric_lines,
@@ -118,7 +119,13 @@ def test_a_gain_within_the_seed_spread_is_not_called_learning(tmp_path):
 def test_report_draws_real_plots_and_skips_metrics_no_run_logged(sweep, tmp_path):
     out = tmp_path / "report"
     report = write_report([str(sweep)], out, Console(quiet=True))
-    assert report["plots"] == ["eval_reward.png", "train_reward.png", "train_kl.png", "train_grad_norm.png"]
+    assert report["plots"] == [
+        "eval_reward.png",
+        "train_reward.png",
+        "train_kl.png",
+        "train_grad_norm.png",
+        "eval_reward_by_time.png",
+    ]
     for name in report["plots"]:
         assert_real_image(out / name)
         assert f"]({name})" in (out / "report.md").read_text()
@@ -196,3 +203,15 @@ def test_time_table_shows_waiting_overlap_and_lag_of_disaggregated_runs(tmp_path
     assert "| run | step | generation | training | waiting | eval | overlap | lag |" in text
     assert "| overlapped | 3.00 | 2.00 | 1.00 | 1.25 | 2.00 | 0.38 | 0.50 |" in text
     assert "| serial | 3.00 | 2.00 | 1.00 | - | 2.00 | - | - |" in text
+
+
+def test_the_timed_series_puts_each_value_at_the_training_time_of_its_step():
+    rows = [
+        {"step": 0, "eval/reward": 0.1, "time/eval_s": 9.0},
+        {"step": 1, "train/reward": 0.2, "time/step_s": 2.0},
+        {"step": 2, "train/reward": 0.3, "time/step_s": 3.0},
+        {"step": 2, "eval/reward": 0.4, "time/eval_s": 9.0},
+    ]
+    run = RunData(Path("run"), "run", {}, rows, rows[1:3], [rows[0], rows[3]])
+    assert run.timed_series("eval/reward") == ([0.0, 5.0], [0.1, 0.4])  # evaluations take no training time
+    assert run.timed_series("train/reward") == ([2.0, 5.0], [0.2, 0.3])

@@ -222,7 +222,9 @@ class HFDecodeStream:
         d = self.decoder
         column = self.width + self.filled  # where every row's next token goes
         free = [i for i, row in enumerate(self.rows) if row.ended]
-        joining, slots, kept = [], [], []
+        joining: list[StreamRow] = []
+        kept: list[StreamRow] = []
+        slots: list[int] = []
         for row in self.waiting:
             fits = len(row.prompt_ids) + len(row.token_ids) <= column
             fits = fits and column + row.max_tokens - len(row.token_ids) <= self.length

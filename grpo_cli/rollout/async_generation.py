@@ -421,9 +421,11 @@ class AsyncGeneration:
             )
             return HFDecodeStream(decoder, settings, capacity, version=self.worker.version)
         if cfg.rollout.engine == "vllm":
-            from grpo_cli.engines.vllm_stream import VLLMDecodeStream  # vLLM is an optional extra
+            from grpo_cli.engines.vllm_engine import VLLMRolloutEngine  # vLLM is an optional extra
+            from grpo_cli.engines.vllm_stream import VLLMDecodeStream
 
-            return VLLMDecodeStream(engine, settings, capacity, version=self.worker.version)
+            if isinstance(engine, VLLMRolloutEngine):
+                return VLLMDecodeStream(engine, settings, capacity, version=self.worker.version)
         if self.sync.partial_rollouts:
             raise UserFacingError(
                 "sync.partial_rollouts=true needs the decode loop, which does not run this model (see the "

@@ -21,7 +21,6 @@ what was in flight is sampled again after the resume, never trained twice, never
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,6 @@ from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_executor import Hosted, RayExecutor
-from grpo_cli.drivers.ray_reaper import start_sentinel
 from grpo_cli.drivers.versions import staleness_check
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup, join_groups
@@ -71,13 +69,7 @@ class AsyncExecutor(RayExecutor):
         ray = self.ray
         n = cfg.sync.generators
         t0 = time.perf_counter()
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": 40}
-            if cfg.sync.ray_address is None:
-                kwargs["num_cpus"] = max(os.cpu_count() or 1, (n + 1) * cpus)
-                self.sentinel = start_sentinel()
-            ray.init(address=cfg.sync.ray_address, **kwargs)
-            self.started_ray = True
+        self.start_ray(cfg, actors=n + 1, cpus=cpus)
         ray_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}

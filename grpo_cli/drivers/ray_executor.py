@@ -182,6 +182,18 @@ class RayExecutor:
             f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
         )
 
+    def start_ray(self, cfg: GRPOConfig, actors: int, cpus: int) -> None:
+        """A local Ray for the run (unless Ray runs already in this process), or the cluster at sync.ray_address."""
+        if self.ray.is_initialized():
+            return
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        if cfg.sync.ray_address is None:
+            # Room for every actor even when actor_cpus asks for more than this machine has (oversubscribed).
+            kwargs["num_cpus"] = max(os.cpu_count() or 1, actors * cpus)
+            self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
+        self.ray.init(address=cfg.sync.ray_address, **kwargs)
+        self.started_ray = True
+
     def actors_text(self) -> str:
         """The actors, for the run's first line."""
         return "generator and learner actors"
@@ -191,18 +203,7 @@ class RayExecutor:
         device description and the seconds Ray took to start (self.load_s: the actors')."""
         ray = self.ray
         t0 = time.perf_counter()
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {
-                "include_dashboard": False,
-                "log_to_driver": False,
-                "logging_level": logging.ERROR,
-            }
-            if cfg.sync.ray_address is None:
-                # Room for both actors even when actor_cpus asks for more than this machine has (oversubscribed).
-                kwargs["num_cpus"] = max(os.cpu_count() or 1, 2 * cpus)
-                self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
-            ray.init(address=cfg.sync.ray_address, **kwargs)
-            self.started_ray = True
+        self.start_ray(cfg, actors=2, cpus=cpus)
         ray_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}

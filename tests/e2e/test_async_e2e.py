@@ -12,7 +12,7 @@ import pytest
 
 from grpo_cli.tracking import read_metrics
 from tests.conftest import assert_no_ray_left, ray_processes, run_grpo
-from tests.e2e.test_multiturn_e2e import ENVIRONMENT, episodes_of
+from tests.e2e.test_multiturn_e2e import episode_args, episodes_of
 from tests.e2e.test_reliability_e2e import start_grpo, wait_for
 from tests.e2e.test_sync_strategies_e2e import MOVING_TASK
 from tests.unit.drivers.test_sync_strategies import train_rows
@@ -34,20 +34,7 @@ ASYNC_KEYS = {
 
 
 def episode_run(tmp_path: Path, *extra: str) -> list[str]:
-    (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
-    return [
-        "debug=smoke",
-        "task=guess_number",
-        f"task.environment={tmp_path / 'parity_env.py'}:Parity",
-        "task.max_turns=3",
-        "task.n_eval=2",
-        "rollout.max_tokens=6",
-        "model.mixed_precision=no",
-        "train.eval_every=0",
-        "sync=async",
-        "loss=grpo_clip",
-        *extra,
-    ]
+    return episode_args(tmp_path, "sync=async", "loss=grpo_clip", *extra)
 
 
 def prompts_by_step(run_dir: Path, steps: int) -> dict[int, Counter]:

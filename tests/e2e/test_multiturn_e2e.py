@@ -25,10 +25,10 @@ class Parity:
 EPISODE_METRICS = ("train/turns", "train/env_tokens", "train/truncated_episodes", "train/reward/env")
 
 
-def run(tmp_path: Path, name: str, *extra: str) -> Path:
+def episode_args(tmp_path: Path, *extra: str) -> list[str]:
+    """A tiny multi-turn run's overrides: the Parity environment (written into tmp_path), no evaluation."""
     (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
-    run_dir = tmp_path / name
-    args = [
+    return [
         "debug=smoke",
         "task=guess_number",
         f"task.environment={tmp_path / 'parity_env.py'}:Parity",
@@ -38,8 +38,12 @@ def run(tmp_path: Path, name: str, *extra: str) -> Path:
         "model.mixed_precision=no",
         "train.eval_every=0",
         *extra,
-        f"hydra.run.dir={run_dir}",
     ]
+
+
+def run(tmp_path: Path, name: str, *extra: str) -> Path:
+    run_dir = tmp_path / name
+    args = [*episode_args(tmp_path, *extra), f"hydra.run.dir={run_dir}"]
     result = run_grpo(args, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir

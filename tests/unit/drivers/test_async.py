@@ -25,14 +25,6 @@ from tests.unit.engines.test_stream import one_row_log_probs
 ASYNC = ["debug=smoke", "sync=async", "loss=grpo_clip", "model.mixed_precision=no"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --- the check --------------------------------------------------------------------------------------------------
 
 

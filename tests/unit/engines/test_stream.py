@@ -25,14 +25,6 @@ from tests.unit.engines.test_decode import EOS, PROMPTS, CharTokenizer, tiny_lm
 SETTINGS = SamplingSettings(n=2, temperature=1.0, max_tokens=12, seed=7)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def stream_for(model: torch.nn.Module, capacity: int = 64, settings: SamplingSettings = SETTINGS) -> HFDecodeStream:
     decoder = Decoder(model, CharTokenizer(), {EOS}, compile_setting="never")
     return HFDecodeStream(decoder, settings, capacity)

@@ -16,6 +16,7 @@ from tests.e2e.test_multiturn_e2e import episode_args, episodes_of
 from tests.e2e.test_reliability_e2e import start_grpo, wait_for
 from tests.e2e.test_sync_strategies_e2e import MOVING_TASK
 from tests.unit.drivers.test_sync_strategies import train_rows
+from tests.unit.engines.test_vllm_engine import needs_vllm
 
 ASYNC_KEYS = {
     "sync/lag",
@@ -132,3 +133,32 @@ def test_drop_counts_stale_groups_and_two_generators_share_the_work(tmp_path, ra
     assert totals == sorted(totals) and totals[-1] == sum(r["sync/dropped_stale"] for r in rows)
     assert "2 generator" in result.stdout
     assert_no_ray_left(before)
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_async_on_vllm_continues_rows_across_updates_and_keeps_the_bound(tmp_path, ray_installed):
+    """vLLM's step loop as the generator's stream (engines/vllm_stream.py), through grpo-run: a learner that sleeps
+    less than generation takes, so updates land while rows run, and every sample keeps the bound."""
+    run_dir = tmp_path / "vllm"
+    args = [
+        "debug=smoke",
+        "model.mixed_precision=no",
+        "rollout=vllm",
+        "loss=grpo_clip",
+        "sync=async",
+        "sync.max_staleness=2",
+        "sync.partial_rollouts=true",
+        "sync.simulated_update_s=0.05",
+        "rollout.max_tokens=48",
+        "train.steps=6",
+        "train.eval_every=3",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "time/step_s" in r]  # no update: no train/loss
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(ASYNC_KEYS <= r.keys() and r["sync/lag"] <= 2 for r in rows)
+    assert sum(r["sync/updates_mid_generation"] for r in rows) > 0

@@ -471,7 +471,8 @@ def plot_metric(
     ax.set_ylabel(ylabel)
     ax.set_title(key)
     ax.grid(alpha=0.3)
-    longest = max((len(line.get_label()) for line in ax.lines if not line.get_label().startswith("_")), default=0)
+    labels = [str(line.get_label()) for line in ax.lines]
+    longest = max((len(label) for label in labels if not label.startswith("_")), default=0)
     if n_labels > 8 or longest > 60:  # many runs or long labels: beside the axes instead of over the curves
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     elif n_labels:

@@ -23,19 +23,9 @@ import yaml
 from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tracking.plots import PLOTS, TIMED_PLOTS, plot_file_name, plot_metric
 
 # (metric, file name, axis label); a plot is skipped when no run logged its metric.
-PLOTS = (
-    ("eval/reward", "eval_reward.png", "eval reward (held-out)"),
-    ("train/reward", "train_reward.png", "train reward (rollouts)"),
-    ("train/kl", "train_kl.png", "KL to the initial policy"),
-    ("train/grad_norm", "train_grad_norm.png", "grad norm (before clipping)"),
-    ("train/entropy", "train_entropy.png", "entropy (response tokens)"),
-    ("train/clip_fraction", "train_clip_fraction.png", "clip fraction"),
-)
-# Plotted against the training time (the sum of the steps' time/step_s) too: what a sync strategy buys is reward per
-# second, not per step.
-TIMED_PLOTS = (("eval/reward", "eval_reward_by_time.png", "eval reward (held-out), by training time"),)
 # Eval metrics beyond eval/reward that get a results column (their last value) and a plot when some run logs
 # them: mean@n, pass@k and maj@n (eval.n_samples > 1), and each task.eval_sets set's reward and the same three.
 EXTRA_EVAL_METRIC = re.compile(r"eval/(?:([A-Za-z0-9_-]+)/)?(reward|mean@\d+|pass@\d+|maj@\d+)")
@@ -55,11 +45,6 @@ def extra_eval_keys(rows: list[dict[str, Any]]) -> list[str]:
             sets.setdefault(match.group(1) or "", []).append((order[name], int(k or 0), key))
     main = sets.pop("", [])
     return [key for group in (main, *sets.values()) for *_, key in sorted(set(group))]
-
-
-def plot_file_name(key: str) -> str:
-    """eval/math500/pass@4 -> eval_math500_pass_at_4.png"""
-    return key.replace("@", "_at_").replace("/", "_") + ".png"
 
 
 # Mean seconds per training step; eval time is per evaluation. With one_behind and replay_buffer the
@@ -423,76 +408,6 @@ def time_table(summaries: list[RunSummary]) -> str:
     return markdown_table(header, rows)
 
 
-def plot_metric(
-    groups: list[tuple[str, list[RunData]]], keys: list[str], key: str, ylabel: str, path: Path, by_time: bool = False
-) -> bool:
-    """One line per run; a group of seeds gets its mean as a thick line and its min-max as a band (`by_time`: the
-    metric against each run's training time, one line per run, no band: the runs' clocks differ). Lines are
-    labelled by the differing hyperparameters `keys`. Returns False (and writes nothing) when no run has the
-    metric."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    if not any(run.series(key)[0] for _, runs in groups for run in runs):
-        return False
-    fig = Figure(figsize=(7.5, 4.2), dpi=110)
-    ax = fig.add_subplot()
-    n_labels = 0
-    for index, (label, runs) in enumerate(groups):
-        color = f"C{index % 10}"
-        if by_time:
-            for run in runs:
-                seconds, values = run.timed_series(key)
-                ax.plot(seconds, values, color=color, marker="o", markersize=3, linewidth=1.2)
-            ax.lines[-1].set_label(label if len(runs) > 1 else hparams_label(runs[0], keys, runs[0].name))
-            n_labels += 1
-            continue
-        if len(runs) == 1:
-            steps, values = runs[0].series(key)
-            label = hparams_label(runs[0], keys, runs[0].name)
-            ax.plot(steps, values, color=color, marker="o", markersize=3, linewidth=1.5, label=label)
-            n_labels += 1
-            continue
-        for run in runs:
-            steps, values = run.series(key)
-            ax.plot(steps, values, color=color, linewidth=0.8, alpha=0.35)
-        common_steps, means, lows, highs = seed_band([run.series(key) for run in runs])
-        if common_steps:
-            ax.plot(
-                common_steps, means, color=color, linewidth=2.2, label=f"{label} (mean, min-max of {len(runs)} seeds)"
-            )
-            ax.fill_between(common_steps, lows, highs, color=color, alpha=0.18, linewidth=0)
-            n_labels += 1
-    if by_time:
-        ax.set_xlabel("training time (s, evaluations excluded)")
-    else:
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.set_title(key)
-    ax.grid(alpha=0.3)
-    labels = [str(line.get_label()) for line in ax.lines]
-    longest = max((len(label) for label in labels if not label.startswith("_")), default=0)
-    if n_labels > 8 or longest > 60:  # many runs or long labels: beside the axes instead of over the curves
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    elif n_labels:
-        ax.legend(fontsize=8)
-    fig.savefig(path, bbox_inches="tight")
-    return True
-
-
-def seed_band(
-    series: list[tuple[list[int], list[float]]],
-) -> tuple[list[int], list[float], list[float], list[float]]:
-    """(steps every run has, mean, min, max) across runs at those steps."""
-    by_run = [dict(zip(steps, values, strict=True)) for steps, values in series]
-    common = sorted(set.intersection(*(set(d) for d in by_run))) if by_run else []
-    means = [statistics.mean(d[s] for d in by_run) for s in common]
-    lows = [min(d[s] for d in by_run) for s in common]
-    highs = [max(d[s] for d in by_run) for s in common]
-    return common, means, lows, highs
-
-
 SEARCH_RESULTS_FILE = "optimization_results.yaml"  # written by hydra/sweeper=optuna in the sweep directory
 
 
@@ -585,16 +500,20 @@ def write_report(runs: RunPaths, out: Path, console: Console) -> dict[str, Any]:
     groups = seed_groups(data, keys)
 
     out.mkdir(parents=True, exist_ok=True)
+
+    def label_of(run: RunData) -> str:
+        return hparams_label(run, keys, run.name)
+
     extra_plots = [
         (key, plot_file_name(key), key) for key in extra_eval_keys([row for run in data for row in run.evals])
     ]
     plots = [
         (name, label)
         for key, name, label in (*PLOTS, *extra_plots)
-        if plot_metric(groups, keys, key, label, out / name)
+        if plot_metric(groups, label_of, key, label, out / name)
     ]
     plots += [
-        (name, label) for key, name, label in TIMED_PLOTS if plot_metric(groups, keys, key, label, out / name, True)
+        (name, label) for key, name, label in TIMED_PLOTS if plot_metric(groups, label_of, key, label, out / name, True)
     ]
 
     sections = [

@@ -10,6 +10,7 @@ from matplotlib.image import imread
 from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
+from grpo_cli.tracking.plots import seed_band
 from grpo_cli.tracking.report import (
     RunData,
     differing_keys,
@@ -17,7 +18,6 @@ from grpo_cli.tracking.report import (
     read_metric_lines,
     resolve_run_dirs,
     run_names,
-    seed_band,
     write_report,
 )
 

@@ -43,7 +43,10 @@ def engine():
     model, tokenizer = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(10.0)
-    engine = VLLMRolloutEngine(model, tokenizer, VLLMRolloutConfig(engine="vllm", temperature=1.0))
+    # Chunked prefill on, as a user may set it (the CPU engine starts with it off, vllm_engine.py): the stream's
+    # whole-prefill bookkeeping is what these tests check on it; the default is the e2e tests'.
+    rollout = VLLMRolloutConfig(engine="vllm", temperature=1.0, vllm_kwargs={"enable_chunked_prefill": True})
+    engine = VLLMRolloutEngine(model, tokenizer, rollout)
     yield engine
     engine.close()
 

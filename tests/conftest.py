@@ -5,10 +5,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from grpo_cli.config.task_registry import TASK_SCHEMAS
 from grpo_cli.episodes import config as _episode_check  # noqa: F401 - registers the multi-turn check, as the cli
 from grpo_cli.tasks import Example, TaskConfig, TaskSpec
 from grpo_cli.tracking import read_metrics
+from tests.ray_processes import RUN_TAG, assert_no_ray_left, kill_run_processes
 
 # The repository and the data files tests read, wherever a test module sits below tests/.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -176,39 +177,24 @@ def one_process_rows(tmp_path_factory) -> list[dict]:
     return run_setting(tmp_path_factory.mktemp("one_process"), "single", [])
 
 
-# Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends.
-RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "ray/_private", "dashboard", "ray_reaper")
-
-
-def ray_processes() -> set[int]:
-    """Live (not zombie) processes of any Ray installation on this machine."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(marker in cmdline for marker in RAY_PROCESS_MARKERS):
-            found.add(int(entry.name))
-    return found
-
-
-def assert_no_ray_left(before: set[int]) -> None:
-    deadline = time.monotonic() + 20
-    while (left := ray_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"Ray processes outlived the run: {sorted(left)}"
-
-
+# Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends, looking only
+# at the processes of the test's own run (tests/ray_processes.py), so that other Ray work on the machine cannot fail
+# them.
 @pytest.fixture
-def ray_installed():
+def ray_installed(monkeypatch) -> Iterator[str]:
+    """Ray for one test: a Ray temp dir of its own (RAY_TMPDIR) and the tag every process it starts inherits; after
+    the test, no process of its run may be left (and any that is, is killed, so a failure leaks nothing)."""
     pytest.importorskip("ray")
-    before = ray_processes()
-    yield
-    assert_no_ray_left(before)
+    # Short, under /tmp: Ray's sockets live below it and a Unix socket's path is limited to 107 bytes.
+    tag = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    monkeypatch.setenv("RAY_TMPDIR", tag)
+    monkeypatch.setenv(RUN_TAG, tag)
+    try:
+        yield tag
+        assert_no_ray_left(tag)
+    finally:
+        kill_run_processes(tag)
+        shutil.rmtree(tag, ignore_errors=True)
 
 
 # --- Parallel workers -------------------------------------------------------------------------------------------
@@ -217,10 +203,11 @@ def ray_installed():
 #
 # `--dist loadgroup` sends each test to whichever worker is free, except the tests of one xdist group, which one
 # worker runs one after another. Two kinds of group:
-# - a resource of the whole machine, which two tests must not hold at once: "ray" (the no-Ray-left check of
-#   `ray_installed` sees every process on the machine), "vllm" (an engine's CPU threads and memory) and "ports"
-#   (torch.distributed ranks: the default rendezvous port, or a free_port() checked, then used). A test joins one
-#   through the `ray_installed` fixture, the `vllm` marker or `machine_wide(resource)` (default "ports").
+# - a resource of the whole machine, which two tests must not hold at once: "ray" (a Ray run sizes its actors to
+#   the machine's cores; each test's no-Ray-left check sees only its own run), "vllm" (an engine's CPU threads and
+#   memory) and "ports" (torch.distributed ranks: the default rendezvous port, or a free_port() checked, then
+#   used). A test joins one through the `ray_installed` fixture, the `vllm` marker or `machine_wide(resource)`
+#   (default "ports").
 # - the test module's own node id, for the tests that use a module-scoped fixture (a trained run, a started
 #   engine): one worker builds it once, as a plain run does, instead of each worker building its own.
 # A test marked `alone` asserts a wall-clock bound: no other test runs while it does (OneAtATime below), so the

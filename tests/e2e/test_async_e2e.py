@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.tracking import read_metrics
-from tests.conftest import assert_no_ray_left, ray_processes, run_grpo
+from tests.conftest import run_grpo
 from tests.e2e.test_multiturn_e2e import episode_args, episodes_of
 from tests.e2e.test_reliability_e2e import start_grpo, wait_for
 from tests.e2e.test_sync_strategies_e2e import MOVING_TASK
+from tests.ray_processes import assert_no_ray_left
 from tests.unit.drivers.test_sync_strategies import train_rows
 from tests.unit.engines.test_vllm_engine import needs_vllm
 
@@ -50,7 +51,6 @@ def prompts_by_step(run_dir: Path, steps: int) -> dict[int, Counter]:
 
 @pytest.mark.slow
 def test_async_keeps_the_bound_and_resumes_after_kill_9_with_each_steps_prompts(tmp_path, ray_installed):
-    before = ray_processes()
     args = episode_run(
         tmp_path, "sync.max_staleness=2", "sync.partial_rollouts=true", "train.steps=8", "train.checkpoint_every=2"
     )
@@ -74,7 +74,7 @@ def test_async_keeps_the_bound_and_resumes_after_kill_9_with_each_steps_prompts(
     # on_stale=wait trains each step on its own batch: the same prompts as the uninterrupted run, so none was
     # skipped or trained twice across the kill (the batches in flight were sampled again after the resume).
     assert prompts_by_step(killed, 8) == prompts_by_step(reference, 8)
-    assert_no_ray_left(before)
+    assert_no_ray_left()
 
 
 # The keys whose values depend on timing rather than on what was trained.
@@ -108,7 +108,6 @@ def test_lockstep_async_at_k_1_with_the_behaviour_policy_as_proximal_trains_as_o
 
 @pytest.mark.slow
 def test_drop_counts_stale_groups_and_two_generators_share_the_work(tmp_path, ray_installed):
-    before = ray_processes()
     run_dir = tmp_path / "drop"
     args = [
         "debug=smoke",
@@ -132,7 +131,7 @@ def test_drop_counts_stale_groups_and_two_generators_share_the_work(tmp_path, ra
     totals = [r["sync/dropped_stale_total"] for r in rows]
     assert totals == sorted(totals) and totals[-1] == sum(r["sync/dropped_stale"] for r in rows)
     assert "2 generator" in result.stdout
-    assert_no_ray_left(before)
+    assert_no_ray_left()
 
 
 @needs_vllm

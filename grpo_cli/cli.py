@@ -32,6 +32,7 @@ from grpo_cli.config import (
     validate_config,
 )
 from grpo_cli.config.group_choices import unknown_group_choice
+from grpo_cli.config.job_keys import unread_key_error
 from grpo_cli.config.registry import HELP_TOPICS
 from grpo_cli.config.resume import resumed_config
 from grpo_cli.episodes import config as _episode_check  # noqa: F401 - registers the multi-turn keys' check
@@ -127,12 +128,19 @@ def task(dict_cfg: DictConfig) -> float | None:
         if multirun and dict_cfg.logger.group is None:
             dict_cfg.logger.group = sweep_group_name(hydra_cfg.sweep.dir, hydra_cfg.runtime.choices.get("sweep"))
         overrides = list(hydra_cfg.overrides.task)
+        unread = unread_key_error(str(dict_cfg.job.name), overrides)  # no key silently ignored (config/job_keys.py)
+        if unread is not None:
+            raise UserFacingError(unread)
         if dict_cfg.resume:
             dict_cfg = resumed_config(
                 dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console, composed=dict_cfg
             )
         else:  # task=custom: the user's files, found from where grpo-run was started, in every process after this
             absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
+        if dict_cfg.job.name == "eval":  # the evaluated run's own config, the command line's keys on top
+            from grpo_cli.jobs.eval import eval_config
+
+            dict_cfg = eval_config(dict_cfg, overrides, Path(hydra_cfg.runtime.output_dir))
         # to_object resolves interpolations and checks types against the schema dataclasses: the config composed
         # under grpo_config_schema comes back as a GRPOConfig instance (OmegaConf's return type cannot say so).
         # From here on every job and component gets this typed object.

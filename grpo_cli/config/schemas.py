@@ -327,14 +327,16 @@ class JobConfig:
 
     name: str = choice(
         "train",
-        ("train", "baseline_eval", "report", "check_reward", "benchmark"),
-        help="The job: train | baseline_eval: held-out reward of the untrained model | report: compare run "
-        "directories | check_reward: the task's reward on cases | benchmark: time rollout engines.",
+        ("train", "baseline_eval", "eval", "report", "check_reward", "benchmark"),
+        help="The job: train | baseline_eval: held-out reward of the untrained model | eval: held-out reward of "
+        "a trained run, checkpoint or exported model (eval.model) | report: compare run directories | "
+        "check_reward: the task's reward on cases | benchmark: time rollout engines.",
     )
     n_examples: int | None = positive(
         None,
         hint="null: all of task.n_eval",
-        help="baseline_eval: how many held-out examples to evaluate (null: all of task.n_eval).",
+        help="baseline_eval, eval: how many held-out examples to evaluate (null: train.eval_examples, else all of "
+        "task.n_eval).",
     )
     engines: list[str] = choice(
         MISSING,
@@ -396,6 +398,18 @@ class EvalConfig:
         "eval/pass@k and eval/maj@n.",
     )
     pass_k: list[int] | None = positive(None, help="The k of eval/pass@k, each in 1..n_samples; null: 1 and n_samples.")
+    model: str | None = path(
+        None,
+        "dir",
+        help="job=eval: the model to evaluate: a run directory (its newest complete checkpoint, or eval.step's), one "
+        "checkpoint (<run>/checkpoints/step_N), or a Hugging Face folder (an exported model/). A run's or "
+        "checkpoint's model.*, task.*, rollout.* and eval.* are the run's own; command-line keys override them.",
+    )
+    step: int | None = non_negative(
+        None,
+        hint="null: the newest complete checkpoint",
+        help="job=eval: the checkpoint step of the run eval.model names.",
+    )
 
 
 @dataclass

@@ -327,9 +327,10 @@ class JobConfig:
 
     name: str = choice(
         "train",
-        ("train", "baseline_eval", "eval", "report", "check_reward", "benchmark"),
+        ("train", "baseline_eval", "eval", "export", "report", "check_reward", "benchmark"),
         help="The job: train | baseline_eval: held-out reward of the untrained model | eval: held-out reward of "
-        "a trained run, checkpoint or exported model (eval.model) | report: compare run directories | "
+        "a trained run, checkpoint or exported model (eval.model) | export: a run's checkpoint as a Hugging Face "
+        "model folder (export.run) | report: compare run directories | "
         "check_reward: the task's reward on cases | benchmark: time rollout engines.",
     )
     n_examples: int | None = positive(
@@ -430,6 +431,51 @@ class ReportConfig:
     )
 
 
+# export.dtype: the exported weights' dtype; auto: the base model's own (its config's dtype / torch_dtype).
+EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ExportConfig:
+    """export.*: a run's trained model as a Hugging Face folder (docs/after-training.md): job=export, and the
+    model/ folder every training run ends with."""
+
+    run: str | None = path(
+        None, "run", help="job=export: the run directory whose checkpoint is exported (required for job=export)."
+    )
+    step: int | None = positive(
+        None, hint="null: the newest complete checkpoint", help="job=export: the checkpoint step to export."
+    )
+    merge_lora: bool = flag(
+        False,
+        help="A LoRA run: true writes the adapters merged into the base (a plain model); false writes the adapter "
+        "in PEFT's format (adapter_config.json naming the base's hub id). A base without a hub id (the embedded "
+        "default, model=tiny_random, a local folder) is always merged, said in one line.",
+    )
+    dtype: str = choice(
+        "auto",
+        EXPORT_DTYPES,
+        help="The exported weights' dtype. auto: the base model's own (its config's dtype; float32 for the embedded "
+        "default and model=tiny_random), whatever the run trained in.",
+    )
+    out: str | None = path(
+        None,
+        "output",
+        help="job=export: the folder written; null: <run>/model for the newest complete checkpoint, "
+        "<run>/model_step_N for an older one.",
+    )
+    max_shard_size: str = any_value("5GB", help='The largest weights file ("5GB", "500MB"): transformers\' shards.')
+    push_to_hub: str | None = any_value(
+        None, help="job=export: a Hub repo id (<user or org>/<name>) to upload the folder to, in one commit."
+    )
+    private: bool = flag(True, help="export.push_to_hub: create the repo private.")
+    at_end: bool = flag(
+        True,
+        help="job=train: write <run>/model/ from the newest checkpoint when the run ends (also on a signal, "
+        "reward-error or non-finite stop); false: only the checkpoints (job=export writes it later).",
+    )
+
+
 # distributed.strategy: how the learner spreads over devices (torch.distributed).
 DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")
 
@@ -492,6 +538,7 @@ class GRPOConfig:
     job: JobConfig = field(default_factory=JobConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = non_negative(
         0,

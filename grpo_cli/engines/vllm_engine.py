@@ -109,6 +109,13 @@ def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         yield from model.state_dict().items()
         return
     base = model.get_base_model()
+    # QLoRA: a 4-bit base layer's packed weight (and its quantization state's entries, weight.<part>) is given
+    # dequantized, so that the delta is added to the weights the adapters were trained against.
+    dequantized = {
+        f"{name}.weight": _dequantized_4bit(module)
+        for name, module in base.named_modules()
+        if getattr(getattr(module, "weight", None), "quant_state", None) is not None
+    }
     deltas: dict[str, torch.Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
@@ -122,12 +129,21 @@ def export_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             if delta is not None:
                 deltas[f"{name}.weight"] = delta
     for name, tensor in base.state_dict().items():
-        if "lora_" in name:
+        if "lora_" in name or any(name.startswith(f"{weight}.") for weight in dequantized):
             continue
+        tensor = dequantized.get(name, tensor)
         name = name.replace(".base_layer.", ".")
         if name in deltas:
             tensor = tensor + deltas[name].to(tensor.dtype)
         yield name, tensor
+
+
+def _dequantized_4bit(module: torch.nn.Module) -> torch.Tensor:
+    """A bitsandbytes 4-bit layer's weight in its compute dtype (QLoRA's NF4 base, CUDA only)."""
+    import bitsandbytes.functional as bnb_functional  # present wherever a 4-bit layer could be built
+
+    weight = cast(Any, module).weight
+    return bnb_functional.dequantize_4bit(weight.data, weight.quant_state)
 
 
 def per_rank_engine_kwargs() -> dict[str, Any]:
@@ -142,7 +158,7 @@ def per_rank_engine_kwargs() -> dict[str, Any]:
     return {"distributed_executor_backend": "external_launcher"}
 
 
-def _write_model_skeleton(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+def write_model_skeleton(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     """config.json, generation config and tokenizer: all vLLM needs to build the model before weights arrive."""
     base_model(model).config.save_pretrained(directory)
     generation_config = getattr(model, "generation_config", None)
@@ -246,7 +262,7 @@ class VLLMRolloutEngine:
         self.versioned_pushes = 0  # pushes of a policy version in this process (the probe schedule counts them)
         self._skeleton = Path(tempfile.mkdtemp(prefix="grpo-cli-vllm-"))
         try:
-            _write_model_skeleton(model, tokenizer, self._skeleton)
+            write_model_skeleton(model, tokenizer, self._skeleton)
             if self.served:  # vLLM reloads from a path only with a checkpoint loader: start from the policy's file
                 save_weights(export_weights(model), self._skeleton, dtype)
             kwargs: dict[str, Any] = dict(

@@ -102,7 +102,7 @@ def test_every_package_has_a_place_in_the_layer_table():
 def test_the_page_states_the_layers():
     """The line names the floors in order; the table gives core nothing and the beside packages their rows."""
     layers = parse_layers(ARCHITECTURE.read_text(encoding="utf-8"))
-    assert layers.floors[:3] == ("cli", "jobs", "drivers") and layers.floors[-1] == "core"
+    assert layers.floors[:4] == ("cli", "jobs", "export", "drivers") and layers.floors[-1] == "core"
     assert layers.allowed["core"] == frozenset()
     assert "learner" not in layers.allowed["rollout"] and "rollout" not in layers.allowed["learner"]
     assert layers.allowed["cli"] > layers.allowed["jobs"] > layers.allowed["drivers"]

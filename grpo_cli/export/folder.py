@@ -1,0 +1,216 @@
+"""A trained policy written as a Hugging Face model folder: config.json, generation_config.json, the tokenizer and
+chat template the run used, and safetensors weights (sharded at `max_shard_size`, a tied head stored once as
+transformers expects), in the base model's dtype unless told otherwise.
+
+Three layouts: the full model (full fine-tuning), the LoRA adapters merged into the base (a plain model of the
+base's architecture), or the adapter alone in PEFT's format (adapter_config.json naming the base's hub id). The
+merged weights are `engines.vllm_engine.export_weights`' (each adapter's delta added on the fly, the same tensors
+the vLLM engine receives). The folder is written beside its destination and renamed into place: a kill halfway
+leaves the previous folder, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import torch
+
+from grpo_cli.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from grpo_cli.config.schemas import ModelConfig
+
+# The files that mark a folder as an exported model (one a previous export wrote, safe to replace).
+MODEL_MARKERS = ("config.json", "adapter_config.json")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the weights are written: "full", "merged" (LoRA merged into the base) or "adapter" (PEFT's format),
+    with the one line that says why when the adapter was merged though not asked to be."""
+
+    kind: str
+    note: str | None = None
+
+
+def base_dtype(model_cfg: ModelConfig) -> torch.dtype:
+    """The dtype the base model is published in: its config's `dtype` (`torch_dtype` before transformers 4.56).
+    float32 for the embedded default (dequantized from its GGUF into float32), model=tiny_random, a GGUF file, and a
+    config that names none."""
+    from transformers import AutoConfig
+
+    from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
+    from grpo_cli.models.sources import resolve_source
+
+    if model_cfg.name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
+        return torch.float32
+    source = resolve_source(model_cfg.name_or_path)
+    if source.gguf_file is not None:
+        return torch.float32
+    config = AutoConfig.from_pretrained(source.location)  # the run loaded it: local, or in the hub cache
+    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(named, str):
+        named = getattr(torch, named, None)
+    return named if isinstance(named, torch.dtype) and named.is_floating_point else torch.float32
+
+
+def export_dtype(choice: str, model_cfg: ModelConfig) -> torch.dtype:
+    """export.dtype: auto is the base's own dtype (runs train in float32; a bfloat16 base must not come out twice
+    its size), else the dtype named."""
+    return base_dtype(model_cfg) if choice == "auto" else cast(torch.dtype, getattr(torch, choice))
+
+
+def hub_base(model_cfg: ModelConfig) -> str | None:
+    """The base's hub id when it has one (what an unmerged adapter can name so that it loads elsewhere)."""
+    from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
+    from grpo_cli.models.sources import resolve_source
+
+    if model_cfg.name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
+        return None
+    source = resolve_source(model_cfg.name_or_path)
+    return model_cfg.name_or_path if source.is_hub_id and source.gguf_file is None else None
+
+
+def layout_for(model_cfg: ModelConfig, merge_lora: bool) -> Layout:
+    """Full fine-tuning: the full model. LoRA: merged when asked, or when the base has no hub id to name (the
+    embedded default, model=tiny_random, a local folder or GGUF file: an adapter over it would name a path of this
+    machine, or nothing); else the adapter in PEFT's format."""
+    if not model_cfg.lora.enabled:
+        return Layout("full")
+    if merge_lora:
+        return Layout("merged")
+    if hub_base(model_cfg) is None:
+        return Layout(
+            "merged",
+            f"the LoRA adapter is written merged into its base: the base {model_cfg.name_or_path} has no hub id an "
+            "adapter could name elsewhere (export.merge_lora=true says the same)",
+        )
+    return Layout("adapter")
+
+
+def prepare_out(out: Path) -> None:
+    """Refuse to replace a folder that holds something other than an exported model (one line)."""
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not any((out / m).exists() for m in MODEL_MARKERS))
+    ):
+        raise UserFacingError(
+            f"export.out={out} exists and holds something other than an exported model: give a new folder (an "
+            "earlier export's folder is replaced)"
+        )
+
+
+def write_model(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    out: Path,
+    layout: Layout,
+    dtype: torch.dtype,
+    max_shard_size: str,
+    generation: GenerationConfig,
+    hub_id: str | None = None,
+) -> None:
+    """Write the policy as `layout` says into `out` (replacing an earlier export there), weights in `dtype`."""
+    prepare_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        if layout.kind == "adapter":
+            _write_adapter(model, tokenizer, temp, dtype, generation, hub_id)
+        else:
+            plain = _plain_model(model, dtype) if layout.kind == "merged" else cast("PreTrainedModel", model.to(dtype))
+            plain.generation_config = generation
+            _write_skeleton(plain, tokenizer, temp)
+            with _no_progress_bar():
+                plain.save_pretrained(temp, max_shard_size=max_shard_size)  # safetensors: 4.57's and 5.x's default
+        # mkdtemp and safetensors make private files; a model folder is for others to read (and serve).
+        for path in [temp, *temp.iterdir()]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        _replace(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' "Writing model shards" bar: the export says its one line itself."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _write_skeleton(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    from grpo_cli.engines.vllm_engine import write_model_skeleton
+
+    write_model_skeleton(model, tokenizer, directory)
+
+
+def _plain_model(model: torch.nn.Module, dtype: torch.dtype) -> PreTrainedModel:
+    """The base architecture holding the merged weights (no peft layers, no quantization): built on the meta
+    device, then given export_weights' tensors cast to `dtype` (merged in the trained dtype first)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_cli.engines.hf_internals import base_model
+    from grpo_cli.engines.vllm_engine import export_weights
+    from grpo_cli.models.pretrained import dtype_kwargs
+
+    config = copy.deepcopy(base_model(model).config)
+    if hasattr(config, "quantization_config"):  # QLoRA: the merged weights are dequantized, a plain model
+        del config.quantization_config
+    tensors = {name: tensor.detach().to("cpu", dtype) for name, tensor in export_weights(model)}
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, **dtype_kwargs(dtype))
+    expected = set(plain.state_dict())
+    plain.load_state_dict({name: tensors[name] for name in expected if name in tensors}, strict=True, assign=True)
+    plain.tie_weights()
+    plain.generation_config = copy.deepcopy(base_model(model).generation_config)
+    return plain
+
+
+def _write_adapter(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    directory: Path,
+    dtype: torch.dtype,
+    generation: GenerationConfig,
+    hub_id: str | None,
+) -> None:
+    """PEFT's own format: adapter_config.json (naming `hub_id`, the base to load it against) and
+    adapter_model.safetensors, plus the tokenizer and generation config the run used (no config.json: a folder
+    with one would be read as a whole model)."""
+    from peft import PeftModel
+
+    peft_model = cast(PeftModel, model.to(dtype))
+    for config in peft_model.peft_config.values():
+        config.base_model_name_or_path = hub_id
+    peft_model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    generation.save_pretrained(directory)
+
+
+def _replace(temp: Path, out: Path) -> None:
+    """`temp` renamed to `out`; an earlier export at `out` moved aside first and removed after."""
+    aside = None
+    if out.exists():
+        aside = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(out, aside)
+    os.replace(temp, out)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)

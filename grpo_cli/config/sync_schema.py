@@ -89,6 +89,14 @@ class SyncConfig:
         "learner's log-probs at its own version before the update, weighted by pi_prox / pi_behav | behaviour: "
         "the sampler's own log-probs (the weight is then 1; what one_behind does).",
     )
+    behaviour_weight_cap: float | None = positive(
+        5.0,
+        hint="null: uncapped",
+        help="async with sync.proximal=recompute and rollout.importance_correction=none: a token whose off-policy "
+        "weight pi_prox / pi_behav exceeds this cap weighs 0 in the loss (it stays in the loss's token counts), as "
+        "AReaL's behav_imp_weight_cap masks it; logged as train/behaviour_capped_frac. null: uncapped (refused "
+        "with rollout.importance_level=sequence, whose product over a response overflows).",
+    )
     generators: int = positive(1, help="async: generator actors, each with its own policy copy and engine.")
     decode_rows: int | None = positive(
         None,

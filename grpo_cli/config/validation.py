@@ -103,6 +103,7 @@ ASYNC_ONLY_KEYS = (
     "generators",
     "decode_rows",
     "lockstep",
+    "behaviour_weight_cap",
 )
 
 
@@ -139,6 +140,20 @@ def validate_async(cfg: GRPOConfig) -> None:
         raise UserFacingError(
             "sync.partial_rollouts=true applies weight updates between decode steps, which transformers' generate() "
             "(rollout.decoder=generate) has none of: use rollout.decoder=auto (the decode loop)"
+        )
+    weighted = sync.proximal == "recompute" and rollout.importance_correction == "none"
+    if sync.behaviour_weight_cap != SyncConfig().behaviour_weight_cap and not weighted:
+        raise UserFacingError(
+            f"sync.behaviour_weight_cap={sync.behaviour_weight_cap} caps decoupled PPO's pi_prox / pi_behav, which "
+            f"sync.proximal={sync.proximal} with rollout.importance_correction={rollout.importance_correction} does "
+            "not weigh by (behaviour: the weight is 1; a correction: its own threshold caps it): drop "
+            "sync.behaviour_weight_cap"
+        )
+    if weighted and sync.behaviour_weight_cap is None and rollout.importance_level == "sequence":
+        raise UserFacingError(
+            "sync.behaviour_weight_cap=null with rollout.importance_level=sequence: the uncapped product of a "
+            "response's pi_prox / pi_behav overflows for long responses: set sync.behaviour_weight_cap (e.g. 5.0) "
+            "or use rollout.importance_level=token"
         )
     per_token = sync.partial_rollouts or sync.proximal == "recompute"
     if per_token and rollout.engine == "vllm" and rollout.top_p < 1.0:

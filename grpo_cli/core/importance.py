@@ -23,6 +23,8 @@ them (core.train_step does, docs/algorithm.md says where).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 IMPORTANCE_CORRECTIONS: tuple[str, ...] = ("none", "truncated", "masked")
@@ -38,6 +40,7 @@ def compute_importance_weights(
     threshold: float = 2.0,
     threshold_low: float | None = None,
     decoupled: bool = False,
+    behaviour_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss weights that correct for sampling from ``pi_sampler`` instead of ``pi_learner``.
 
@@ -55,7 +58,11 @@ def compute_importance_weights(
         decoupled (bool): decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization";
             AReaL's ``use_decoupled_loss``): the learner's side is a proximal policy recomputed after sampling,
             so the weight pi_prox / pi_behav is part of the objective and applies with mode "none" too (the
-            ratio itself, uncapped); "truncated" and "masked" cap or band it as usual.
+            ratio itself, capped by ``behaviour_cap``); "truncated" and "masked" cap or band it as usual.
+        behaviour_cap (float | None): with ``decoupled`` and mode "none", a token (level "sequence": a response)
+            whose weight exceeds it gets weight 0 but stays in the loss's counts, as AReaL's
+            ``behav_imp_weight_cap`` masks it (``areal/utils/functional.py``: ``ppo_actor_loss_fn``); the
+            comparison is in log space, so the weight stays finite whatever the length. None: uncapped.
 
     Returns:
         tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -63,8 +70,8 @@ def compute_importance_weights(
         - weights: (batch, seq), detached, 0 off the response mask; on it 1 where ``mode`` is "none" (the ratio
           with ``decoupled``).
         - metadata, (batch, seq) detached: "ratio" (w_t, or the response's product broadcast over it at level
-          "sequence"; outside the mask 1), "truncated" (bool, the cap acted), "masked" (bool, the token was
-          rejected: outside the band of "masked").
+          "sequence"; outside the mask 1; may be inf there), "truncated" (bool, the cap acted), "masked" (bool,
+          the token was rejected: outside the band of "masked"), "capped" (bool, ``behaviour_cap`` zeroed it).
 
     Raises:
         ValueError: on mismatched shapes, an unknown mode or level, or thresholds that are not 0 < low <= C.
@@ -90,7 +97,13 @@ def compute_importance_weights(
     ratio = torch.exp(log_ratio)  # may be inf at the sequence level; the comparisons below stay right
     truncated = torch.zeros_like(mask)
     masked = torch.zeros_like(mask)
+    capped = torch.zeros_like(mask)
     weights = ratio.clone() if decoupled else torch.ones_like(ratio)
+    if decoupled and mode == "none" and behaviour_cap is not None:
+        if behaviour_cap <= 0:
+            raise ValueError(f"behaviour_cap must be > 0, got {behaviour_cap}")
+        capped = mask & (log_ratio > math.log(behaviour_cap))
+        weights = torch.exp(log_ratio.masked_fill(capped, 0.0)).masked_fill(capped, 0.0)  # finite: exp(<= log C)
     # The bounds are compared in log space: a subtraction and a comparison, the same on every device, so the
     # learner's count of rejected tokens before the step (learner.optimizer_step_totals) is the train step's.
     if mode == "truncated":
@@ -100,4 +113,5 @@ def compute_importance_weights(
         outside = (log_ratio > torch.log(torch.tensor(threshold))) | (log_ratio < torch.log(torch.tensor(low)))
         masked = mask & outside
         weights = ratio.masked_fill(outside, 0.0)  # inside the band the ratio itself: MIS corrects, never caps
-    return weights.masked_fill(~mask, 0.0), {"ratio": ratio, "truncated": truncated, "masked": masked}
+    metadata = {"ratio": ratio, "truncated": truncated, "masked": masked, "capped": capped}
+    return weights.masked_fill(~mask, 0.0), metadata

@@ -55,6 +55,9 @@ class LossSettings:
     # Decoupled PPO (sync=async): old_log_probs are a proximal policy's, the sampler's are the behaviour policy's,
     # and pi_prox / pi_behav weighs every token whatever importance_correction is (core.importance).
     decoupled: bool = False
+    # Decoupled PPO with importance_correction="none": a token whose pi_prox / pi_behav exceeds it weighs 0
+    # (sync.behaviour_weight_cap; core.importance); None: uncapped.
+    behaviour_weight_cap: float | None = None
 
     @property
     def kl_penalty(self) -> bool:

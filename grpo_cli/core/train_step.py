@@ -149,7 +149,8 @@ def grpo_microbatch_train_step(
           on) and "ratio_mean" (masked means over the response tokens); with ``sampler_log_probs``
           "sampler_kl" (k3 estimate of KL(sampler || learner)), "importance_weight_mean",
           "importance_weight_max" (token ratios pi_learner / pi_sampler before any truncation),
-          "importance_truncated_frac", "importance_masked_frac" (fractions of response tokens).
+          "importance_truncated_frac", "importance_masked_frac" (fractions of response tokens); decoupled with
+          no correction "behaviour_capped_frac" (tokens whose weight ``behaviour_weight_cap`` zeroed).
 
     Raises:
         ValueError: on mismatched shapes, an unknown ``length_normalization``, a missing
@@ -215,6 +216,7 @@ def microbatch_train_step(
             settings.importance_threshold,
             settings.importance_threshold_low,
             decoupled=settings.decoupled,
+            behaviour_cap=settings.behaviour_weight_cap,
         )
         per_token_loss = per_token_loss * weights
         if settings.importance_correction == "masked":
@@ -230,6 +232,8 @@ def microbatch_train_step(
         metadata["importance_weight_max"] = token_ratio[mask].max() if mask.any() else token_ratio.new_ones(())
         metadata["importance_truncated_frac"] = masked_mean(importance["truncated"].float(), mask)
         metadata["importance_masked_frac"] = masked_mean(importance["masked"].float(), mask)
+        if settings.decoupled and settings.importance_correction == "none":
+            metadata["behaviour_capped_frac"] = masked_mean(importance["capped"].float(), mask)
 
     exact_share = step_sequences is not None or step_tokens is not None
     if exact_share and (step_sequences is None or step_tokens is None):

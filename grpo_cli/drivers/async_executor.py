@@ -21,16 +21,20 @@ what was in flight is sampled again after the resume, never trained twice, never
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_executor import Hosted, RayExecutor
 from grpo_cli.drivers.versions import staleness_check
+from grpo_cli.learner.checkpoint import init_from_checkpoint, load_weights
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup, join_groups
 from grpo_cli.scoring.batch import RolloutData
@@ -45,6 +49,16 @@ COLLECT_WAIT_S = 0.5
 STALL_S = 60.0
 
 
+def load_init_from(init_from: str, model: torch.nn.Module) -> None:
+    """init_from's weights into a generator's policy copy (rollout/ does not import learner/)."""
+    load_weights(init_from_checkpoint(init_from), model)
+
+
+def initial_weights(cfg: GRPOConfig) -> Callable[[torch.nn.Module], None] | None:
+    """What loads the run's initial weights into a generator's copy: init_from's, or None (model.*'s)."""
+    return functools.partial(load_init_from, cfg.init_from) if cfg.init_from else None
+
+
 class AsyncExecutor(RayExecutor):
     """The executor of a sync=async run (module docstring); Ray start-up, actor calls and shutdown are
     RayExecutor's."""
@@ -55,6 +69,8 @@ class AsyncExecutor(RayExecutor):
         self.arrived: dict[int, list[FinishedGroup]] = {}  # wait: groups by batch, not trained yet
         self.ready: list[FinishedGroup] = []  # drop: groups in the order they ended, not trained yet
         self.trained_groups: dict[int, set[int]] = {}  # drop: per open batch, the prompt indices trained or dropped
+        self.closed_batches: set[int] = set()  # drop: batches all trained or dropped (checkpoints keep the open ones')
+        self.resume_closed: set[int] = set()  # drop: batches a resume draws but does not send (closed before it)
         self.counters: dict[str, float] = {}
         self.dropped_stale = 0  # groups dropped past the bound (on_stale=drop), in all
         self.dropped_this_step = 0
@@ -72,15 +88,19 @@ class AsyncExecutor(RayExecutor):
         self.start_ray(cfg, actors=n + 1, cpus=cpus)
         ray_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
-        self.learner_actor = ray.remote(Hosted).options(**options).remote()
+        self.learner_actor = ray.remote(Hosted).options(**self.actor_options("learner", cpus, gpus)).remote()
         # Several calls at once: collect waits for groups while offer_weights and evaluate arrive.
-        self.generators = [ray.remote(Hosted).options(**options, max_concurrency=4).remote() for _ in range(n)]
+        options = {**self.actor_options("generator", cpus, gpus), "max_concurrency": 4}
+        self.generators = [ray.remote(Hosted).options(**options).remote() for _ in range(n)]
         self.generator_actor = self.generators[0]
+        # On a cluster: each actor's node shares the run directory and sees the task's files (one line if not).
+        self.check_nodes(
+            {"learner": self.learner_actor, **{f"generator {i}": g for i, g in enumerate(self.generators)}}
+        )
         device_text, *_ = self.get_all(
             [
                 self.learner_actor.start.remote(Learner, cfg, output_dir, cpus),
-                *(g.start.remote(AsyncGeneration, cfg, cpus) for g in self.generators),
+                *(g.start.remote(AsyncGeneration, cfg, cpus, initial_weights(cfg)) for g in self.generators),
             ]
         )
         self.load_s = time.perf_counter() - t0
@@ -100,6 +120,10 @@ class AsyncExecutor(RayExecutor):
         if self.cfg.sync.on_stale == "drop" and first is not None:
             state["async_first_batch"] = first
             state["async_trained"] = {str(b): sorted(self.trained_groups.get(b, ())) for b in open_batches}
+            # Batches that closed behind an open one: a resume draws them again (their numbers are their seeds)
+            # but trains none of their prompts.
+            self.closed_batches = {b for b in self.closed_batches if b > first}
+            state["async_closed"] = sorted(self.closed_batches)
         return self.get(self.learner_actor.call.remote("save_checkpoint", step, state))
 
     # --- weights, batches -----------------------------------------------------------------------------------
@@ -110,6 +134,8 @@ class AsyncExecutor(RayExecutor):
         self.batch_counter = first - 1
         trained = self.resumed_state.get("async_trained", {})
         self.resume_skips = {int(b): frozenset(v) for b, v in trained.items()}
+        self.resume_closed = {int(b) for b in self.resumed_state.get("async_closed", [])}
+        self.closed_batches = set()
         return {"time/sync_s": self.publish(start_step)}
 
     def publish(self, version: int) -> float:
@@ -128,6 +154,10 @@ class AsyncExecutor(RayExecutor):
             examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
             self.batch_counter += 1
             b = self.batch_counter
+            if b in self.resume_closed:  # trained before the resume (it closed behind an open batch): drawn, not sent
+                self.resume_closed.discard(b)
+                self.closed_batches.add(b)
+                continue
             skip = self.resume_skips.pop(b, frozenset())
             self.orders[b] = {"state": state, "left": len(examples) - len(skip)}
             if skip:
@@ -186,7 +216,9 @@ class AsyncExecutor(RayExecutor):
         for group in groups:
             self._mark_trained(group)
         batch = join_groups(groups)
-        staleness = staleness_check(self.version, batch.token_versions or [], sync.max_staleness)
+        if batch.token_versions is None:  # the generators always record them: a bug, never an unchecked step
+            raise RuntimeError(f"step {step}'s batch carries no token versions: its lag cannot be checked")
+        staleness = staleness_check(self.version, batch.token_versions, sync.max_staleness)
         learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", batch, step))
         self.version = step
         sync_s = self.publish(step)
@@ -241,9 +273,10 @@ class AsyncExecutor(RayExecutor):
         self.orders[b]["left"] -= len(group.prompt_indices)
         self.trained_groups.setdefault(b, set()).update(group.prompt_indices)
         if self.orders[b]["left"] == 0:
-            # Nothing of it left in flight: a checkpoint need not remember it.
+            # Nothing of it left in flight: a checkpoint remembers its number only (save_checkpoint).
             del self.orders[b]
             self.trained_groups.pop(b, None)
+            self.closed_batches.add(b)
 
     def _rollout_metrics(self, groups: list[FinishedGroup], counters: dict[str, float]) -> dict[str, float]:
         rollout = combine_rollout_metrics([g.data.metrics for g in groups])

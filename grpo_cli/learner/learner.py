@@ -65,7 +65,13 @@ from grpo_cli.models.runtime import (
     seed_everything,
     timed,
 )
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, make_microbatch, model_token_mask
+from grpo_cli.scoring.batch import (
+    RolloutData,
+    concat_rollouts,
+    make_microbatch,
+    missing_behaviour,
+    model_token_mask,
+)
 from grpo_cli.scoring.forward import (
     ScoringSettings,
     log_probs_of_rows,
@@ -284,7 +290,12 @@ class Learner:
             return {**slept, **zero, "train/lr": self.optimizer.param_groups[0]["lr"]}, 0
         self.model.train()
         correction = self.cfg.rollout.importance_correction
-        if correction != "none" and data.sampler_log_probs is None:
+        missing = missing_behaviour(data)
+        if missing is not None and (correction != "none" or self.cfg.sync.strategy == "async"):
+            # Never train uncorrected without a word: the correction (or async's pi_prox / pi_behav) needs every
+            # sampled token's behaviour log-prob.
+            needs = "sync=async" if correction == "none" else f"rollout.importance_correction={correction}"
+            fix = "use an engine that gives them" if correction == "none" else "use rollout.importance_correction=none"
             raise UserFacingError(
                 f"rollout.importance_correction={correction} needs the sampler's log-probs of the sampled tokens, "
                 f"which rollout={self.cfg.rollout.engine} did not return: use rollout.importance_correction=none"

@@ -58,4 +58,5 @@ def loss_settings(cfg: GRPOConfig) -> LossSettings:
         # sync=async recomputes the old log-probs at the learner's version (the proximal policy) while the sampler's
         # are each token's behaviour policy: pi_prox / pi_behav weighs the loss whatever the correction.
         decoupled=cfg.sync.strategy == "async" and cfg.sync.proximal == "recompute",
+        behaviour_weight_cap=cfg.sync.behaviour_weight_cap if cfg.sync.strategy == "async" else None,
     )

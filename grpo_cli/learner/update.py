@@ -27,6 +27,7 @@ LOGGED_STEP_METRICS = (
     "importance_weight_max",
     "importance_truncated_frac",
     "importance_masked_frac",
+    "behaviour_capped_frac",
 )
 
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -55,6 +56,11 @@ if TYPE_CHECKING:
 
 # How long the loop sleeps when it has nothing to do before it looks again (a submit or an offer wakes it earlier).
 IDLE_POLL_S = 0.05
+# The longest one engine call of the loop may take (a decode step of the stream, one call of a whole-batch run, a
+# lockstep batch) before `collect` and `evaluate` stop the run: an engine that never returns must not hang it.
+ENGINE_CALL_TIMEOUT_S = 1800.0
+# The longest `evaluate` waits for its result in all (the running rows to drain, then the evaluation itself).
+EVALUATE_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -137,7 +143,8 @@ class UpdatingEngine:
 
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> RolloutBatch:
         self._generation.between_calls()
-        return self._engine.generate(prompt_ids, settings)
+        with self._generation.engine_call("a whole-batch run's engine call"):
+            return self._engine.generate(prompt_ids, settings)
 
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         return self._engine.sync_weights(version)
@@ -152,12 +159,24 @@ class UpdatingEngine:
 class AsyncGeneration:
     """The generator actor's object (drivers/async_executor.py hosts it): a RolloutWorker and the loop thread."""
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 0) -> None:
+    def __init__(
+        self, cfg: GRPOConfig, threads: int = 0, initial_weights: Callable[[torch.nn.Module], None] | None = None
+    ) -> None:
+        """`initial_weights`: loads the run's initial weights into the policy copy (init_from's: the driver's
+        loader, as rollout/ does not import learner/); the loop samples nothing before the learner's first offer
+        lands anyway (`holds_weights`)."""
         limit_threads(threads)
         self.cfg = cfg
         self.sync = cfg.sync
         self.shape = BatchShape.from_config(cfg)
         self.worker = RolloutWorker(cfg, None, None, threads)
+        if initial_weights is not None:
+            initial_weights(self.worker.model)
+            self.worker.engine.sync_weights(version=0)
+        # False until the learner's first offered weights are applied: before them the copy may hold other weights
+        # than any version it could record (the base model after a resume, or under init_from).
+        self.holds_weights = False
+        self.busy: tuple[str, float] | None = None  # the engine call the loop is in, and since when
         self.cond = threading.Condition()
         self.orders: deque[BatchOrder] = deque()  # submitted, not all of whose groups have started
         self.next_group = 0  # within orders[0]: the next prompt index to start
@@ -227,6 +246,7 @@ class AsyncGeneration:
                 self.cond.wait(left)
             if self.error is not None:
                 raise self.error
+            self._check_engine_call()
             groups, self.finished = self.finished, []
             counters, self.counters = self.counters, GeneratorCounters()
             idle_for = 0.0 if self.idle_since is None else time.perf_counter() - self.idle_since
@@ -238,11 +258,19 @@ class AsyncGeneration:
         """Held-out evaluation by the weights of `version` (the learner's, offered already): the loop runs it
         between two steps of its own, once the running rows allow (a stream that cannot be set aside is drained
         first)."""
+        deadline = time.perf_counter() + EVALUATE_TIMEOUT_S
         with self.cond:
             self.eval_request = (examples, epoch, version)
             self.eval_result = None
             self.cond.notify_all()
             while self.eval_result is None and self.error is None:
+                self._check_engine_call()
+                if time.perf_counter() > deadline:
+                    raise UserFacingError(
+                        f"the held-out evaluation of version {version} did not finish within {EVALUATE_TIMEOUT_S:.0f}s "
+                        "(grpo_cli.rollout.async_generation.EVALUATE_TIMEOUT_S): use fewer eval examples "
+                        "(eval.*) or a smaller rollout.max_tokens"
+                    )
                 self.cond.wait(1.0)
             if self.error is not None:
                 raise self.error
@@ -258,6 +286,34 @@ class AsyncGeneration:
         if close_stream is not None:
             close_stream()
         self.worker.close()
+
+    @contextmanager
+    def engine_call(self, what: str) -> Iterator[None]:
+        """Marks the loop as inside one engine call (`what`), for `_check_engine_call`."""
+        with self.cond:
+            self.busy = (what, time.perf_counter())
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.busy = None
+
+    def _check_engine_call(self) -> None:
+        """Raises when the loop has been inside one engine call for longer than ENGINE_CALL_TIMEOUT_S (the caller
+        holds the lock): a hung engine stops the run in one line instead of hanging it."""
+        if self.busy is not None and time.perf_counter() - self.busy[1] > ENGINE_CALL_TIMEOUT_S:
+            raise UserFacingError(
+                f"the generator's engine has not returned from {self.busy[0]} for "
+                f"{time.perf_counter() - self.busy[1]:.0f}s (grpo_cli.rollout.async_generation.ENGINE_CALL_TIMEOUT_S): "
+                "the engine hangs; check its device and logs, or use sync=one_behind"
+            )
+
+    def _count(self, **amounts: float) -> None:
+        """Add to the counters under the lock `collect` swaps them under (a count never lands in a swapped-out
+        object)."""
+        with self.cond:
+            for name, amount in amounts.items():
+                setattr(self.counters, name, getattr(self.counters, name) + amount)
 
     # --- the loop (its own thread: the only one that touches the model and the engine) ----------------------
     def _loop(self) -> None:
@@ -289,7 +345,7 @@ class AsyncGeneration:
         with self.cond:
             if not self.closed:
                 self.cond.wait(IDLE_POLL_S)
-        setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - started)
+        self._count(**{counter: time.perf_counter() - started})
 
     def _bound_allows(self, batch_number: int) -> bool:
         """Whether a group of batch `batch_number` may start now: it will be trained at version batch_number - 1,
@@ -304,12 +360,13 @@ class AsyncGeneration:
             self.worker.copy_weights(update.tensors)
             self.worker.version = update.version
             if self.stream.running():
-                self.counters.updates_mid_generation += 1
+                self._count(updates_mid_generation=1)
             self.stream.updated(update.version, self.sync.kv_after_update)
         else:
             self.worker.load_weights(update.tensors, update.version)
             self.worker.load_s = 0.0  # counted here, not in the next batch's produce time
-        self.counters.update_s += time.perf_counter() - started
+        self.holds_weights = True
+        self._count(update_s=time.perf_counter() - started)
 
     def _take_update(self, newest_allowed: int | None = None) -> Update | None:
         with self.cond:
@@ -326,7 +383,7 @@ class AsyncGeneration:
         if self.sync.partial_rollouts:
             update = self._take_update()
             if update is not None:
-                self.counters.updates_mid_generation += 1
+                self._count(updates_mid_generation=1)
                 self._apply(update)
 
     def _whole_batch_turn(self) -> None:
@@ -345,7 +402,7 @@ class AsyncGeneration:
         update = self._take_update(exact if self.sync.lockstep else None)
         if update is not None:
             self._apply(update)
-        if self.floor_version is None or not self._bound_allows(order.batch_number):
+        if not self.holds_weights or not self._bound_allows(order.batch_number):
             self._wait("paced_s")
             return
         if self.sync.lockstep and self.worker.version != exact:
@@ -362,7 +419,8 @@ class AsyncGeneration:
         worker, version = self.worker, self.worker.version
         with_old = self.sync.proximal == "behaviour" and not self.sync.partial_rollouts
         if self.sync.lockstep:  # the very produce of the other strategies
-            data = worker.produce(examples, order.batch_number, with_old, 0, order.epoch)
+            with self.engine_call("a lockstep batch"):
+                data = worker.produce(examples, order.batch_number, with_old, 0, order.epoch)
         else:
             cfg = self.cfg
             timings: dict[str, float] = {}
@@ -373,15 +431,20 @@ class AsyncGeneration:
                 samples = worker.run.sample(self.batch_engine, sampling, examples)
             timings["time/generation_s"] = time.perf_counter() - started
             data = worker.scored(samples, timings, started, with_old, order.epoch)
-        if data.token_versions is None:  # one version sampled every token
+        if data.token_versions is None:  # the run recorded no version: exact only if no update landed meanwhile
+            if self.worker.version != version:
+                raise RuntimeError(
+                    f"batch {order.batch_number} was sampled by versions {version} to {self.worker.version}, but its "
+                    "run recorded no version per token: its behaviour policy is unknown"
+                )
             data.token_versions = [[version] * len(ids) for ids in data.completion_ids]
         self._behaviour_as_old(data)
-        self.counters.generation_s += data.metrics.get("time/generation_s", 0.0)
-        self.counters.sampled_tokens += int(data.metrics.get("n_tokens", 0.0))
-        self.counters.scoring_s += data.metrics.get("time/scoring_s", 0.0) + data.metrics.get(
-            "time/old_log_probs_s", 0.0
+        self._count(
+            generation_s=data.metrics.get("time/generation_s", 0.0),
+            sampled_tokens=int(data.metrics.get("n_tokens", 0.0)),
+            scoring_s=data.metrics.get("time/scoring_s", 0.0) + data.metrics.get("time/old_log_probs_s", 0.0),
+            groups=len(indices),
         )
-        self.counters.groups += len(indices)
         g = self.shape.group_size
         for k, index in enumerate(indices):  # one group at a time, as the stream ships them
             self._ship(
@@ -450,9 +513,10 @@ class AsyncGeneration:
             self._wait("paced_s" if paced else "idle_s")
             return
         before = replace(stream.counters)
-        with self.worker.autocast():
+        with self.worker.autocast(), self.engine_call("a decode step"):
             ended = stream.step()
-        self.counters.add_stream(_difference(stream.counters, before))
+        with self.cond:
+            self.counters.add_stream(_difference(stream.counters, before))
         for row in ended:
             self._row_ended(row)
 
@@ -471,8 +535,8 @@ class AsyncGeneration:
                 if index in order.skip:
                     self.next_group += 1
                     continue
-                if not self._bound_allows(order.batch_number):
-                    return True
+                if not self.holds_weights or not self._bound_allows(order.batch_number):
+                    return True  # the first weights, or the bound, hold it back
                 self.next_group += 1
             stream.add(self._group_rows(order, index))
         return False
@@ -535,8 +599,7 @@ class AsyncGeneration:
         with_old = self.sync.proximal == "behaviour" and not self.sync.partial_rollouts
         data = self.worker.scored(samples, {"time/generation_s": 0.0}, started, with_old, group.order.epoch)
         self._behaviour_as_old(data)
-        self.counters.scoring_s += time.perf_counter() - started
-        self.counters.groups += 1
+        self._count(scoring_s=time.perf_counter() - started, groups=1)
         self._ship(FinishedGroup(group.order.batch_number, [group.prompt_index], data))
 
     # evaluation ------------------------------------------------------------------------------------------------
@@ -565,7 +628,7 @@ class AsyncGeneration:
             raise RuntimeError(
                 f"evaluation asked for policy version {version}, the generator holds {self.worker.version}"
             )
-        result = self.worker.evaluate(examples, None, epoch)
+        result = self.worker.evaluate(examples, None, epoch)  # as long as it takes: evaluate's own timeout
         with self.cond:
             self.eval_request = None
             self.eval_result = result

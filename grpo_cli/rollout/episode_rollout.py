@@ -114,7 +114,10 @@ def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | No
     """What the learner scores of finished `episodes` (module docstring), as `Samples`; `ground_truths`: each
     episode's example's (default None)."""
     log_probs = [list(e.sampler_logprobs) for e in episodes]
-    given = all(not math.isnan(lp) for row in log_probs for lp in row)
+    # None only when no turn has them (an engine that gives none); a turn without them keeps its NaN, which the
+    # learner refuses where the correction or sync=async needs them (scoring.batch.missing_behaviour), rather than
+    # the whole batch losing its log-probs and training uncorrected.
+    given = any(not math.isnan(lp) for row in log_probs for lp in row)
     return Samples(
         prompt_ids=[list(e.prompt_ids) for e in episodes],
         completion_ids=[list(e.ids) for e in episodes],
@@ -131,14 +134,18 @@ def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | No
 
 
 def episode_versions(episodes: Sequence[Episode]) -> list[list[int]] | None:
-    """Each episode's token versions (sync=async), None unless every model token's was recorded."""
-    versions = []
-    for episode in episodes:
-        row = [v for v in episode.versions if v is not None]
-        if len(row) != len(episode.versions):
-            return None
-        versions.append(row)
-    return versions
+    """Each episode's token versions (sync=async); None when no token's was recorded (an engine that records none).
+    Raises ValueError when only some turns recorded one: the others' behaviour policy is unknown, and labelling them
+    with another version would mislabel them."""
+    missing = sum(v is None for e in episodes for v in e.versions)
+    if missing == sum(len(e.versions) for e in episodes):
+        return None
+    if missing:
+        raise ValueError(
+            f"{missing} sampled tokens of this batch's episodes carry no policy version while the others do: the "
+            "engine of some turns did not record the version that sampled them"
+        )
+    return [[v for v in e.versions if v is not None] for e in episodes]
 
 
 def episode_train_metrics(episodes: Sequence[Episode], prefix: str = "train") -> dict[str, float]:

@@ -7,6 +7,7 @@ scoring forward that both run over it: forward.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -124,12 +125,33 @@ def select_completions(data: RolloutData, indices: list[int]) -> RolloutData:
 
 
 def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
-    """One RolloutData of several, in order (a per-completion field present in only some parts is dropped, except
-    loss_mask, whose missing rows count). Metrics are the first part's; the version is the oldest."""
+    """One RolloutData of several, in order. A per-completion field present in only some parts is dropped, except
+    loss_mask (whose missing rows count), sampler_log_probs (a part without them gets NaN rows, so that the learner
+    sees the missing behaviour log-probs instead of training uncorrected: missing_behaviour) and token_versions
+    (ValueError: a sample without the versions that sampled it cannot be checked against the bound). Metrics are
+    the first part's; the version is the oldest."""
 
     def joined(name: str) -> list | None:
         values = [getattr(part, name) for part in parts]
         return None if any(v is None for v in values) else [row for v in values for row in v]
+
+    versions = [part.token_versions is not None for part in parts]
+    if any(versions) and not all(versions):
+        raise ValueError(
+            f"{versions.count(False)} of {len(parts)} rollout parts carry no token versions while the others do: "
+            "a sample's behaviour policy would be unknown"
+        )
+    sampler = None
+    if any(part.sampler_log_probs is not None for part in parts):
+        sampler = [
+            row
+            for part in parts
+            for row in (
+                part.sampler_log_probs
+                if part.sampler_log_probs is not None
+                else [torch.full((len(ids),), math.nan) for ids in part.completion_ids]
+            )
+        ]
 
     masks = [p.loss_mask if p.loss_mask is not None else torch.ones(len(p.completion_ids)) for p in parts]
     # A part without token masks is single-turn: every completion token is the model's.
@@ -144,7 +166,7 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
         advantages=torch.cat([part.advantages for part in parts]),
         old_log_probs=joined("old_log_probs"),
         ref_log_probs=joined("ref_log_probs"),
-        sampler_log_probs=joined("sampler_log_probs"),
+        sampler_log_probs=sampler,
         loss_mask=None if all(p.loss_mask is None for p in parts) else torch.cat(masks),
         token_masks=None if all(p.token_masks is None for p in parts) else [m for part in token_masks for m in part],
         transcripts=joined("transcripts"),
@@ -157,3 +179,15 @@ def concat_rollouts(parts: list[RolloutData]) -> RolloutData:
             [p.scored if p.scored is not None else torch.ones(len(p.completion_ids), dtype=torch.bool) for p in parts]
         ),
     )
+
+
+def missing_behaviour(data: RolloutData) -> str | None:
+    """What `data` lacks of the behaviour policy's log-probs at the model's sampled tokens, in a few words (None:
+    nothing): none at all, or NaN where a turn (episode_batch) or a part of the batch (concat_rollouts) had none."""
+    if data.sampler_log_probs is None:
+        return "no sampler (behaviour) log-probs"
+    for i, row in enumerate(data.sampler_log_probs):
+        model = row if data.token_masks is None else row[data.token_masks[i].bool()]
+        if bool(torch.isnan(model).any()):
+            return f"no sampler (behaviour) log-probs for {int(torch.isnan(model).sum())} tokens of completion {i}"
+    return None

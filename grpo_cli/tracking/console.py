@@ -54,6 +54,7 @@ STEP_TIME_ROWS = (
     ("sync/staleness_token_mean", "token lag (versions)", "{:.2f}"),
     ("sync/partial_frac", "samples of several versions", "{:.0%}"),
     ("sync/wasted_row_frac", "decode row-steps on ended rows", "{:.0%}"),
+    ("train/behaviour_capped_frac", "tokens over sync.behaviour_weight_cap", "{:.2%}"),
 )
 
 

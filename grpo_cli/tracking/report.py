@@ -67,13 +67,15 @@ STEP_TIME_KEYS = (
     "time/recompute_s",
 )
 # Per-step means that are not seconds: the share of generator time hidden behind training, the policy lag, and
-# sync=async's token staleness, share of samples of several versions and decode row-steps spent on ended rows.
+# sync=async's token staleness, share of samples of several versions, decode row-steps spent on ended rows and
+# tokens whose off-policy weight sync.behaviour_weight_cap zeroed.
 STEP_RATIO_KEYS = (
     ("time/overlap_frac", "overlap"),
     ("sync/lag", "lag"),
     ("sync/staleness_token_mean", "token lag"),
     ("sync/partial_frac", "partial"),
     ("sync/wasted_row_frac", "wasted rows"),
+    ("train/behaviour_capped_frac", "capped"),
 )
 
 

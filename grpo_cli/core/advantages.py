@@ -19,6 +19,9 @@ _REWARD_KEYS = ("reward", "format_reward", "answer_reward")
 # 2024) | batch_std: group mean, std over the whole batch (TRL's scale_rewards="batch", Hu et al. 2025's
 # REINFORCE++ baseline idea).
 ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("std", "mean", "rloo", "batch_std")
+# The normalizations with a statistic of the whole batch (the others' are each group's own): computed over the batch
+# the update trains on, every rank's rows (rollout/batch_statistics.py), never over a piece of it.
+BATCH_LEVEL_NORMALIZATIONS: tuple[str, ...] = ("batch_std",)
 
 
 def _check_group_size(batch_size: int, group_size: int, normalize_by_std: bool) -> None:

@@ -113,6 +113,24 @@ def all_gather_objects(value: T) -> list[T]:
     return gathered  # type: ignore[return-value]
 
 
+def all_gather_tensors(values: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's 1-D `values` (lengths may differ), in rank order, as float32 on `values`' device; [values]
+    outside a process group. Two all_gathers: the lengths, then the values padded to the longest (on the device
+    the backend communicates on: CUDA under NCCL, the CPU under gloo)."""
+    values = values.detach().reshape(-1).float()
+    if not world().distributed:
+        return [values]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world().size)]
+    dist.all_gather(lengths, torch.tensor([values.numel()], dtype=torch.int64, device=device))
+    counts = [int(n.item()) for n in lengths]
+    padded = torch.zeros(max(counts), dtype=torch.float32, device=device)
+    padded[: values.numel()] = values.to(device)
+    gathered = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(gathered, padded)
+    return [row[:n].to(values.device) for row, n in zip(gathered, counts, strict=True)]
+
+
 def wait_for_ranks() -> float:
     """Seconds this rank waits for the slowest one at a barrier (0 outside a process group): its idle time before
     a synchronizing step."""

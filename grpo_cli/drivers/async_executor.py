@@ -37,6 +37,7 @@ from grpo_cli.drivers.versions import staleness_check
 from grpo_cli.learner.checkpoint import init_from_checkpoint, load_weights
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup, join_groups
+from grpo_cli.rollout.batch_statistics import trained_batch_advantages
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
@@ -216,6 +217,8 @@ class AsyncExecutor(RayExecutor):
         for group in groups:
             self._mark_trained(group)
         batch = join_groups(groups)
+        norm = self.cfg.normalization  # batch_std's scale: the trained batch's, not each group's (issue 57)
+        batch.advantages = trained_batch_advantages(batch, self.shape.group_size, norm.advantage, norm.advantage_eps)
         if batch.token_versions is None:  # the generators always record them: a bug, never an unchecked step
             raise RuntimeError(f"step {step}'s batch carries no token versions: its lag cannot be checked")
         staleness = staleness_check(self.version, batch.token_versions, sync.max_staleness)
@@ -279,7 +282,7 @@ class AsyncExecutor(RayExecutor):
             self.closed_batches.add(b)
 
     def _rollout_metrics(self, groups: list[FinishedGroup], counters: dict[str, float]) -> dict[str, float]:
-        rollout = combine_rollout_metrics([g.data.metrics for g in groups])
+        rollout = combine_rollout_metrics([g.data for g in groups])  # as the one batch's: reward_std over all
         # The generators' own time (groups overlap one another: theirs is not a sum of the groups').
         rollout["time/generation_s"] = counters.get("generation_s", 0.0)
         rollout["time/produce_s"] = sum(counters.get(k, 0.0) for k in ("generation_s", "scoring_s", "update_s"))

@@ -14,18 +14,21 @@ than a full batch only when the rounds ran out), and says so in its metrics:
     train/reward           the mean reward of the batch the update trains on (train/reward_std its spread)
     train/reward_all_sampled  the mean over every completion sampled this step, dropped groups included
 
-Advantages are recomputed over the assembled batch (only batch_std depends on more than the group itself).
+Advantages are recomputed over the assembled batch, every rank's share of it (rollout/batch_statistics.py: only
+batch_std depends on more than the group itself).
 Pure bookkeeping on RolloutData: the executors (drivers/local.py, drivers/ray_executor.py) do the sampling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.core import compute_advantages
+from grpo_cli.rollout.batch_statistics import kept_rewards, trained_batch_advantages
 from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
+from grpo_cli.tasks import REWARD_KEYS
 
 # Extra round r of step k samples with batch number k + r * EXTRA_ROUND_OFFSET: a sampling seed no regular step
 # (1..train.steps) and no other extra round of the run uses.
@@ -48,16 +51,39 @@ def groups_with_signal(raw_rewards: torch.Tensor, group_size: int, scored: torch
     return [int(g) for g in torch.nonzero((kept.sum(dim=1) >= 2) & (highest > lowest)).flatten()]
 
 
-def combine_rollout_metrics(batches: list[dict[str, float]]) -> dict[str, float]:
-    """The rollout metrics of several batches as one step's: times and token counts add up, statistics (rewards,
-    lengths, rates) are averaged."""
-    if not batches:
+# Rollout metrics that are means over the rows with a reward (a skipped episode has none: rollout/scoring.py's
+# Scores.mean); every other mean is over all rows (or groups, episodes: the same weights, groups being whole).
+_MEANS_OVER_SCORED = tuple(f"train/{key}" for key in (*REWARD_KEYS, "unparseable_rate"))
+
+
+def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
+    """The rollout metrics of several scored pieces (a step's dynamic-sampling rounds, sync=async's groups, the
+    batches a replay step received) as those of their concatenation, one batch: times, token and error counts add
+    up, *_max / *_min are the largest / smallest, means are weighted by the rows they are over, and
+    train/reward_std is the std of every piece's rewards together (not a mean of the pieces' spreads). A mean a
+    reward function logs (log_metric) or a reward component only some rows have is weighted by rows too: exact
+    where each row logs one value."""
+    if not parts:
         return {}
+    rows = [float(len(p.raw_rewards)) for p in parts]
+    with_reward = [float(len(kept_rewards(p))) for p in parts]
     combined = {}
-    for key in batches[0]:
-        values = [b[key] for b in batches if key in b]
-        additive = key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts"))
-        combined[key] = sum(values) if additive else sum(values) / len(values)
+    for key in parts[0].metrics:
+        present = [(p.metrics[key], n, m) for p, n, m in zip(parts, rows, with_reward, strict=True) if key in p.metrics]
+        values = [value for value, _, _ in present]
+        if key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts")):
+            combined[key] = sum(values)
+        elif key.endswith("_max"):
+            combined[key] = max(values)
+        elif key.endswith("_min"):
+            combined[key] = min(values)
+        else:
+            weights = [m if key in _MEANS_OVER_SCORED else n for _, n, m in present]
+            total = sum(weights)
+            combined[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total if total else 0.0
+    if "train/reward_std" in combined:
+        rewards = torch.cat([kept_rewards(p) for p in parts])
+        combined["train/reward_std"] = rewards.std().item() if len(rewards) > 1 else 0.0
     return combined
 
 
@@ -111,14 +137,11 @@ class SignalBatch:
             data = self.rounds[0]
         else:
             data = select_completions(concat_rollouts(self.kept), list(range(groups * self.group_size)))
-            data.advantages = compute_advantages(
-                data.raw_rewards, self.group_size, self.advantage, self.advantage_eps, keep=data.scored
-            )
+        # On either branch (under data parallelism every rank takes the same one: `groups` is the ranks' minimum),
+        # so the ranks' collective under batch_std pairs up.
+        data.advantages = trained_batch_advantages(data, self.group_size, self.advantage, self.advantage_eps)
         data.metrics = {
-            **trained_reward_metrics(
-                combine_rollout_metrics([r.metrics for r in self.rounds]),
-                data.raw_rewards if data.scored is None else data.raw_rewards[data.scored],
-            ),
+            **trained_reward_metrics(combine_rollout_metrics(self.rounds), kept_rewards(data)),
             "train/groups_dropped": float(self.dropped),
             "train/extra_rounds": float(len(self.rounds) - 1),
             "train/groups_trained": float(groups),

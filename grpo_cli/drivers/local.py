@@ -13,6 +13,7 @@ from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.versions import lag
 from grpo_cli.learner.learner import Learner
+from grpo_cli.rollout.batch_statistics import kept_rewards, trained_batch_advantages
 from grpo_cli.rollout.worker import RolloutWorker
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
@@ -67,7 +68,13 @@ class InProcessExecutor:
         step_start = time.perf_counter()
         data = self.produce_share(batch_number=step)
         if self.cfg.train.dynamic_sampling:
-            data = self.fill_with_signal(data, step)
+            data = self.fill_with_signal(data, step)  # its batch's advantages are the trained batch's already
+        else:
+            # Each rank scored its share: batch_std's scale is the whole batch's, every rank's rows.
+            norm = self.cfg.normalization
+            data.advantages = trained_batch_advantages(
+                data, self.learner.shape.group_size, norm.advantage, norm.advantage_eps
+            )
         # The learner sat idle for all of it: waiting == the producer's time, overlap 0.
         waiting_s = time.perf_counter() - step_start
         self.last_transcripts = data.transcripts or []
@@ -81,7 +88,7 @@ class InProcessExecutor:
         # Generation and training take turns on the same weights: every batch is trained on at lag 0.
         versions = {"sync/policy_version": data.policy_version, "sync/lag": lag(step - 1, data.policy_version)}
         metrics = step_metrics(data.metrics, learned, timing, {**sync, **versions})
-        return finish_step_metrics(metrics, data.raw_rewards), nonfinite_streak
+        return finish_step_metrics(metrics, kept_rewards(data)), nonfinite_streak
 
     def produce_share(self, batch_number: int) -> RolloutData:
         """The next prompts of the step, this rank's share of them, generated and scored."""

@@ -409,7 +409,7 @@ class RayExecutor:
             "sync/dropped_full": self.buffer.dropped_full,
         }
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
-        rollout = combine_rollout_metrics([d.metrics for d in arrived])
+        rollout = combine_rollout_metrics(arrived)  # as one batch of every batch that arrived
         self.last_transcripts = [t for d in arrived for t in d.transcripts or []]
         if self.cfg.train.dynamic_sampling:
             rollout = trained_reward_metrics(rollout, batch.raw_rewards)

@@ -640,5 +640,5 @@ def _difference(after: StreamCounters, before: StreamCounters) -> StreamCounters
 
 
 def join_groups(groups: Sequence[FinishedGroup]) -> RolloutData:
-    """One training batch of finished groups, in the given order (their advantages are each group's own)."""
+    """One training batch of finished groups, in order (batch_std's scale is set by rollout/batch_statistics)."""
     return concat_rollouts([g.data for g in groups])

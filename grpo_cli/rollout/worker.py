@@ -150,6 +150,8 @@ class RolloutWorker:
             scores = self.run.score(samples, self.trainer_state(epoch))
             raw_rewards = torch.tensor([r["reward"] for r in scores.rewards], dtype=torch.float32)
             # An episode skipped under task.on_reward_error=skip has no reward: out of its group's statistics.
+            # batch_std's scale here is these rows'; where they are a piece of the trained batch (a rank's share,
+            # an async group) the executor takes it again over the whole (rollout/batch_statistics.py).
             scored = torch.ones(len(raw_rewards), dtype=torch.bool)
             scored[scores.skipped] = False
             advantages = compute_advantages(

@@ -119,10 +119,13 @@ def test_replay_trajectories_keep_an_episodes_tool_and_environment_tokens_out_of
 def test_rollout_metrics_of_several_batches_add_times_and_average_statistics():
     from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 
-    combined = combine_rollout_metrics(
-        [{"train/reward": 1.0, "time/generation_s": 2.0}, {"train/reward": 0.0, "time/generation_s": 3.0}]
-    )
-    assert combined == {"train/reward": 0.5, "time/generation_s": 5.0}
+    parts = [RolloutData([[1]] * 2, [[2]] * 2, torch.tensor(r), torch.zeros(2)) for r in ([1.0, 1.0], [0.0, 0.0])]
+    parts[0].metrics = {"train/reward": 1.0, "train/reward_std": 0.0, "time/generation_s": 2.0}
+    parts[1].metrics = {"train/reward": 0.0, "train/reward_std": 0.0, "time/generation_s": 3.0}
+    combined = combine_rollout_metrics(parts)
+    # reward_std: the spread of the four rewards together, not the mean of the two batches' (0).
+    std = torch.tensor([1.0, 1.0, 0.0, 0.0]).std().item()
+    assert combined == {"train/reward": 0.5, "train/reward_std": std, "time/generation_s": 5.0}
     assert combine_rollout_metrics([]) == {}
 
 

@@ -53,8 +53,8 @@ def _scrub_values(value: Any) -> Any:
 
 def base_description(name_or_path: str, init_seed: int) -> tuple[str | None, str]:
     """(the base's hub id for the card's metadata, one truthful sentence about the base)."""
+    from grpo_cli.export.folder import is_hub_name
     from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
-    from grpo_cli.models.sources import resolve_source
 
     if name_or_path == EMBEDDED_SMOLLM2:
         return EMBEDDED_BASE_HUB_ID, (
@@ -68,8 +68,7 @@ def base_description(name_or_path: str, init_seed: int) -> tuple[str | None, str
             f"a randomly initialised 2-layer, 64-wide Llama over SmolLM2's vocabulary (`model=tiny_random`, "
             f"model.init_seed={init_seed}): a test model, not a language model."
         )
-    source = resolve_source(name_or_path)
-    if source.is_hub_id and source.gguf_file is None:
+    if is_hub_name(name_or_path):
         return name_or_path, f"[{name_or_path}](https://huggingface.co/{name_or_path})."
     return None, f"a local model, `{Path(name_or_path).name}` (a folder or GGUF file on the training machine)."
 

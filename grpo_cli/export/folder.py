@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from grpo_cli.config.schemas import ModelConfig
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 # The files that mark a folder as an exported model (one a previous export wrote, safe to replace).
 MODEL_MARKERS = ("config.json", "adapter_config.json")
 
@@ -43,21 +45,30 @@ class Layout:
     note: str | None = None
 
 
+def is_hub_name(name_or_path: str) -> bool:
+    """Whether `model.name_or_path` is a hub id (org/name), by its form alone: nothing here touches the network (a
+    built-in model, an existing path or a GGUF file is not one)."""
+    from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
+
+    if name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM) or Path(name_or_path).expanduser().exists():
+        return False
+    return _HUB_ID.fullmatch(name_or_path) is not None
+
+
 def base_dtype(model_cfg: ModelConfig) -> torch.dtype:
     """The dtype the base model is published in: its config's `dtype` (`torch_dtype` before transformers 4.56).
     float32 for the embedded default (dequantized from its GGUF into float32), model=tiny_random, a GGUF file, and a
-    config that names none."""
+    config that names none or cannot be read."""
     from transformers import AutoConfig
 
-    from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
-    from grpo_cli.models.sources import resolve_source
-
-    if model_cfg.name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
+    name = model_cfg.name_or_path
+    local = Path(name).expanduser()
+    if not is_hub_name(name) and not (local.is_dir() and (local / "config.json").is_file()):
+        return torch.float32  # built-in, a GGUF file or a folder holding one: dequantized to float32
+    try:
+        config = AutoConfig.from_pretrained(str(local) if local.is_dir() else name)  # the run loaded it: cached
+    except (OSError, ValueError):
         return torch.float32
-    source = resolve_source(model_cfg.name_or_path)
-    if source.gguf_file is not None:
-        return torch.float32
-    config = AutoConfig.from_pretrained(source.location)  # the run loaded it: local, or in the hub cache
     named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(named, str):
         named = getattr(torch, named, None)
@@ -72,13 +83,7 @@ def export_dtype(choice: str, model_cfg: ModelConfig) -> torch.dtype:
 
 def hub_base(model_cfg: ModelConfig) -> str | None:
     """The base's hub id when it has one (what an unmerged adapter can name so that it loads elsewhere)."""
-    from grpo_cli.models import EMBEDDED_SMOLLM2, TINY_RANDOM
-    from grpo_cli.models.sources import resolve_source
-
-    if model_cfg.name_or_path in (EMBEDDED_SMOLLM2, TINY_RANDOM):
-        return None
-    source = resolve_source(model_cfg.name_or_path)
-    return model_cfg.name_or_path if source.is_hub_id and source.gguf_file is None else None
+    return model_cfg.name_or_path if is_hub_name(model_cfg.name_or_path) else None
 
 
 def layout_for(model_cfg: ModelConfig, merge_lora: bool) -> Layout:

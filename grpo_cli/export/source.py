@@ -70,28 +70,28 @@ def find_checkpoint(run: str | Path, step: int | None = None, key: str = "export
         )
     checkpoints = list_checkpoints(run_dir)
     complete = [path for path in checkpoints if verify_checkpoint(path) is None]
-    if not complete:
-        found = f" ({len(checkpoints)} incomplete: {checkpoints[-1].name})" if checkpoints else ""
+    steps = ", ".join(str(_step_of(path)) for path in complete) or "none complete"
+    if step is not None:
+        named = [path for path in checkpoints if _step_of(path) == step]
+        if not named:
+            raise UserFacingError(f"export.step={step}: {run} has no checkpoint of step {step}: its steps are {steps}")
+        problem = verify_checkpoint(named[0])
+        if problem is not None:
+            raise UserFacingError(
+                f"export.step={step}: checkpoint {named[0]} is damaged ({problem}): export another step ({steps}) "
+                "or drop export.step for the newest complete one"
+            )
+        chosen = named[0]
+    elif complete:
+        chosen = complete[-1]
+    else:
+        found = f" ({len(checkpoints)} incomplete, the newest {checkpoints[-1].name})" if checkpoints else ""
         raise UserFacingError(
             f"{key}={run} has no complete checkpoint{found}: the run stopped before its first one; continue it "
             f"with grpo-run resume={run} (a checkpoint is written at the end and every train.checkpoint_every steps)"
         )
-    if step is None:
-        chosen = complete[-1]
-    else:
-        named = [path for path in checkpoints if _step_of(path) == step]
-        if not named:
-            steps = ", ".join(str(_step_of(path)) for path in complete)
-            raise UserFacingError(f"export.step={step}: {run} has no checkpoint of step {step}: its steps are {steps}")
-        chosen = named[0]
-        problem = verify_checkpoint(chosen)
-        if problem is not None:
-            raise UserFacingError(
-                f"export.step={step}: checkpoint {chosen} is damaged ({problem}): export another step "
-                f"({', '.join(str(_step_of(path)) for path in complete)}) or drop export.step for the newest"
-            )
     config = load_saved_config(run_dir / "config.yaml")
-    return RunCheckpoint(run_dir, chosen, _step_of(chosen), chosen == complete[-1], config)
+    return RunCheckpoint(run_dir, chosen, _step_of(chosen), bool(complete) and chosen == complete[-1], config)
 
 
 def export_device(model_cfg: ModelConfig) -> torch.device:

@@ -19,6 +19,7 @@ import hydra
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, HydraException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -163,6 +164,20 @@ def task(dict_cfg: DictConfig) -> float | None:
         log = write_traceback(e, job_log_file() or Path(hydra_cfg.runtime.output_dir) / "grpo-run.log")
         _stop(internal_error_line(e, log), str(e), EXIT_INTERNAL_ERROR, multirun)
     return run_objective(cfg.job.objective, output_dir, summary)
+
+
+def sweep_end_line(sweep_dir: str, app: str = "grpo-run", failed: bool = False) -> str:
+    """The line a multirun ends with: where its runs are, and the command that compares them."""
+    which = "the completed runs" if failed else "its runs"
+    return f"{app}: sweep directory {sweep_dir}: compare {which} with {app} job=report report.runs={sweep_dir}"
+
+
+class SweepEndLine(Callback):
+    """Hydra's end-of-multirun hook (conf/config.yaml hydra.callbacks): prints sweep_end_line once the sweeper has
+    run every job (a sweep with failed jobs ends with the launcher's summary, which prints it before)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        print(sweep_end_line(str(config.hydra.sweep.dir), str(config.hydra.help.app_name)), flush=True)
 
 
 def stop_line(stopped: RunStopped) -> str:

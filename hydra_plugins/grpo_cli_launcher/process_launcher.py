@@ -152,6 +152,13 @@ class ProcessLauncher(Launcher):
                 parts.append(f"not started: {', '.join(not_started)}")
             print(f"{app}: sweep stopped by {name}: {'; '.join(parts)}", file=sys.stderr)
             sys.exit(128 + self._stop_signal)
+        if failed and len(failed) < len(jobs):
+            # The sweep ends with the failure line (no end-of-multirun hook runs): where the completed runs are first.
+            print(
+                f"{app}: sweep directory {sweep_dir}: compare the completed runs with {app} job=report "
+                f"report.runs={sweep_dir}",
+                flush=True,
+            )
         if failed:
             summary = SweepJobsFailed(
                 f"{app}: {len(failed)} of {len(jobs)} sweep jobs failed, the others completed: "

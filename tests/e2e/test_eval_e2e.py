@@ -160,3 +160,21 @@ def test_eval_of_a_trained_run_gives_the_trained_weights_outputs(tmp_path: Path)
     assert result.returncode == 0, result.stderr[-3000:]
     text = (report / "report.md").read_text()
     assert "final eval reward" in text and "| run " in text and "| eval " in text
+
+
+@pytest.mark.slow
+def test_a_sweep_ends_naming_its_directory_and_the_report_command(tmp_path: Path) -> None:
+    # job=check_reward: a multirun of seconds (no model). Every job completed: Hydra's end-of-multirun hook.
+    sweep = tmp_path / "multirun"
+    result = run_grpo(["-m", "job=check_reward", "task=keyword,regex_sum", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"grpo-run: sweep directory {sweep}: compare its runs with grpo-run job=report report.runs={sweep}"
+    )
+    # A failed job: the launcher names the directory of the completed runs before its failure line.
+    sweep = tmp_path / "failed"
+    result = run_grpo(["-m", "job=check_reward", "rollout.max_tokens=8,0", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"grpo-run: sweep directory {sweep}: compare the completed runs with grpo-run job=report report.runs={sweep}"
+    )

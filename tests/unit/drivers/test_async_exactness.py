@@ -209,31 +209,31 @@ def test_a_drop_mode_resume_after_a_batch_closed_behind_an_open_one_trains_each_
 # --- 8: the counters under their lock, a hung engine, the evaluation's wait ----------------------------------------
 
 
-def test_counts_from_the_loop_thread_are_never_lost_to_a_collect_swapping_the_counters():
-    import sys
-
+def test_the_loop_counts_under_the_lock_that_collect_swaps_the_counters_under():
+    """A count taken while `collect` holds the lock waits for it, so it lands in the counters collect hands out
+    next, never in the object it just swapped out (a lost count)."""
     cfg = compose_config([*ASYNC, "rollout.max_tokens=4"])
     generation = AsyncGeneration(cfg)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible: an unlocked += loses counts here
     try:
-        n = 20000
+        generation.collect(0.0)
+        counted = threading.Event()
 
         def count() -> None:
-            for _ in range(n):
-                generation._count(groups=1)
+            generation._count(groups=1, scoring_s=0.5)
+            counted.set()
 
-        counter = threading.Thread(target=count)
-        counter.start()
-        total = 0.0
-        while counter.is_alive():
-            total += generation.collect(0.0)[1]["groups"]
-        counter.join()
-        total += generation.collect(0.0)[1]["groups"]
+        with generation.cond:  # as collect holds it while it swaps
+            swapped_out = generation.counters
+            thread = threading.Thread(target=count)
+            thread.start()
+            assert not counted.wait(0.3)  # the count waits for the lock
+            generation.counters = type(swapped_out)()
+        thread.join(5)
+        assert counted.is_set() and swapped_out.groups == 0
+        counters = generation.collect(0.0)[1]
+        assert counters["groups"] == 1 and counters["scoring_s"] == 0.5
     finally:
-        sys.setswitchinterval(interval)
         generation.close()
-    assert total == n
 
 
 def test_an_engine_step_that_never_returns_stops_the_run_in_one_line(monkeypatch):

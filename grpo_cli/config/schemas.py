@@ -254,6 +254,11 @@ class TrainConfig:
     max_nonfinite_steps: int = positive(
         3, help="Skip an update whose loss or gradients are not finite; stop the run after this many in a row."
     )
+    max_empty_steps: int = positive(
+        5,
+        help="Stop the run after this many steps in a row with nothing to train: no token in the loss (every episode "
+        "skipped under task.on_reward_error=skip, or left out of the loss), so no optimizer step (train/empty_steps).",
+    )
     mask_truncated: bool = flag(
         False,
         help="Leave completions cut at rollout.max_tokens out of the loss (DAPO's overlong filtering, TRL's "

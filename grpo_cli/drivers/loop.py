@@ -38,6 +38,7 @@ from grpo_cli.errors import (
     UserFacingError,
     exit_code_for_signal,
 )
+from grpo_cli.learner.update import empty_step_note, update_was_empty
 from grpo_cli.models.runtime import timed
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning
@@ -95,6 +96,7 @@ class TrainingLoop:
         }
         self.sampler = PromptSampler(self.train_examples, seed=cfg.seed)
         self.nonfinite_streak = 0  # as the learner counts it, after the last step
+        self.empty_streak = 0  # steps in a row whose update had nothing to train (train.max_empty_steps)
         self.stop_signal: str | None = None
         self.warned_truncation = False
         self.last_saved_step = -1  # the newest checkpoint this process wrote
@@ -190,6 +192,9 @@ class TrainingLoop:
                     if self.executor.last_transcripts:  # a multi-turn task: episodes/step_<step>.jsonl, W&B table
                         self.metrics_sink.log_episodes(self.executor.last_transcripts, step)
                     progress.print(f"{format_step_line(step, metrics)}  {clock.eta_text(step)}".rstrip())
+                    if note := empty_step_note(step, metrics):  # a step with nothing to train: said, each time
+                        progress.print(note)
+                    self.empty_streak = self.empty_streak + 1 if update_was_empty(metrics) else 0
                     if not zero_loss_said and (note := zero_loss_note(cfg, shape, metrics)):
                         zero_loss_said = True
                         progress.print(note)
@@ -281,7 +286,8 @@ class TrainingLoop:
         # collective would wait forever for a rank that left.
         if parallel.any_rank(self.stop_signal is not None) and self.stop_signal is None:
             self.stop_signal = "SIGTERM"
-        stopping = self.stop_signal is not None or self.nonfinite_streak >= limit
+        empty_limit = self.cfg.train.max_empty_steps
+        stopping = self.stop_signal is not None or self.nonfinite_streak >= limit or self.empty_streak >= empty_limit
         if stopping or self._checkpoint_due(step):
             path = self.executor.save_checkpoint(step)
             self.last_saved_step = step
@@ -290,6 +296,15 @@ class TrainingLoop:
                 f"stopped by {self.stop_signal} after step {step}; checkpoint {path}; "
                 f"continue with: grpo-run resume={self.output_dir}",
                 exit_code=exit_code_for_signal(self.stop_signal),
+            )
+        if self.empty_streak >= empty_limit:
+            raise RunStopped(
+                f"nothing to train in {empty_limit} consecutive steps (last: step {step}; train.max_empty_steps): "
+                "every episode was skipped (task.on_reward_error=skip) or left out of the loss, so the weights have "
+                "not changed since; fix what fails (the agent, environment or reward; or raise rollout.max_tokens "
+                f"where train.mask_truncated leaves every completion out), then continue with: grpo-run "
+                f"resume={self.output_dir}",
+                exit_code=EXIT_USER_ERROR,
             )
         if self.nonfinite_streak >= limit:
             raise RunStopped(

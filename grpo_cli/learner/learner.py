@@ -49,7 +49,9 @@ from grpo_cli.learner.checkpoint import (
 )
 from grpo_cli.learner.settings import loss_settings
 from grpo_cli.learner.update import (
+    EMPTY_STEPS,
     PaddingTotals,
+    nothing_to_train,
     optimizer_step_totals,
     record_microbatch,
     record_value,
@@ -74,12 +76,12 @@ from grpo_cli.scoring.batch import (
 )
 from grpo_cli.scoring.forward import (
     ScoringSettings,
+    dummy_microbatch,
     log_probs_of_rows,
     per_completion_rows,
     score_microbatch,
     scoring_microbatches,
     shares_in_forward,
-    shortest_row,
     tokens_through_model,
 )
 from grpo_cli.scoring.microbatches import (
@@ -409,6 +411,7 @@ class Learner:
         totals: dict[str, list[float]] = {}
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients
+        empty = 0  # optimizer steps with nothing to train (update.nothing_to_train): not taken
         computed_tokens = 0
         rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
         step_loss = self.loss.at_step(step)  # this step's KL coefficient (kl.beta_schedule)
@@ -424,7 +427,14 @@ class Learner:
                 if shape.optimizer_steps_per_rollout_batch > 1:
                     rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
                 for batch_start in range(0, n, step_rows):
-                    mine, microbatches = self._step_microbatches(counts, order[batch_start : batch_start + step_rows])
+                    rows = order[batch_start : batch_start + step_rows]
+                    if nothing_to_train(data, rows, rejected):  # the empty-step rule: no optimizer step at all
+                        empty += 1
+                        continue
+                    mine, microbatches = self._step_microbatches(counts, rows)
+                    # A row without a completion token (a skipped episode that never reached the model) has no
+                    # score, loss or entropy: it is not forwarded (a microbatch left without rows is a dummy).
+                    microbatches = self._without_empty_rows(data, microbatches)
                     computed_tokens += sum(
                         tokens_through_model(data, indices, self.scoring.share_prompts, self.scoring.pack_sequences)
                         for indices in microbatches
@@ -437,8 +447,9 @@ class Learner:
         metrics = step_means(totals)
         if self.loss.kl_penalty:
             metrics["train/kl_beta"] = step_loss.kl_beta
-        metrics["train/optimizer_steps"] = len(totals["train/loss"]) - skipped
+        metrics["train/optimizer_steps"] = len(totals.get("train/loss", [])) - skipped
         metrics["train/nonfinite_skipped"] = skipped
+        metrics[EMPTY_STEPS] = empty
         metrics["time/optimizer_s"] = timings["time/optimizer_s"]
         metrics["time/forward_backward_s"] = timings["time/update_s"] - timings["time/optimizer_s"]
         # Tokens the model actually ran forward+backward on (all epochs; a shared prompt counts once per
@@ -447,6 +458,12 @@ class Learner:
         metrics["throughput/response_tokens"] = response_tokens
         metrics.update(perf.metrics())
         return metrics
+
+    def _without_empty_rows(self, data: RolloutData, microbatches: list[list[int]]) -> list[list[int]]:
+        """`microbatches` without the rows that have no completion token; one left empty stays as a dummy under
+        data parallelism (every rank makes as many collective calls) and goes in one process."""
+        kept = [[i for i in indices if data.completion_ids[i]] for indices in microbatches]
+        return kept if self.world.distributed else [indices for indices in kept if indices]
 
     def _step_microbatches(self, counts: TokenCounts, rows: list[int]) -> tuple[list[int], list[list[int]]]:
         """One optimizer step's `rows`: (this rank's rows, its microbatches). Fixed runs of microbatch_size rows, or
@@ -490,7 +507,11 @@ class Learner:
         step_positions = 0
         for position, indices in enumerate(microbatches):
             dummy = not indices
-            mb = make_microbatch(data, indices or [shortest_row(data)], self.pad_token_id, self.device)
+            mb = (
+                make_microbatch(data, indices, self.pad_token_id, self.device)
+                if indices
+                else dummy_microbatch(data, self.pad_token_id, self.device)
+            )
             if not dummy:
                 processed, real = self._positions(data, counts, indices)
                 step_positions += processed

@@ -184,9 +184,21 @@ def score_microbatch(
     )
 
 
-def shortest_row(data: RolloutData) -> int:
-    """The completion whose forward is cheapest: what a dummy microbatch runs."""
-    return min(range(len(data.completion_ids)), key=lambda i: len(data.prompt_ids[i]) + len(data.completion_ids[i]))
+def shortest_row(data: RolloutData) -> int | None:
+    """The completion with a token whose forward is cheapest: what a dummy microbatch runs; None when no
+    completion has a token (every episode skipped before it reached the model)."""
+    rows = [i for i in range(len(data.completion_ids)) if data.completion_ids[i]]
+    return min(rows, key=lambda i: len(data.prompt_ids[i]) + len(data.completion_ids[i]), default=None)
+
+
+def dummy_microbatch(data: RolloutData, pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A dummy microbatch (scored, its values dropped: every rank makes as many collective calls): the cheapest
+    row of `data`, or without a row that has a completion token one of a padding prompt and completion token."""
+    row = shortest_row(data)
+    if row is not None:
+        return make_microbatch(data, [row], pad_token_id, device)
+    zero = torch.zeros(1)
+    return make_microbatch(RolloutData([[pad_token_id]], [[pad_token_id]], zero, zero), [0], pad_token_id, device)
 
 
 def per_completion_rows(
@@ -206,8 +218,16 @@ def per_completion_rows(
     was_training = model.training
     model.eval()
     try:
-        for indices in microbatches:
-            batch = make_microbatch(data, indices or [shortest_row(data)], pad_token_id, device)
+        for listed in microbatches:
+            # A row without a completion token has no value to score (a skipped episode that never reached the
+            # model): an empty one of its own, and not in the forward.
+            result.update({row: torch.zeros(0) for row in listed if not data.completion_ids[row]})
+            indices = [row for row in listed if data.completion_ids[row]]
+            # A microbatch left without rows runs a dummy (as an empty one does): as many calls as before.
+            if indices:
+                batch = make_microbatch(data, indices, pad_token_id, device)
+            else:
+                batch = dummy_microbatch(data, pad_token_id, device)
             mask = batch["response_mask"].bool()
             values = score(batch)
             for row, values_row, row_mask in zip(indices, values, mask, strict=False):

@@ -1,0 +1,49 @@
+"""The edges of a run through grpo-run (issue 58): a run whose every episode is skipped says so at each step, takes
+no optimizer step, and stops in one line after train.max_empty_steps such steps (it ended in an IndexError in
+core/prompt_sharing.distinct_prompts before)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_grpo
+
+# An agent that fails before it calls the model: under task.on_reward_error=skip each of its episodes is skipped.
+FAILING_AGENT = "def solve(row, prompt, base_url, api_key):\n    raise RuntimeError('the agent always fails')\n"
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_episode_is_skipped_says_it_and_stops_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(FAILING_AGENT)
+    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"} for _ in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    args = [
+        "debug=smoke",
+        "task=custom",
+        "task.train_path=train.jsonl",
+        "task.eval_path=train.jsonl",
+        "task.agent=my_agent.py:solve",
+        "task.on_reward_error=skip",
+        "rollout.max_tokens=8",
+        "train.steps=4",
+        "train.eval_every=0",
+        "train.max_empty_steps=2",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    # Each empty step said in one line, then the stop in one line naming the key.
+    notes = [line for line in result.stdout.splitlines() if "nothing to train in its update" in line]
+    assert [note.split(":")[0] for note in notes] == ["step 1", "step 2"], result.stdout[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("grpo-run: error:")]
+    assert len(errors) == 1 and "nothing to train in 2 consecutive steps" in errors[0], result.stderr[-2000:]
+    assert "train.max_empty_steps" in errors[0] and f"resume={run_dir}" in errors[0]
+    steps = [row for row in read_metrics(run_dir / "metrics.jsonl") if "train/empty_steps" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert all(row["train/empty_steps"] == 1 and row["train/optimizer_steps"] == 0 for row in steps)
+    assert all(row["train/skipped_episodes"] == 1.0 for row in steps)

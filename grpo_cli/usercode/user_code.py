@@ -306,6 +306,8 @@ def _instantiated(key: str, frozen_spec: Any, base_dir: str) -> Callable[..., An
         TARGET_KEY: load_callable(f"{key}.{TARGET_KEY}", _as_reference(target), Path(base_dir), shown=target),
     }
     spec.setdefault("_convert_", "all")  # plain lists and dicts reach the factory, not OmegaConf containers
+    if spec.get("_partial_") is True:  # Hydra binds nothing yet: an argument the target does not take is said now
+        _check_partial_arguments(shown, target, spec)
     try:
         made = instantiate(spec)
     except InstantiationException as e:
@@ -320,6 +322,29 @@ def _instantiated(key: str, frozen_spec: Any, base_dir: str) -> Callable[..., An
             "the function (the reward or the tool), a class with __call__, or a function with _partial_: true"
         )
     return made
+
+
+def _check_partial_arguments(shown: str, target: str, spec: dict[str, Any]) -> None:
+    """A `_partial_: true` node's arguments against its target's signature (UserCodeError naming the argument the
+    target does not take): Hydra binds them only when the reward is called, where the error names neither the
+    key nor the argument ("partial object ... has incorrect arguments")."""
+    function = spec[TARGET_KEY]
+    arguments = {k: v for k, v in spec.items() if not (k.startswith("_") and k.endswith("_"))}
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return
+    try:
+        signature.bind_partial(*spec.get("_args_", []), **arguments)
+    except TypeError as e:
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+        unknown = [name for name in arguments if name not in signature.parameters and not takes_any]
+        what = f"takes no argument {unknown[0]}=" if unknown else f"cannot take these arguments ({e})"
+        name = getattr(function, "__name__", target)
+        raise UserCodeError(
+            f"{shown}: {name}{signature} {what}: give only its own parameters in the node (with _partial_: true "
+            "they are bound now, the rest passed at each call)"
+        ) from None
 
 
 def _as_reference(target: str) -> str:

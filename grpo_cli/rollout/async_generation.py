@@ -433,9 +433,10 @@ class AsyncGeneration:
             data = worker.scored(samples, timings, started, with_old, order.epoch)
         if data.token_versions is None:  # the run recorded no version: exact only if no update landed meanwhile
             if self.worker.version != version:
-                raise RuntimeError(
+                raise UserFacingError(
                     f"batch {order.batch_number} was sampled by versions {version} to {self.worker.version}, but its "
-                    "run recorded no version per token: its behaviour policy is unknown"
+                    "run recorded no version per token (its behaviour policy is unknown): use "
+                    "sync.partial_rollouts=false"
                 )
             data.token_versions = [[version] * len(ids) for ids in data.completion_ids]
         self._behaviour_as_old(data)

@@ -35,6 +35,7 @@ from grpo_cli.episodes.turns import (
     last_model_turn,
     run_episodes,
 )
+from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.runs import Samples, sampling_version
 from grpo_cli.rollout.scoring import Scores
 
@@ -135,15 +136,16 @@ def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | No
 
 def episode_versions(episodes: Sequence[Episode]) -> list[list[int]] | None:
     """Each episode's token versions (sync=async); None when no token's was recorded (an engine that records none).
-    Raises ValueError when only some turns recorded one: the others' behaviour policy is unknown, and labelling them
-    with another version would mislabel them."""
+    Raises UserFacingError when only some turns recorded one: the others' behaviour policy is unknown, and labelling
+    them with another version would mislabel them."""
     missing = sum(v is None for e in episodes for v in e.versions)
     if missing == sum(len(e.versions) for e in episodes):
         return None
     if missing:
-        raise ValueError(
+        raise UserFacingError(
             f"{missing} sampled tokens of this batch's episodes carry no policy version while the others do: the "
-            "engine of some turns did not record the version that sampled them"
+            "engine of some turns (an agent's calls?) did not record the version that sampled them, which "
+            "sync=async needs: use sync=one_behind"
         )
     return [[v for v in e.versions if v is not None] for e in episodes]
 

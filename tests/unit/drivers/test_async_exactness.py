@@ -92,7 +92,7 @@ def test_an_episode_batch_with_a_turn_of_unknown_version_stops_in_one_line():
 
     assert episode_versions([episode(versions=[3, 3, -1, 4]), episode(versions=[4])]) == [[3, 3, -1, 4], [4]]
     assert episode_versions([episode(versions=[None, None]), episode(versions=[None])]) is None  # none recorded
-    with pytest.raises(ValueError, match="1 sampled tokens of this batch's episodes carry no policy version"):
+    with pytest.raises(UserFacingError, match="1 sampled tokens of this batch's episodes carry no policy version"):
         episode_versions([episode(versions=[3, 3]), episode(versions=[None])])
 
 

@@ -68,7 +68,7 @@ def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
     rows = [float(len(p.raw_rewards)) for p in parts]
     with_reward = [float(len(kept_rewards(p))) for p in parts]
     combined = {}
-    for key in parts[0].metrics:
+    for key in dict.fromkeys(key for p in parts for key in p.metrics):  # a key some pieces lack: over those with it
         present = [(p.metrics[key], n, m) for p, n, m in zip(parts, rows, with_reward, strict=True) if key in p.metrics]
         values = [value for value, _, _ in present]
         if key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts")):

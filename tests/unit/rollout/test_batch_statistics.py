@@ -21,6 +21,7 @@ from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.rollout.async_generation import AsyncGeneration, FinishedGroup
 from grpo_cli.rollout.runs import Samples
 from grpo_cli.rollout.worker import RolloutWorker, sampling_settings
+from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.e2e.test_multiturn_e2e import ENVIRONMENT
@@ -74,6 +75,20 @@ def test_a_batch_scored_in_groups_combines_to_the_metrics_of_the_batch_scored_wh
     assert sum(p.metrics["train/response_length_max"] for p in pieces) / len(pieces) != pytest.approx(
         whole.metrics["train/response_length_max"]
     )
+
+
+def test_combined_reward_means_count_only_the_rows_with_a_reward():
+    # A skipped episode (no reward) is out of the reward's mean and spread, in the length's; a metric one piece
+    # lacks (a reward function's log_metric) is the mean over the pieces that have it.
+    first = RolloutData([[1]] * 2, [[2]] * 2, torch.tensor([1.0, 0.0]), torch.zeros(2), scored=torch.tensor([1, 0]) > 0)
+    second = RolloutData([[1]] * 2, [[2]] * 2, torch.tensor([0.0, 0.0]), torch.zeros(2))
+    first.metrics = {"train/reward": 1.0, "train/reward_std": 0.0, "train/response_length_mean": 2.0}
+    second.metrics = {"train/reward": 0.0, "train/reward_std": 0.0, "train/response_length_mean": 5.0, "train/x": 3.0}
+    combined = combine_rollout_metrics([first, second])
+    assert combined["train/reward"] == pytest.approx(1 / 3)  # the rewards 1, 0, 0
+    assert combined["train/reward_std"] == pytest.approx(torch.tensor([1.0, 0.0, 0.0]).std().item())
+    assert combined["train/response_length_mean"] == pytest.approx((2 * 2 + 5 * 2) / 4)
+    assert combined["train/x"] == 3.0
 
 
 # --- data parallelism: two gloo ranks, each scoring its share -----------------------------------------------------

@@ -118,15 +118,30 @@ class SyncConfig:
     )
     ray_address: str | None = any_value(
         None,
-        help='one_behind / replay_buffer: the Ray cluster to use (e.g. "ray://head:10001" or "auto"); null starts a '
-        "local Ray on this machine for the run and shuts it down afterwards.",
+        help='one_behind / replay_buffer / async: the Ray cluster to join (its GCS address "127.0.0.1:6379", '
+        '"auto" or "ray://head:10001"); null starts a local Ray on this machine for the run and shuts it down '
+        "afterwards. On a cluster every node needs grpo-cli installed and must see the run directory and the "
+        "task's files at the same paths (checked from each actor), sync.actor_cpus must be set, and "
+        "sync.learner_resources / generator_resources place the actors (docs/sync.md).",
     )
     actor_cpus: int | None = positive(
         None,
-        hint="null: half this machine's cores",
+        hint="null: half this machine's cores; required with sync.ray_address",
         help="CPUs reserved for each actor (generator, learner) and torch threads in it. null: half this machine's "
-        "cores (at least 1), so the two actors do not fight over every core.",
+        "cores (at least 1), so the two actors do not fight over every core; with sync.ray_address it must be set "
+        "(this machine's cores say nothing of the cluster's nodes).",
     )
     actor_gpus: float | None = non_negative(
         None, help="GPUs for each actor. null: 1 when this machine has CUDA and model.device is not cpu, else 0."
+    )
+    learner_resources: dict[str, float] = any_value(
+        factory=dict,
+        help="Ray custom resources the learner actor asks for, which place it on the nodes that offer them "
+        "(`ray start --resources='{\"trainer\": 1}'`), e.g. +sync.learner_resources={trainer: 1}. {}: any node "
+        "with its CPUs and GPUs.",
+    )
+    generator_resources: dict[str, float] = any_value(
+        factory=dict,
+        help="Ray custom resources each generator actor asks for (as sync.learner_resources), e.g. "
+        "+sync.generator_resources={sampler: 1}.",
     )

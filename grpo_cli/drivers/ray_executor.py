@@ -17,7 +17,10 @@ behind the batch it is sampling. Actor calls run in the order they were made, wh
                    sync.max_staleness versions old.
 
 On one machine a local Ray starts for the run (`ray.init()`) and shuts down after it; `sync.ray_address`
-connects to an existing cluster instead (every node needs grpo-cli and its dependencies installed).
+connects to an existing cluster instead (every node needs grpo-cli and its dependencies installed): the actors ask
+for sync.actor_cpus (required there), and for sync.learner_resources / generator_resources (Ray's custom
+resources: which nodes they may run on); drivers/ray_cluster.py checks from each actor that its node shares the
+run directory and sees the task's files, and an actor lost with its node ends the run in one line.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import random
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +49,7 @@ from grpo_cli.drivers.dynamic_sampling import (
 )
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.ray_cluster import actor_lost, node_files, node_problem, reply_problem, shipped_env
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
 from grpo_cli.errors import RunStopped, UserFacingError
@@ -73,8 +78,13 @@ def import_ray(strategy: str) -> ModuleType:
 
 
 def actor_resources(cfg: GRPOConfig, local_cpus: int, has_cuda: bool) -> tuple[int, float]:
-    """(CPUs, GPUs) for each of the two actors: sync.actor_cpus / actor_gpus, or half the cores and a GPU
-    each when CUDA is there."""
+    """(CPUs, GPUs) for each actor: sync.actor_cpus / actor_gpus, or half the cores and a GPU each when CUDA is
+    there. Joining a cluster, the CPUs must be said: this machine's cores say nothing of the nodes'."""
+    if cfg.sync.actor_cpus is None and cfg.sync.ray_address is not None:
+        raise UserFacingError(
+            f"sync.actor_cpus: set it when joining a Ray cluster (sync.ray_address={cfg.sync.ray_address}): the CPUs "
+            "each actor takes on its node, e.g. sync.actor_cpus=2"
+        )
     cpus = cfg.sync.actor_cpus or max(1, local_cpus // 2)
     gpus = cfg.sync.actor_gpus
     if gpus is None:
@@ -134,6 +144,10 @@ class Hosted:
     def call(self, method: str, *args: object) -> object:
         return getattr(self.target, method)(*args)
 
+    def check_node(self, marker: str, token: str, files: list[tuple[str, str]], role: str) -> str | None:
+        """Before `start`, on a cluster: does this actor's node see the run directory and the task's files?"""
+        return node_problem(marker, token, files, role)
+
 
 @dataclass
 class Request:
@@ -191,12 +205,47 @@ class RayExecutor:
             # Room for every actor even when actor_cpus asks for more than this machine has (oversubscribed).
             kwargs["num_cpus"] = max(os.cpu_count() or 1, actors * cpus)
             self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
+        else:
+            # The actors start from their node's environment: the driver's hub and logging settings go with them.
+            kwargs["runtime_env"] = {"env_vars": shipped_env(os.environ)}
         self.ray.init(address=cfg.sync.ray_address, **kwargs)
         self.started_ray = True
 
     def actors_text(self) -> str:
         """The actors, for the run's first line."""
         return "generator and learner actors"
+
+    def actor_options(self, role: str, cpus: int, gpus: float) -> dict[str, Any]:
+        """Ray's options for the learner or a generator: its CPUs, GPUs and custom resources (the nodes it may
+        run on: sync.learner_resources / generator_resources)."""
+        resources = dict(self.cfg.sync.learner_resources if role == "learner" else self.cfg.sync.generator_resources)
+        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
+        if resources:
+            options["resources"] = {name: float(amount) for name, amount in resources.items()}
+        return options
+
+    def check_nodes(self, actors: dict[str, Any]) -> None:
+        """On a cluster, before the actors load anything: each one's node shares the run directory with this
+        machine (a marker written here, read there; a reply written there, read here) and sees every file the
+        config names (drivers/ray_cluster.py). One machine needs no check."""
+        if self.cfg.sync.ray_address is None:
+            return
+        token = uuid.uuid4().hex
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.output_dir / f".ray_storage_{token[:8]}"
+        marker.write_text(token)
+        try:
+            files = node_files(self.cfg)
+            roles = list(actors)
+            problems = self.get_all([actors[r].check_node.remote(str(marker), token, files, r) for r in roles])
+            problems += [
+                reply_problem(marker, token, r) for r, problem in zip(roles, problems, strict=True) if problem is None
+            ]
+        finally:
+            marker.unlink(missing_ok=True)
+        for problem in problems:
+            if problem is not None:
+                raise UserFacingError(problem)
 
     def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
         """Start Ray (unless it runs already) and both actors with their policy copies; returns the learner's
@@ -206,9 +255,9 @@ class RayExecutor:
         self.start_ray(cfg, actors=2, cpus=cpus)
         ray_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
-        self.learner_actor = ray.remote(Hosted).options(**options).remote()
-        self.generator_actor = ray.remote(Hosted).options(**options).remote()
+        self.learner_actor = ray.remote(Hosted).options(**self.actor_options("learner", cpus, gpus)).remote()
+        self.generator_actor = ray.remote(Hosted).options(**self.actor_options("generator", cpus, gpus)).remote()
+        self.check_nodes({"learner": self.learner_actor, "generator": self.generator_actor})
         # Both load their policy copy at the same time.
         device_text, _ = self.get_all(
             [
@@ -251,12 +300,18 @@ class RayExecutor:
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:  # Any: what the actor method returned
         """ray.get, re-raising a user-facing error from an actor as itself (one line, not a remote traceback)."""
+        exceptions = self.ray.exceptions
         try:
             return self.ray.get(refs, timeout=timeout)
-        except self.ray.exceptions.RayTaskError as error:
+        except exceptions.RayTaskError as error:
             if isinstance(error.cause, UserFacingError | RunStopped):
                 raise error.cause from None
+            if isinstance(error.cause, exceptions.RayActorError | exceptions.ObjectLostError):
+                raise UserFacingError(actor_lost(error.cause, self.output_dir)) from None
             raise
+        except (exceptions.RayActorError, exceptions.ObjectLostError) as error:
+            # An actor died under the run (its node lost, its process killed): one line, the checkpoints named.
+            raise UserFacingError(actor_lost(error, self.output_dir)) from None
 
     def get_all(self, refs: list[Any]) -> list[Any]:  # Any: ray.ObjectRefs in, what the actors returned out
         """Every result, after all have finished: when both actors fail to start, the second error is retrieved

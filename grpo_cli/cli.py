@@ -132,12 +132,13 @@ def task(dict_cfg: DictConfig) -> float | None:
         unread = unread_key_error(str(dict_cfg.job.name), overrides)  # no key silently ignored (config/job_keys.py)
         if unread is not None:
             raise UserFacingError(unread)
+        # task=custom: the user's files, found from where grpo-run was started, in every process after this; on a
+        # resume compared with the saved config's as what they resolve to (it holds them absolute).
+        absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
         if dict_cfg.resume:
             dict_cfg = resumed_config(
                 dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console, composed=dict_cfg
             )
-        else:  # task=custom: the user's files, found from where grpo-run was started, in every process after this
-            absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
         if dict_cfg.job.name == "eval":  # the evaluated run's own config, the command line's keys on top
             from grpo_cli.jobs.eval import eval_config
 

@@ -103,12 +103,14 @@ def resumed_config(
         if _resume_may_change(key):
             OmegaConf.update(saved, key, new, force_add=True)
             applied.append(override)
-        elif _plain(new) != _plain(old):
+        elif changed := _changed_keys(key, _plain(new), _plain(old)):
+            first, saved_value, given = changed[0]
+            more = f" (and {len(changed) - 1} more key(s))" if len(changed) > 1 else ""
             raise UserFacingError(
-                f"{override}: {key} cannot change on resume (the run continues with its saved {key}={_plain(old)}); "
-                f"to train on from its weights with {override}, start a new run: grpo-run init_from={run_dir} "
-                f"{override} (add the run's other overrides; resume= may change only "
-                f"{', '.join(RESUME_SAFE_KEYS)}, logger.*)"
+                f"{override}: {first} cannot change on resume (the run continues with its saved {first}="
+                f"{saved_value}; this command gives {given}){more}; to train on from its weights with {override}, "
+                f"start a new run: grpo-run init_from={run_dir} {override} (add the run's other overrides; resume= "
+                f"may change only {', '.join(RESUME_SAFE_KEYS)}, logger.*)"
             )
     if applied:
         saved_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
@@ -123,6 +125,26 @@ _ABSENT = object()
 def _plain(value: object) -> object:
     """A config node or value as plain Python (so a changed group or list compares by content)."""
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+# Where grpo-run was started: only what the task's relative paths resolve against. The paths themselves are compared
+# as what they resolve to (the command line's made absolute as the saved ones were: cli.task), so a resume started
+# from another folder that names the same files is the same run.
+_RESOLUTION_ONLY = ("task.base_dir",)
+
+
+def _changed_keys(key: str, new: object, old: object) -> list[tuple[str, object, object]]:
+    """The leaf keys under `key` whose values differ, as (dotted key, saved value, given value): a changed group
+    (task=custom) names the key inside it that changed, not the whole group."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        changed = []
+        for name in [*old, *(k for k in new if k not in old)]:
+            missing = "<not set>"
+            changed += _changed_keys(f"{key}.{name}", new.get(name, missing), old.get(name, missing))
+        return changed
+    if new == old or key in _RESOLUTION_ONLY:
+        return []
+    return [(key, old, new)]
 
 
 def _override_value(override: str) -> object:

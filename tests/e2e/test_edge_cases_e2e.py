@@ -47,3 +47,40 @@ def test_a_run_whose_every_episode_is_skipped_says_it_and_stops_in_one_line(tmp_
     assert [row["step"] for row in steps] == [1, 2]
     assert all(row["train/empty_steps"] == 1 and row["train/optimizer_steps"] == 0 for row in steps)
     assert all(row["train/skipped_episodes"] == 1.0 for row in steps)
+
+
+PARITY = "def parity(completions, **kwargs):\n    return [float(len(c) % 2) for c in completions]\n"
+
+
+@pytest.mark.slow
+def test_the_same_command_line_plus_resume_continues_a_custom_task_and_a_changed_file_is_named(tmp_path: Path) -> None:
+    """The saved config holds the reward's resolved absolute path, the command line the relative one: compared as
+    what they resolve to, they are the same; another file is refused naming task.rewards.p, not the whole task."""
+    (tmp_path / "parity.py").write_text(PARITY)
+    (tmp_path / "other.py").write_text(PARITY)
+    rows = [{"prompt": f"Say a word #{i}", "answer": "x"} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [
+        "model=tiny_random",
+        "train.rollout_batch_size=4",
+        "train.group_size=2",
+        "train.train_batch_size=4",
+        "rollout.max_tokens=8",
+        "task=custom",
+        "task.train_path=train.jsonl",
+        "task.eval_path=train.jsonl",
+        "+task.rewards.p=parity.py:parity",
+        "train.eval_every=0",
+    ]
+    run_dir = tmp_path / "run"
+    first = run_grpo([*args, "train.steps=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_grpo([*args, "train.steps=2", "resume=run", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r] == [1, 2]
+    changed = [a.replace("parity.py", "other.py") for a in args]
+    refused = run_grpo([*changed, "train.steps=3", "resume=run", f"hydra.run.dir={tmp_path / 'r2'}"], cwd=tmp_path)
+    line = refused.stderr.strip()
+    assert refused.returncode == 2 and "\n" not in line, refused.stderr[-3000:]
+    assert f"task.rewards.p cannot change on resume (the run continues with its saved task.rewards.p={tmp_path}" in line
+    assert f"this command gives {tmp_path / 'other.py'}:parity" in line and "'n_train'" not in line

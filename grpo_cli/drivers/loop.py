@@ -143,6 +143,12 @@ class TrainingLoop:
         parallel.barrier()
         return step
 
+    def _final_eval_logged(self) -> dict[str, float] | None:
+        """The eval/* metrics metrics.jsonl holds for the last step (train.steps), None when it holds none."""
+        rows = [r for r in read_metrics(self.output_dir / "metrics.jsonl") if r.get("step") == self.cfg.train.steps]
+        found = {k: v for row in rows for k, v in row.items() if k.startswith("eval/")}
+        return found or None
+
     def _checkpoint_due(self, step: int) -> bool:
         every = self.cfg.train.checkpoint_every
         return step == self.cfg.train.steps or (every > 0 and step % every == 0)
@@ -158,20 +164,33 @@ class TrainingLoop:
         eval_at = evaluation_steps(cfg.train.steps, cfg.train.eval_every, self.start_step)
         eval_rows = len(self.eval_examples) + sum(map(len, self.eval_sets.values()))
         shape = BatchShape.from_config(cfg)
-        # The cost is said before it is paid: what the run generates, then (after the first step) the time left.
-        self.console.print(
-            run_size_line(
-                steps=cfg.train.steps - self.start_step,
-                prompts_per_step=shape.prompts_per_rollout_batch,
-                completions_per_step=shape.completions_per_rollout_batch,
-                max_new_tokens=shape.max_new_tokens,
-                eval_rows=eval_rows,
-                samples_per_eval_row=cfg.eval.n_samples,
-                eval_at=eval_at,
-            ),
-            highlight=False,
-            markup=False,
-        )
+        # A resumed run that had already trained its steps: no size line of work it will not do, its final
+        # evaluation read back (run again only where it is missing), and the same `done` line as any run.
+        finished = self.start_step >= cfg.train.steps
+        final_eval = self._final_eval_logged() if finished else None
+        if finished:
+            eval_at = [] if final_eval else [cfg.train.steps]
+            evaluated = "its final evaluation is in metrics.jsonl" if final_eval else "running its final evaluation"
+            self.console.print(
+                f"resumed at step {self.start_step}, the run's last (train.steps={cfg.train.steps}): nothing left to "
+                f"train; {evaluated} (to train on: grpo-run resume={self.output_dir} train.steps=<more>)",
+                highlight=False,
+                markup=False,
+            )
+        else:  # the cost is said before it is paid: what the run generates, then (after a step) the time left
+            self.console.print(
+                run_size_line(
+                    steps=cfg.train.steps - self.start_step,
+                    prompts_per_step=shape.prompts_per_rollout_batch,
+                    completions_per_step=shape.completions_per_rollout_batch,
+                    max_new_tokens=shape.max_new_tokens,
+                    eval_rows=eval_rows,
+                    samples_per_eval_row=cfg.eval.n_samples,
+                    eval_at=eval_at,
+                ),
+                highlight=False,
+                markup=False,
+            )
         clock = RunClock(cfg.train.steps, eval_at)
         cost_said = False  # the long-run line: said once, as soon as the time left is known
         zero_loss_said = False
@@ -181,6 +200,10 @@ class TrainingLoop:
         try:
             if self.start_step == 0:
                 summary.update(self._timed_eval(clock, step=0))
+            if final_eval is not None:
+                summary.update(final_eval)
+            elif finished:
+                summary.update(self._timed_eval(clock, step))
             summary["baseline/eval_reward"] = baseline_eval_reward(self.output_dir / "metrics.jsonl")
             with StepProgress(cfg.train.steps, self.console, enabled=cfg.verbose) as progress:
                 progress.advance(self.start_step)

@@ -120,6 +120,16 @@ def _expected_text(case: SanityCase) -> str:
     return f"{case.expected_reward:g}"
 
 
+def check_case_columns(reward_fn: object, cases: Sequence[SanityCase], cases_path: str) -> None:
+    """task=custom: each reward's signature against every case's columns, as training checks it against the data's
+    (tasks/custom/data.py build_examples): a required parameter no column fills is one line naming it, not a crash
+    in every row of the table."""
+    for reward in getattr(reward_fn, "rewards", ()):
+        for line, case in enumerate(cases, start=1):
+            if isinstance(case.ground_truth, dict):
+                reward.check_columns(case.ground_truth, f"task.cases_path={cases_path} (line {line})")
+
+
 def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     """Print the sanity-case table of `cfg.task`; raise UserFacingError when any case disagrees."""
     task = task_for(cfg.task)
@@ -127,7 +137,7 @@ def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     if not cases and task.from_config is not None:
         raise UserFacingError(
             f'task={task.name} checks your own cases: give task.cases_path=cases.jsonl, one {{"response": ..., '
-            '"expected": ..., <the columns your template reads>}} per line'
+            '"expected": ..., <the columns your template reads>} per line'
         )
     if not cases:
         raise UserFacingError(f"task={task.name} ships no sanity cases for prompt={cfg.task.prompt}")
@@ -137,6 +147,7 @@ def run(cfg: GRPOConfig, output_dir: Path, console: Console) -> dict[str, Any]:
     # task=custom's cases are of its whole weighted reward, each named reward shown beside it.
     if task.from_config is not None:
         own_reward, weighted = make_reward_fn(cfg.task, cfg.rollout.max_tokens), None
+        check_case_columns(own_reward, cases, str(cfg.task.cases_path))
     else:
         own_reward = TimeLimitedReward(task.reward_for(cfg.task.prompt), cfg.task.reward_timeout_s or None)
         weighted = (

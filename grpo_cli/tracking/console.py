@@ -178,6 +178,8 @@ def generation_progress(
 
 # A run whose time left exceeds this on the machine it runs on gets one line naming smaller and GPU-sized settings.
 LONG_RUN_S = 30 * 60
+# The held-out set the long-run hint suggests on a CPU (task.n_eval), where evaluations dominate.
+EVAL_ROWS_ON_CPU = 32
 
 
 def format_duration(seconds: float) -> str:
@@ -188,6 +190,11 @@ def format_duration(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def counted(n: int, word: str) -> str:
+    """'1 step', '2 steps', '0 steps': a count and its noun, singular for one."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def evaluation_steps(steps: int, eval_every: int, start_step: int = 0) -> list[int]:
@@ -215,13 +222,15 @@ def run_size_line(
     completions = steps * completions_per_step
     eval_completions = len(eval_at) * eval_rows * samples_per_eval_row
     shown = ", ".join(map(str, eval_at)) if len(eval_at) <= 6 else f"{eval_at[0]}, {eval_at[1]}, ..., {eval_at[-1]}"
+    at = f" (at {'step' if len(eval_at) == 1 else 'steps'} {shown})" if eval_at else ""
     per_row = f" x {samples_per_eval_row} samples" if samples_per_eval_row > 1 else ""
+    per_step = completions_per_step // prompts_per_step
     return (
-        f"size: {steps} steps x {prompts_per_step} prompts x {completions_per_step // prompts_per_step} completions "
-        f"= {completions:,} completions "
+        f"size: {counted(steps, 'step')} x {counted(prompts_per_step, 'prompt')} x {counted(per_step, 'completion')} "
+        f"= {completions:,} completion{'' if completions == 1 else 's'} "
         f"(at most {completions * max_new_tokens:,} new tokens); "
-        f"{len(eval_at)} evaluations (at steps {shown}) x {eval_rows} rows{per_row} = {eval_completions:,} "
-        f"completions (at most {eval_completions * max_new_tokens:,} new tokens)"
+        f"{counted(len(eval_at), 'evaluation')}{at} x {counted(eval_rows, 'row')}{per_row} = {eval_completions:,} "
+        f"completion{'' if eval_completions == 1 else 's'} (at most {eval_completions * max_new_tokens:,} new tokens)"
     )
 
 
@@ -289,11 +298,18 @@ def long_run_hint(
     if left is None or left <= LONG_RUN_S or clock.step_s is None:
         return None
     evaluations = clock.evaluations_left(step)
-    parts = [f"{clock.steps - step} steps at ~{format_duration(clock.step_s)} each"]
+    parts = [f"{counted(clock.steps - step, 'step')} at ~{format_duration(clock.step_s)} each"]
     if evaluations and clock.eval_s is not None:
-        parts.append(f"{evaluations} evaluations of {eval_rows} rows at ~{format_duration(clock.eval_s)} each")
-    if evaluations and clock.eval_s is not None and evaluations * clock.eval_s >= (clock.steps - step) * clock.step_s:
-        smaller = f"task.n_eval={min(32, eval_rows)} train.eval_every=0 (evaluate at the start and the end only)"
+        each = format_duration(clock.eval_s)
+        parts.append(f"{counted(evaluations, 'evaluation')} of {counted(eval_rows, 'row')} at ~{each} each")
+    # Only settings that change something: a held-out set already of 32 rows or fewer, or evaluations already at
+    # the start and the end only, are not suggested again.
+    fewer_evals = [f"task.n_eval={EVAL_ROWS_ON_CPU}"] if eval_rows > EVAL_ROWS_ON_CPU else []
+    if any(0 < due < clock.steps for due in clock.eval_at):
+        fewer_evals.append("train.eval_every=0 (evaluate at the start and the end only)")
+    evals_dominate = evaluations and clock.eval_s is not None
+    if evals_dominate and evaluations * (clock.eval_s or 0.0) >= (clock.steps - step) * clock.step_s and fewer_evals:
+        smaller = " ".join(fewer_evals)
     else:  # the steps dominate: as many as fit in about LONG_RUN_S at the measured pace
         smaller = f"train.steps={max(1, int(LONG_RUN_S * 0.8 / clock.step_s))}"
         smaller += " rollout.max_tokens=256" if max_new_tokens > 256 else ""

@@ -161,6 +161,22 @@ def test_eval_of_a_trained_run_gives_the_trained_weights_outputs(tmp_path: Path)
     text = (report / "report.md").read_text()
     assert "final eval reward" in text and "| run " in text and "| eval " in text
 
+    # Resuming the finished run: no size line of steps it will not take, its final evaluation read back, `done`.
+    result = run_grpo(["resume=" + str(run), f"hydra.run.dir={tmp_path / 'again'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "size:" not in result.stdout and "resumed at step 1, the run's last (train.steps=1): nothing left" in (
+        result.stdout
+    )
+    final = [row for row in read_metrics(run / "metrics.jsonl") if row["step"] == 1 and "eval/reward" in row]
+    assert f"done: eval reward {final[0]['eval/reward']:.3f} (step 0) -> " in result.stdout
+    # A final evaluation that never got logged (a stop between the last checkpoint and it) is run on resume.
+    rows = [row for row in read_metrics(run / "metrics.jsonl") if not (row["step"] == 1 and "eval/reward" in row)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_grpo(["resume=" + str(run), f"hydra.run.dir={tmp_path / 'again2'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "running its final evaluation" in result.stdout and "done: eval reward" in result.stdout
+    assert any(row["step"] == 1 and "eval/reward" in row for row in read_metrics(run / "metrics.jsonl"))
+
 
 @pytest.mark.slow
 def test_a_sweep_ends_naming_its_directory_and_the_report_command(tmp_path: Path) -> None:

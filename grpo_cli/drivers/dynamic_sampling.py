@@ -21,14 +21,13 @@ Pure bookkeeping on RolloutData: the executors (drivers/local.py, drivers/ray_ex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.rollout.batch_statistics import kept_rewards, trained_batch_advantages
+# combine_rollout_metrics: the executors import it from here (rollout/batch_statistics.py defines it).
+from grpo_cli.rollout.batch_statistics import combine_rollout_metrics, kept_rewards, trained_batch_advantages
 from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
-from grpo_cli.tasks import REWARD_KEYS
 
 # Extra round r of step k samples with batch number k + r * EXTRA_ROUND_OFFSET: a sampling seed no regular step
 # (1..train.steps) and no other extra round of the run uses.
@@ -49,42 +48,6 @@ def groups_with_signal(raw_rewards: torch.Tensor, group_size: int, scored: torch
     highest = grouped.masked_fill(~kept, float("-inf")).amax(dim=1)
     lowest = grouped.masked_fill(~kept, float("inf")).amin(dim=1)
     return [int(g) for g in torch.nonzero((kept.sum(dim=1) >= 2) & (highest > lowest)).flatten()]
-
-
-# Rollout metrics that are means over the rows with a reward (a skipped episode has none: rollout/scoring.py's
-# Scores.mean); every other mean is over all rows (or groups, episodes: the same weights, groups being whole).
-_MEANS_OVER_SCORED = tuple(f"train/{key}" for key in (*REWARD_KEYS, "unparseable_rate"))
-
-
-def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
-    """The rollout metrics of several scored pieces (a step's dynamic-sampling rounds, sync=async's groups, the
-    batches a replay step received) as those of their concatenation, one batch: times, token and error counts add
-    up, *_max / *_min are the largest / smallest, means are weighted by the rows they are over, and
-    train/reward_std is the std of every piece's rewards together (not a mean of the pieces' spreads). A mean a
-    reward function logs (log_metric) or a reward component only some rows have is weighted by rows too: exact
-    where each row logs one value."""
-    if not parts:
-        return {}
-    rows = [float(len(p.raw_rewards)) for p in parts]
-    with_reward = [float(len(kept_rewards(p))) for p in parts]
-    combined = {}
-    for key in dict.fromkeys(key for p in parts for key in p.metrics):  # a key some pieces lack: over those with it
-        present = [(p.metrics[key], n, m) for p, n, m in zip(parts, rows, with_reward, strict=True) if key in p.metrics]
-        values = [value for value, _, _ in present]
-        if key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts")):
-            combined[key] = sum(values)
-        elif key.endswith("_max"):
-            combined[key] = max(values)
-        elif key.endswith("_min"):
-            combined[key] = min(values)
-        else:
-            weights = [m if key in _MEANS_OVER_SCORED else n for _, n, m in present]
-            total = sum(weights)
-            combined[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total if total else 0.0
-    if "train/reward_std" in combined:
-        rewards = torch.cat([kept_rewards(p) for p in parts])
-        combined["train/reward_std"] = rewards.std().item() if len(rewards) > 1 else 0.0
-    return combined
 
 
 def trained_reward_metrics(sampled: dict[str, float], trained_rewards: torch.Tensor) -> dict[str, float]:

@@ -44,6 +44,7 @@ from grpo_cli.engines.stopping import decoded
 from grpo_cli.engines.stream import DecodeStream, HFDecodeStream, StreamCounters, StreamRow
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models.runtime import limit_threads
+from grpo_cli.rollout.batch_statistics import combine_rollout_metrics
 from grpo_cli.rollout.runs import OneTurnRun, Samples
 from grpo_cli.rollout.worker import RolloutWorker, rollout_seed, sampling_settings
 from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
@@ -421,6 +422,7 @@ class AsyncGeneration:
         if self.sync.lockstep:  # the very produce of the other strategies
             with self.engine_call("a lockstep batch"):
                 data = worker.produce(examples, order.batch_number, with_old, 0, order.epoch)
+            group_metrics = [data.metrics] * len(indices)  # scored whole: each group carries its batch's
         else:
             cfg = self.cfg
             timings: dict[str, float] = {}
@@ -430,7 +432,9 @@ class AsyncGeneration:
                 )
                 samples = worker.run.sample(self.batch_engine, sampling, examples)
             timings["time/generation_s"] = time.perf_counter() - started
-            data = worker.scored(samples, timings, started, with_old, order.epoch)
+            parts = worker.scored_groups(samples, timings, started, with_old, order.epoch)
+            data, group_metrics = concat_rollouts(parts), [p.metrics for p in parts]  # each group's own metrics
+            data.metrics = combine_rollout_metrics(parts)  # the batch's, for the counters
         if data.token_versions is None:  # the run recorded no version: exact only if no update landed meanwhile
             if self.worker.version != version:
                 raise UserFacingError(
@@ -448,9 +452,9 @@ class AsyncGeneration:
         )
         g = self.shape.group_size
         for k, index in enumerate(indices):  # one group at a time, as the stream ships them
-            self._ship(
-                FinishedGroup(order.batch_number, [index], select_completions(data, list(range(k * g, (k + 1) * g))))
-            )
+            group = select_completions(data, list(range(k * g, (k + 1) * g)))
+            group.metrics = group_metrics[k]
+            self._ship(FinishedGroup(order.batch_number, [index], group))
 
     def _behaviour_as_old(self, data: RolloutData) -> None:
         """sync.proximal=behaviour with partial rollouts: the sampler's own log-probs are the old policy's (no

@@ -6,9 +6,13 @@ its share, dynamic sampling round by round, and on_stale=drop trains groups of s
 group's statistics (std, mean, rloo) are the same in any piece that holds the group; a batch-level one is not, so
 it is taken here, once the trained batch is assembled, over every rank's rows of it (an all_gather over
 torch.distributed). The executors call `trained_batch_advantages` where they assemble the batch they train.
+The step's rollout metrics are the one batch's the same way: `combine_rollout_metrics` gives pieces' metrics as
+their concatenation's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -16,6 +20,7 @@ from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import BATCH_LEVEL_NORMALIZATIONS
 from grpo_cli.distributed import parallel
 from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.tasks import REWARD_KEYS
 
 
 def trained_batch_advantages(data: RolloutData, group_size: int, advantage: str, advantage_eps: float) -> torch.Tensor:
@@ -49,3 +54,39 @@ def kept_rewards(data: RolloutData) -> torch.Tensor:
     """The rewards of the rows that have one (a skipped episode has none): what train/reward and train/reward_std
     describe."""
     return data.raw_rewards if data.scored is None else data.raw_rewards[data.scored.bool()]
+
+
+# Rollout metrics that are means over the rows with a reward (a skipped episode has none: rollout/scoring.py's
+# Scores.mean); every other mean is over all rows (or groups, episodes: the same weights, groups being whole).
+_MEANS_OVER_SCORED = tuple(f"train/{key}" for key in (*REWARD_KEYS, "unparseable_rate"))
+
+
+def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
+    """The rollout metrics of several scored pieces (a step's dynamic-sampling rounds, sync=async's groups, the
+    batches a replay step received) as those of their concatenation, one batch: times, token and error counts add
+    up, *_max / *_min are the largest / smallest, means are weighted by the rows they are over, and
+    train/reward_std is the std of every piece's rewards together (not a mean of the pieces' spreads). A mean a
+    reward function logs (log_metric) or a reward component only some rows have is weighted by rows too: exact
+    where each row logs one value."""
+    if not parts:
+        return {}
+    rows = [float(len(p.raw_rewards)) for p in parts]
+    with_reward = [float(len(kept_rewards(p))) for p in parts]
+    combined = {}
+    for key in dict.fromkeys(key for p in parts for key in p.metrics):  # a key some pieces lack: over those with it
+        present = [(p.metrics[key], n, m) for p, n, m in zip(parts, rows, with_reward, strict=True) if key in p.metrics]
+        values = [value for value, _, _ in present]
+        if key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts")):
+            combined[key] = sum(values)
+        elif key.endswith("_max"):
+            combined[key] = max(values)
+        elif key.endswith("_min"):
+            combined[key] = min(values)
+        else:
+            weights = [m if key in _MEANS_OVER_SCORED else n for _, n, m in present]
+            total = sum(weights)
+            combined[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total if total else 0.0
+    if "train/reward_std" in combined:
+        rewards = torch.cat([kept_rewards(p) for p in parts])
+        combined["train/reward_std"] = rewards.std().item() if len(rewards) > 1 else 0.0
+    return combined

@@ -54,6 +54,12 @@ def sampling_settings(cfg: GRPOConfig, n: int, seed: int, for_eval: bool = False
     )
 
 
+def rows_of(samples: Samples, start: int, stop: int) -> Samples:
+    """Rows [start, stop) of a batch of samples (every per-sample field cut alike)."""
+    cut = {name: value[start:stop] if isinstance(value, list) else value for name, value in vars(samples).items()}
+    return Samples(**cut)
+
+
 def rollout_seed(seed: int, batch_number: int) -> int:
     """The sampling seed of the batch_number-th rollout batch of a run with this seed."""
     return seed * 1_000_003 + batch_number
@@ -222,6 +228,21 @@ class RolloutWorker:
         data.transcripts = self.run.transcripts(samples, scores.rewards)
         self.load_s = 0.0
         return data
+
+    def scored_groups(
+        self, samples: Samples, timings: dict[str, float], busy_start: float, with_old_log_probs: bool, epoch: float
+    ) -> list[RolloutData]:
+        """`scored` one group at a time: each group's rewards, advantages and metrics its own, as the asynchronous
+        generator ships groups (a step may train groups of several batches, and combines its groups' metrics as
+        one batch's: drivers/dynamic_sampling.combine_rollout_metrics). `timings` (the sampling's) go with the
+        first group."""
+        g, n = self.shape.group_size, len(samples.completion_ids)
+        return [
+            self.scored(
+                rows_of(samples, k, k + g), dict(timings) if k == 0 else {}, busy_start, with_old_log_probs, epoch
+            )
+            for k in range(0, n, g)
+        ]
 
     def check_prompts_fit(self, examples: list[Example]) -> None:
         """Stop the run (one line naming the example) when a training prompt leaves no room in the model's context

@@ -213,9 +213,15 @@ def test_an_async_step_trains_the_advantages_of_its_assembled_batch(tmp_path, pa
     torch.testing.assert_close(batch.raw_rewards, rewards)
     torch.testing.assert_close(batch.advantages, whole_batch_advantages(rewards, g))
     assert line["train/reward_std"] == pytest.approx(rewards.std().item())
-    lengths = [len(ids) for grp in first for ids in grp.data.completion_ids]
-    if path == "stream":  # every id is the model's
-        assert line["train/response_length_max"] == max(lengths)
+    # The step's metrics are those of the groups it trains, as one batch (an episode's length: its model tokens).
+    assert line["train/reward"] == pytest.approx(rewards.mean().item())
+    lengths = [
+        int(m.sum()) if grp.data.token_masks is not None else len(ids)
+        for grp in first
+        for ids, m in zip(grp.data.completion_ids, grp.data.token_masks or grp.data.completion_ids, strict=True)
+    ]
+    assert line["train/response_length_max"] == max(lengths)
+    assert line["train/response_length_mean"] == pytest.approx(sum(lengths) / len(lengths))
     # The groups' own advantages (what the step trained before) differ: the test can fail.
     own = torch.cat([grp.data.advantages for grp in first])
     assert not torch.allclose(own, whole_batch_advantages(rewards, g))

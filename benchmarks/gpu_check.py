@@ -13,6 +13,8 @@ Rows:
   eager and torch.compile'd (CUDA graphs), with the seconds of each.
 - LoRA step and 4-bit QLoRA step: `grpo-run debug=smoke` with LoRA, and with model.quantization=4bit on the
   embedded SmolLM2-135M (needs bitsandbytes).
+- QLoRA export: the model/ the QLoRA run ends with (adapters merged into the dequantized NF4 base) loads in
+  transformers with no quantization left and scores a fixed text as the 4-bit trainer does, within 0.1 (bf16).
 - rollout=vllm: a 2-step run with the sync probe after every push (needs the vllm extra).
 - DDP and FSDP over NCCL: `grpo-run debug=smoke distributed=ddp|fsdp` on every GPU present.
 - packed rows on flash-attention (train.pack_sequences): the microbatch is one row, the packing probe passes on
@@ -216,6 +218,48 @@ def _grpo_run(check: str, args: list[str], needs: Callable[[], str | None], work
     return Row(check, "ok", seconds, "see run dir", f"{tail[0][:160]} ({run_dir})")
 
 
+# The merged export of a QLoRA run against the run's own 4-bit model: the largest log-prob difference on a fixed
+# text. Both compute in bf16; merging adds the adapters' delta to the dequantized NF4 weight once, where the
+# trainer adds B @ A's output to the 4-bit layer's at every forward: a reordering of bf16 sums (the vLLM sync
+# probe's bf16 bound is 0.5).
+QLORA_EXPORT_TOLERANCE = 0.1
+
+
+def check_qlora_export(run_dir: Path, qlora: Row) -> Row:
+    """The model/ a QLoRA run ends with (the adapters merged into the dequantized NF4 base: the embedded base has
+    no hub id for an adapter to name) loads with transformers, with no quantization left, and scores a fixed text as
+    the trainer's 4-bit model with its adapters does, within QLORA_EXPORT_TOLERANCE."""
+    check = "QLoRA export: merged model/ vs the 4-bit trainer"
+    if qlora.result != "ok":
+        return Row(check, "skipped", detail=f"needs the 4-bit QLoRA step row ({qlora.result}: {qlora.detail[:80]})")
+    from transformers import AutoModelForCausalLM
+
+    from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.export import find_checkpoint, trained_policy
+
+    started = time.perf_counter()
+    _reset_peak()
+    trainer, tokenizer = trained_policy(find_checkpoint(run_dir))
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.bfloat16).to("cuda")
+    if getattr(exported.config, "quantization_config", None) is not None:
+        return Row(check, "FAILED", detail="model/config.json still names a quantization_config")
+    prompt = tokenizer("Name three colours of the rainbow.")["input_ids"]
+    response = tokenizer(" Red, orange and yellow.")["input_ids"]
+    batch = tokenize_prompt_and_output_ids([prompt], [response], tokenizer.pad_token_id)
+    mask = batch["response_mask"].bool()
+    scores = []
+    for model in (trainer, exported):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = response_log_probs(
+                model, batch["input_ids"].cuda(), batch["labels"].cuda(), batch["response_mask"].cuda()
+            )
+        scores.append(out["log_probs"][mask.cuda()].float().cpu())
+    diff = (scores[0] - scores[1]).abs().max().item()
+    result = "ok" if diff < QLORA_EXPORT_TOLERANCE else "FAILED"
+    detail = f"max |log-prob diff| {diff:.4f} (bound {QLORA_EXPORT_TOLERANCE}); {run_dir / 'model'}"
+    return Row(check, result, time.perf_counter() - started, _peak_mb(), detail)
+
+
 def _needs_cuda(*modules: str, gpus: int = 1, on_cpu: str = "needs CUDA") -> Callable[[], str | None]:
     def reason() -> str | None:
         if not cuda():
@@ -250,19 +294,19 @@ def run_checks(workdir: Path) -> list[Row]:
     smoke = ["debug=smoke"]
     lora_on_cpu = "checks the GPU; on the CPU tests/unit/learner/test_lora.py runs LoRA steps"
     rows.append(_grpo_run("LoRA step", [*smoke, "model.lora.enabled=true"], _needs_cuda(on_cpu=lora_on_cpu), workdir))
-    rows.append(
-        _grpo_run(
-            "4-bit QLoRA step",
-            [
-                *smoke,
-                "model.name_or_path=embedded:smollm2-135m-instruct",
-                "model.quantization=4bit",
-                "model.lora.enabled=true",
-            ],
-            _needs_cuda("bitsandbytes"),
-            workdir,
-        )
+    qlora = _grpo_run(
+        "4-bit QLoRA step",
+        [
+            *smoke,
+            "model.name_or_path=embedded:smollm2-135m-instruct",
+            "model.quantization=4bit",
+            "model.lora.enabled=true",
+        ],
+        _needs_cuda("bitsandbytes"),
+        workdir,
     )
+    rows.append(qlora)
+    rows.append(check_qlora_export(workdir / "4-bit_QLoRA_step", qlora))
     rows.append(
         _grpo_run(
             "rollout=vllm, 2 steps, probe every push",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import importlib.util
 import os
 import shutil
@@ -78,11 +79,30 @@ def _interpreter_view() -> tuple[tuple[str, ...], ...]:
         if os.path.isdir(folder) and not _under(folder, bound):
             args.append(("--ro-bind", folder, folder))
             bound.append(folder)
-    hidden = {*site.getsitepackages(), site.getusersitepackages() or "", *sysconfig.get_paths().values()}
-    for folder in sorted({os.path.realpath(f) for f in hidden if f}):
-        if os.path.isdir(folder) and _under(folder, bound) and folder not in bound:
-            args += [("--tmpfs", folder), ("--remount-ro", folder)]
+    for folder in _package_folders(bound):
+        args += [("--tmpfs", folder), ("--remount-ro", folder)]
     return tuple(args)
+
+
+# Where installers put packages under a Python library folder (pip's site-packages, Debian's dist-packages).
+_PACKAGE_FOLDER_PATTERNS = ("site-packages", "dist-packages", "python*/site-packages", "python*/dist-packages")
+
+
+def _package_folders(bound: Sequence[str]) -> list[str]:
+    """Every package folder inside the `bound` folders (hidden from the program): those this interpreter names
+    (site.getsitepackages: inside a virtual environment only the venv's own), those of its base interpreter (whose
+    site-packages sits inside the bound standard library, and which the program's interpreter, the base one, puts
+    on its sys.path), the user site, and any site-packages / dist-packages directly in a bound folder or its
+    python*/ folders (/usr/lib/python3/dist-packages, a distribution's packages)."""
+    named = {
+        *site.getsitepackages(),
+        *site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]),
+        site.getusersitepackages() or "",
+        *sysconfig.get_paths().values(),
+    }
+    found = {f for folder in bound for pattern in _PACKAGE_FOLDER_PATTERNS for f in glob.glob(f"{folder}/{pattern}")}
+    folders = {os.path.realpath(f) for f in named | found if f}
+    return sorted(f for f in folders if os.path.isdir(f) and _under(f, bound) and f not in bound)
 
 
 def _under(path: str, folders: Sequence[str]) -> bool:

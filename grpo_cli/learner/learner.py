@@ -293,9 +293,9 @@ class Learner:
         self.model.train()
         correction = self.cfg.rollout.importance_correction
         missing = missing_behaviour(data)
-        if missing is not None and (correction != "none" or self.cfg.sync.strategy == "async"):
-            # Never train uncorrected without a word: the correction (or async's pi_prox / pi_behav) needs every
-            # sampled token's behaviour log-prob.
+        if missing is not None and (correction != "none" or self.loss.decoupled):
+            # Never train uncorrected without a word: the correction (or decoupled PPO's pi_prox / pi_behav) needs
+            # every sampled token's behaviour log-prob.
             needs = "sync=async" if correction == "none" else f"rollout.importance_correction={correction}"
             fix = "use an engine that gives them" if correction == "none" else "use rollout.importance_correction=none"
             raise UserFacingError(

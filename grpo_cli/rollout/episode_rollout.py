@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from grpo_cli.engines.base import RolloutEngine, SamplingSettings
 from grpo_cli.engines.sampling import turn_seed
 from grpo_cli.episodes.turns import (
+    ENV_VERSION,
     ChatTemplate,
     Episode,
     EpisodeLimits,
@@ -138,8 +139,9 @@ def episode_versions(episodes: Sequence[Episode]) -> list[list[int]] | None:
     """Each episode's token versions (sync=async); None when no token's was recorded (an engine that records none).
     Raises UserFacingError when only some turns recorded one: the others' behaviour policy is unknown, and labelling
     them with another version would mislabel them."""
-    missing = sum(v is None for e in episodes for v in e.versions)
-    if missing == sum(len(e.versions) for e in episodes):
+    model = [v for e in episodes for v in e.versions if v != ENV_VERSION]  # environment tokens: never sampled
+    missing = sum(v is None for v in model)
+    if missing == len(model):
         return None
     if missing:
         raise UserFacingError(

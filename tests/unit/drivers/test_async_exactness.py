@@ -91,7 +91,8 @@ def test_an_episode_batch_with_a_turn_of_unknown_version_stops_in_one_line():
         return SimpleNamespace(versions=versions)
 
     assert episode_versions([episode(versions=[3, 3, -1, 4]), episode(versions=[4])]) == [[3, 3, -1, 4], [4]]
-    assert episode_versions([episode(versions=[None, None]), episode(versions=[None])]) is None  # none recorded
+    none_recorded = [episode(versions=[None, -1, None]), episode(versions=[None])]  # -1: environment tokens
+    assert episode_versions(none_recorded) is None
     with pytest.raises(UserFacingError, match="1 sampled tokens of this batch's episodes carry no policy version"):
         episode_versions([episode(versions=[3, 3]), episode(versions=[None])])
 

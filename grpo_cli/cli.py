@@ -33,7 +33,7 @@ from grpo_cli.config import (
     validate_config,
 )
 from grpo_cli.config.group_choices import unknown_group_choice
-from grpo_cli.config.job_keys import unread_key_error
+from grpo_cli.config.job_keys import PRESET_GROUPS, unread_key_error
 from grpo_cli.config.registry import HELP_TOPICS
 from grpo_cli.config.resume import resumed_config
 from grpo_cli.episodes import config as _episode_check  # noqa: F401 - registers the multi-turn keys' check
@@ -341,20 +341,50 @@ def take_help_topics(args: list[str]) -> tuple[list[str], list[str]]:
     from grpo_cli.config.reference import groups
 
     topics, rest = [], []
+    known = (*groups(), *PRESET_GROUPS)
     for i, arg in enumerate(args):
         bare = not arg.startswith(("-", "+", "~")) and "=" not in arg
         if bare and (i == 0 or args[i - 1] not in _HYDRA_VALUE_OPTIONS):
-            if arg not in (*groups(), "all"):
-                _fail(f"grpo-run --help {arg}: no such group: give one of {', '.join(groups())}, or all")
+            if arg not in (*known, "all"):
+                _fail(f"grpo-run --help {arg}: no such group: give one of {', '.join(known)}, or all")
             topics.append(arg)
         else:
             rest.append(arg)
     return topics, rest
 
 
+def preset_help(group: str, width: int = 100) -> str:
+    """`grpo-run --help <group>` of a preset group (experiment, generation, ...): its choices, each with what its
+    file's opening comment says. A preset sets keys of several groups, so it has no keys of its own to list."""
+    import textwrap
+    from importlib.resources import files
+
+    lines = [f"== {group}: presets over several groups (grpo-run {group}=<name> --cfg job shows every key one sets) =="]
+    entries = sorted((e for e in (files("grpo_cli.conf") / group).iterdir() if e.name.endswith(".yaml")), key=str)
+    for entry in entries:
+        comment = []
+        for line in entry.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            text = line.lstrip("#").strip()
+            if not text.startswith("@package"):
+                comment.append(text)
+        # Its first sentence: what the preset is (the rest of the comment is how to run it and why).
+        first = re.split(r"(?<=\.)\s+(?=[A-Z][a-z]|grpo-run)", " ".join(comment), maxsplit=1)[0] or "-"
+        name = entry.name.removesuffix(".yaml")
+        lines += textwrap.wrap(first, width, initial_indent=f"{name:<18}", subsequent_indent=" " * 18)
+    return "\n".join(lines)
+
+
 def main() -> None:
     global _full_error_asked
     topics, args = take_help_topics(sys.argv[1:])
+    presets = [topic for topic in topics if topic in PRESET_GROUPS]
+    if presets:  # printed here: Hydra's help shows a group's keys, and a preset has none of its own
+        print("\n\n".join(preset_help(group) for group in presets))
+        topics = [topic for topic in topics if topic not in PRESET_GROUPS]
+        if not topics:
+            sys.exit(0)
     if topics:
         HELP_TOPICS[:] = topics
         sys.argv[1:] = args

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_cli import jobs
 from grpo_cli.config.declared import allowed_values
-from grpo_cli.config.job_keys import JOB_SUMMARIES, KEY_USES, job_accepts, key_use, unread_key_error
+from grpo_cli.config.job_keys import JOB_SUMMARIES, KEY_USES, PRESET_GROUPS, job_accepts, key_use, unread_key_error
 from grpo_cli.config.schemas import GROUP_SCHEMAS, GRPOConfig
 
 
@@ -112,3 +112,21 @@ def test_a_group_choice_is_accepted_where_any_of_its_keys_is_read() -> None:
     assert job_accepts("check_reward", "model")
     assert not job_accepts("check_reward", "loss")
     assert not job_accepts("report", "rollout")
+
+
+def test_every_group_grpo_run_help_lists_has_its_own_help() -> None:
+    # `grpo-run --help` lists every folder of conf/; `grpo-run --help <group>` must answer for each (it said
+    # "no such group" for experiment and generation): a schema group's keys, or a preset group's choices.
+    from importlib.resources import files
+
+    from grpo_cli.cli import preset_help, take_help_topics
+    from grpo_cli.config.reference import groups
+
+    folders = {e.name for e in files("grpo_cli.conf").iterdir() if e.is_dir() and not e.name.startswith("_")}
+    assert folders <= set(groups()) | set(PRESET_GROUPS) | {"job"}
+    for group in PRESET_GROUPS:
+        assert take_help_topics(["--help", group]) == ([group], ["--help"])
+        text = preset_help(group)
+        names = sorted(e.name.removesuffix(".yaml") for e in (files("grpo_cli.conf") / group).iterdir())
+        listed = [line.split()[0] for line in text.splitlines()[1:] if line and not line.startswith(" ")]
+        assert listed == [n for n in names if not n.startswith("_")], group

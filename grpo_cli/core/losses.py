@@ -370,6 +370,11 @@ def compute_gspo_loss(
     token of the sequence through ``s_i``. The paper clips in a far narrower range than GRPO
     (eps_low 3e-4, eps_high 4e-4: conf/loss/gspo.yaml) because ``s_i`` is length-normalized.
 
+    Under decoupled PPO (sync=async) the train step multiplies this per-token loss by each token's weight
+    pi_prox / pi_behav, so with ``sequence_mean`` a sequence is weighted by the arithmetic mean of its token weights,
+    not by a sequence-level ratio: AReaL's choice too (its behaviour weight stays per token under GSPO), and a mean of
+    capped weights stays bounded (docs/sync.md#decoupled-ppo; tests/unit/core/test_behaviour_cap.py).
+
     Args:
         advantages (torch.Tensor): per-example advantage, shape (batch, 1) (or (batch,)).
         policy_log_probs (torch.Tensor): (batch, seq), with grad.

@@ -14,8 +14,9 @@ Each step (learner version V = step - 1 before it):
 
 Every trained sample is checked: V - (the oldest version among its tokens) <= max_staleness, or the run stops (an
 orchestration bug must not bias training silently). Resume: a checkpoint holds the prompt sampler as it was before
-the first prompt not trained yet, and under drop the prompts trained since (their groups are not sampled again);
-what was in flight is sampled again after the resume, never trained twice, never skipped.
+the first prompt not trained yet, and under drop the prompts trained since (their groups are not sampled again) and
+the batches closed behind an open one (drawn again for their seeds, not sampled); what was in flight is sampled
+again after the resume, never trained twice, never skipped.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from grpo_cli.engines.stopping import decoded
 from grpo_cli.engines.stream import DecodeStream, HFDecodeStream, StreamCounters, StreamRow
 from grpo_cli.errors import UserFacingError
 from grpo_cli.models.runtime import limit_threads
-from grpo_cli.rollout.batch_statistics import combine_rollout_metrics
+from grpo_cli.rollout.batch_statistics import combine_rollout_metrics, split_whole_batch_metrics
 from grpo_cli.rollout.runs import OneTurnRun, Samples
 from grpo_cli.rollout.worker import RolloutWorker, rollout_seed, sampling_settings
 from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
@@ -422,7 +422,7 @@ class AsyncGeneration:
         if self.sync.lockstep:  # the very produce of the other strategies
             with self.engine_call("a lockstep batch"):
                 data = worker.produce(examples, order.batch_number, with_old, 0, order.epoch)
-            group_metrics = [data.metrics] * len(indices)  # scored whole: each group carries its batch's
+            group_metrics = split_whole_batch_metrics(data.metrics, len(indices))  # scored whole
         else:
             cfg = self.cfg
             timings: dict[str, float] = {}

@@ -61,6 +61,18 @@ def kept_rewards(data: RolloutData) -> torch.Tensor:
 _MEANS_OVER_SCORED = tuple(f"train/{key}" for key in (*REWARD_KEYS, "unparseable_rate"))
 
 
+def is_count(key: str) -> bool:
+    """Whether a rollout metric is a total (times, tokens, reward errors) that pieces add up to."""
+    return key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts"))
+
+
+def split_whole_batch_metrics(metrics: dict[str, float], groups: int) -> list[dict[str, float]]:
+    """The metrics of a batch scored whole, for each of its `groups` shipped one at a time (sync.lockstep): its
+    statistics on every group, its totals on the first only, so that the groups combine to the batch's metrics."""
+    uncounted = {key: 0.0 if is_count(key) else value for key, value in metrics.items()}
+    return [dict(metrics)] + [dict(uncounted) for _ in range(groups - 1)]
+
+
 def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
     """The rollout metrics of several scored pieces (a step's dynamic-sampling rounds, sync=async's groups, the
     batches a replay step received) as those of their concatenation, one batch: times, token and error counts add
@@ -76,7 +88,7 @@ def combine_rollout_metrics(parts: Sequence[RolloutData]) -> dict[str, float]:
     for key in dict.fromkeys(key for p in parts for key in p.metrics):  # a key some pieces lack: over those with it
         present = [(p.metrics[key], n, m) for p, n, m in zip(parts, rows, with_reward, strict=True) if key in p.metrics]
         values = [value for value, _, _ in present]
-        if key.startswith("time/") or key == "n_tokens" or key.endswith(("reward_errors", "reward_timeouts")):
+        if is_count(key):
             combined[key] = sum(values)
         elif key.endswith("_max"):
             combined[key] = max(values)

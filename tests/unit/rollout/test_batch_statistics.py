@@ -19,9 +19,10 @@ from grpo_cli.core import compute_advantages
 from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.rollout.async_generation import AsyncGeneration, FinishedGroup
+from grpo_cli.rollout.batch_statistics import split_whole_batch_metrics
 from grpo_cli.rollout.runs import Samples
 from grpo_cli.rollout.worker import RolloutWorker, sampling_settings
-from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.scoring.batch import RolloutData, select_completions
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.e2e.test_multiturn_e2e import ENVIRONMENT
@@ -68,6 +69,14 @@ def test_a_batch_scored_in_groups_combines_to_the_metrics_of_the_batch_scored_wh
     for key in statistics:
         assert combined[key] == pytest.approx(whole.metrics[key], abs=1e-9), key
     assert combined["n_tokens"] == whole.metrics["n_tokens"]
+    # A batch scored whole and shipped group by group (sync.lockstep): its groups combine to it as well, its totals
+    # counted once.
+    shipped = [select_completions(whole, list(range(k * g, (k + 1) * g))) for k in range(len(examples))]
+    for piece, metrics in zip(shipped, split_whole_batch_metrics(whole.metrics, len(shipped)), strict=True):
+        piece.metrics = metrics
+    assert {k: v for k, v in combine_rollout_metrics(shipped).items() if not k.startswith("time/")} == pytest.approx(
+        {k: v for k, v in whole.metrics.items() if not k.startswith("time/")}
+    )
     # The comparison can fail: the pieces differ in spread and longest response, so averaging them (the old
     # combine) gives other numbers.
     within = sum(p.metrics["train/reward_std"] for p in pieces) / len(pieces)

@@ -180,7 +180,7 @@ def build_card(checkpoint: RunCheckpoint, layout: Layout, dtype_name: str, hub_i
     model_cfg = checkpoint.model_cfg
     base_id, base_text = base_description(model_cfg.name_or_path, model_cfg.init_seed)
     info = _run_info(checkpoint.run_dir)
-    git = info.get("git") if isinstance(info.get("git"), dict) else {}
+    git: dict[str, Any] = info["git"] if isinstance(info.get("git"), dict) else {}
     commit = git.get("commit") or "unknown (not run from a git checkout)"
     dirty = " (with uncommitted changes)" if git.get("dirty") else ""
     task = str(saved_value(config, "task.name"))

@@ -204,7 +204,7 @@ def _write_adapter(
     peft_model = cast(PeftModel, model.to(dtype))
     for config in peft_model.peft_config.values():
         config.base_model_name_or_path = hub_id
-    peft_model.save_pretrained(directory)
+    peft_model.save_pretrained(str(directory))
     tokenizer.save_pretrained(directory)
     generation.save_pretrained(directory)
 

@@ -41,8 +41,11 @@ class RunCheckpoint:
     def model_cfg(self) -> ModelConfig:
         """The run's `model.*`, as the typed schema; gradient checkpointing off: it would write use_cache=false
         into the exported config.json, and exporting runs no backward pass."""
+        from grpo_cli.config.schemas import ModelConfig
+
         model = OmegaConf.to_object(self.config.model)
-        return dataclasses.replace(model, gradient_checkpointing=False)  # type: ignore[type-var]
+        assert isinstance(model, ModelConfig)  # load_saved_config merged config.yaml into the schema
+        return dataclasses.replace(model, gradient_checkpointing=False)
 
     def default_out(self) -> Path:
         """<run>/model for the newest complete checkpoint, <run>/model_step_N for an older one."""

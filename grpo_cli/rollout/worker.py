@@ -244,10 +244,11 @@ class RolloutWorker:
             for k in range(0, n, g)
         ]
 
-    def check_prompts_fit(self, examples: list[Example]) -> None:
-        """Stop the run (one line naming the example) when a training prompt leaves no room in the model's context
-        for one sampled token: the engine would sample nothing after it. A multi-turn task's openings are checked
-        as its episodes open (episodes.turns)."""
+    def check_prompts_fit(self, examples: list[Example], what: str = "training example") -> None:
+        """Stop the run (one line naming the example, `what` it is and where it was read: Example.source) when a
+        prompt leaves no room in the model's context for one sampled token: the engine would sample nothing after
+        it (an eval example would be scored on an empty completion, counted wrong without a word). A multi-turn
+        task's openings are checked as its episodes open (episodes.turns)."""
         context = self.engine.context_length
         found = None if context is None else self.run.first_prompt_past_context(examples, context)
         if found is None:
@@ -258,8 +259,9 @@ class RolloutWorker:
         shown = " ".join(text.split())
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         where = "rollout.max_model_len" if self.cfg.rollout.engine == "vllm" else "the model's max_position_embeddings"
+        source = f" of {examples[index].source}" if examples[index].source else ""
         raise UserFacingError(
-            f"training example {index} ({shown!r}) is a {length}-token prompt and the model's context is {context} "
+            f"{what} {index}{source} ({shown!r}) is a {length}-token prompt and the model's context is {context} "
             f"tokens ({where}): drop or shorten the long examples of the data, or use a model with a longer context"
         )
 
@@ -295,6 +297,9 @@ class RolloutWorker:
     ) -> tuple[dict[str, float], list[dict[str, Any]], int]:  # records: JSON rows of any value
         """Held-out evaluation of the weights this worker holds: (metrics, records, policy version); `epoch` as
         in `produce`."""
+        # Every job that evaluates comes here (training's evaluations, job=baseline_eval, job=eval; in-process, as a
+        # Ray actor, on the async stream): an example past the context is refused, never scored as an empty answer.
+        self.check_prompts_fit(examples, "eval example")
         sampling = sampling_settings(self.cfg, self.cfg.eval.n_samples, seed=self.cfg.seed, for_eval=True)
         with self.autocast():
             metrics, records = evaluate(

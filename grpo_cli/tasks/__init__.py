@@ -99,13 +99,21 @@ def load_examples(task_cfg: TaskConfig, split: str) -> list[Example]:
     task = task_for(task_cfg)
     path = task_cfg.train_path if split == "train" else task_cfg.eval_path
     n = task_cfg.n_train if split == "train" else task_cfg.n_eval
+    source = f"task.{split}_path={path}" if path else f"task={task_cfg.name}'s {split} split"
     if path and task.from_config is None:  # a task made from its config reads its own paths (CSV, Parquet, ...)
-        return load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row, task.make_prompt)
-    options = {key: getattr(task_cfg, key) for key in task.options}
-    try:
-        return task.build(split, n, task_cfg.data_seed, task_cfg.prompt, **options)
-    except ValueError as e:  # the builders' option checks ("task.min_words=0 must be ..."): one line, exit 2
-        raise UserFacingError(str(e)) from None
+        examples = load_jsonl_examples(path, task_cfg.prompt, n, task.parse_row, task.make_prompt)
+    else:
+        options = {key: getattr(task_cfg, key) for key in task.options}
+        try:
+            examples = task.build(split, n, task_cfg.data_seed, task_cfg.prompt, **options)
+        except ValueError as e:  # the builders' option checks ("task.min_words=0 must be ..."): one line, exit 2
+            raise UserFacingError(str(e)) from None
+    return with_source(examples, source)
+
+
+def with_source(examples: list[Example], source: str) -> list[Example]:
+    """`examples` with Example.source set to `source` (where they were read, for the errors about one of them)."""
+    return [dataclasses.replace(example, source=source) for example in examples]
 
 
 # Metric names under eval/ that a set name would collide with (eval/<set>/... beside eval/reward/<component>).
@@ -144,7 +152,12 @@ def load_eval_sets(task_cfg: TaskConfig) -> dict[str, list[Example]]:
     """task.eval_sets: {name: examples} of the extra held-out sets, each read by the task's own loaders
     (task.n_eval caps each); empty when none is configured."""
     sources = task_cfg.eval_sets or {}
-    return {name: load_examples(eval_set_config(task_cfg, name, str(src)), "eval") for name, src in sources.items()}
+    return {
+        name: with_source(
+            load_examples(eval_set_config(task_cfg, name, str(src)), "eval"), f"task.eval_sets.{name}={src}"
+        )
+        for name, src in sources.items()
+    }
 
 
 def get_task(name: str) -> TaskSpec:

@@ -46,6 +46,9 @@ class Example:
     ground_truth: GroundTruth
     # Free-form data kept in eval JSONL (e.g. the source question); never read by rewards.
     meta: dict[str, Any] = field(default_factory=dict)
+    # Where the example was read ("task.eval_path=/data/eval.jsonl", "task.eval_sets.hard=hard.jsonl"), for the
+    # one-line errors about it (tasks.load_examples sets it); "" where it was made otherwise.
+    source: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

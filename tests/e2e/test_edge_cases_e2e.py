@@ -84,3 +84,30 @@ def test_the_same_command_line_plus_resume_continues_a_custom_task_and_a_changed
     assert refused.returncode == 2 and "\n" not in line, refused.stderr[-3000:]
     assert f"task.rewards.p cannot change on resume (the run continues with its saved task.rewards.p={tmp_path}" in line
     assert f"this command gives {tmp_path / 'other.py'}:parity" in line and "'n_train'" not in line
+
+
+@pytest.mark.slow
+def test_an_eval_prompt_past_the_context_is_refused_naming_its_set_and_row_on_every_job_that_evaluates(
+    tmp_path: Path,
+) -> None:
+    """A held-out prompt longer than the model's context (tiny_random: 2048 tokens) was scored on an empty completion
+    and counted wrong without a word; now job=baseline_eval (an eval set) and training (task.eval_path) refuse it
+    in one line naming where it was read and its row (job=eval shares baseline_eval's evaluation)."""
+    (tmp_path / "parity.py").write_text(PARITY)
+    short = [{"prompt": f"Say a word #{i}", "answer": "x"} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in short))
+    long = [short[0], {"prompt": "word " * 2500, "answer": "x"}, short[1]]
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
+    task = ["model=tiny_random", "rollout.max_tokens=8", "task=custom", "task.train_path=train.jsonl"]
+    task += ["+task.rewards.p=parity.py:parity"]
+    baseline = run_grpo(
+        ["job=baseline_eval", *task, "task.eval_path=train.jsonl", "+task.eval_sets.long=long.jsonl"],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    training = run_grpo(["debug=smoke", *task, f"task.eval_path={tmp_path / 'long.jsonl'}"], cwd=tmp_path, timeout=300)
+    for result, source in ((baseline, "task.eval_sets.long=long.jsonl"), (training, "task.eval_path=")):
+        errors = [line for line in result.stderr.splitlines() if line.startswith("grpo-run: error:")]
+        assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+        assert f"eval example 1 of {source}" in errors[0], errors[0]
+        assert "is a 25" in errors[0] and "the model's context is 2048 tokens" in errors[0], errors[0]

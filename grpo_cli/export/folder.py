@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import re
 import shutil
@@ -137,6 +138,7 @@ def write_model(
             _write_skeleton(plain, tokenizer, temp)
             with _no_progress_bar():
                 plain.save_pretrained(temp, max_shard_size=max_shard_size)  # safetensors: 4.57's and 5.x's default
+        readable_by_older_transformers(temp)
         # mkdtemp and safetensors make private files; a model folder is for others to read (and serve).
         for path in [temp, *temp.iterdir()]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
@@ -207,6 +209,32 @@ def _write_adapter(
     peft_model.save_pretrained(str(directory))
     tokenizer.save_pretrained(directory)
     generation.save_pretrained(directory)
+
+
+def readable_by_older_transformers(directory: Path) -> None:
+    """The folder as transformers 4.57 (the lowest version grpo-cli supports) reads it too, when 5.x wrote it.
+
+    5.x names its tokenizer class `TokenizersBackend`, which 4.57 refuses to load, where `PreTrainedTokenizerFast`
+    (the same tokenizer.json) loads in both; and it keeps the rotary base only in `rope_parameters`, which 4.57 does
+    not read: it would silently use its default rope_theta (10000, where SmolLM2's is 100000) and compute another
+    model. The legacy `rope_theta` / `rope_scaling` keys beside it are read by 4.57 and agree with 5.x's."""
+    tokenizer_config = directory / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        saved = json.loads(tokenizer_config.read_text())
+        if saved.get("tokenizer_class") == "TokenizersBackend":
+            saved["tokenizer_class"] = "PreTrainedTokenizerFast"
+        for leaked in ("is_local", "local_files_only"):  # loading arguments 5.x writes back; no tokenizer setting
+            saved.pop(leaked, None)
+        tokenizer_config.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n")
+    config_file = directory / "config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text())
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
+            config["rope_theta"] = rope["rope_theta"]
+            if rope.get("rope_type", "default") != "default" and config.get("rope_scaling") is None:
+                config["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _replace(temp: Path, out: Path) -> None:

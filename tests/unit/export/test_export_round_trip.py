@@ -60,10 +60,10 @@ def log_probs(model: torch.nn.Module) -> torch.Tensor:
     return out["log_probs"][batch["response_mask"].bool()]
 
 
-def untied_bf16_base(folder: Path) -> Path:
+def untied_bf16_base(folder: Path, **extra) -> Path:
     """A local base with an untied LM head, published in bfloat16, over the tiny model's tokenizer."""
     tokenizer = load_tokenizer(TINY_RANDOM)
-    config = LlamaConfig(**{**TINY_LM_CONFIG, "vocab_size": len(tokenizer)}, tie_word_embeddings=False)
+    config = LlamaConfig(**{**TINY_LM_CONFIG, "vocab_size": len(tokenizer), **extra}, tie_word_embeddings=False)
     torch.manual_seed(3)
     model = random_weights(LlamaForCausalLM(config), std=0.5, seed=3).to(torch.bfloat16)
     model.save_pretrained(folder)
@@ -183,3 +183,23 @@ def test_which_lora_layout(name, expected):
     cfg = compose_config([f"model.name_or_path={name}", "model.lora.enabled=true"]).model
     assert layout_for(cfg, merge_lora=False).kind == expected
     assert layout_for(cfg, merge_lora=True).kind == "merged"
+
+
+def test_the_folder_reads_on_transformers_4_57_too(tmp_path):
+    """transformers 5.x writes a tokenizer class 4.57 refuses (TokenizersBackend) and the rotary base only in
+    rope_parameters, which 4.57 ignores (silently using rope_theta 10000): the export adds what 4.57 reads (checked
+    by hand on 4.57.1: the files load there with the same ids and rope_theta), and 5.x still reads them the same."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    base = untied_bf16_base(tmp_path / "base", rope_theta=100000.0)  # SmolLM2's rotary base, not the default
+    make_run(tmp_path / "run", [f"model.name_or_path={base}"])
+    folder = export_checkpoint(find_checkpoint(tmp_path / "run"), ExportConfig()).folder
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert tokenizer_config.get("tokenizer_class") != "TokenizersBackend" and "is_local" not in tokenizer_config
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.get("rope_parameters", {"rope_theta": config["rope_theta"]})
+    assert config["rope_theta"] == rope["rope_theta"] == 100000.0
+    text = "hello <|im_end|> world"
+    assert AutoTokenizer.from_pretrained(folder)(text)["input_ids"] == load_tokenizer(TINY_RANDOM)(text)["input_ids"]
+    reread = AutoConfig.from_pretrained(folder)
+    assert getattr(reread, "rope_parameters", None) in (None, rope)

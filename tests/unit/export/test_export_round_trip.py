@@ -24,6 +24,10 @@ from grpo_cli.learner.checkpoint import save_checkpoint
 from grpo_cli.models import TINY_RANDOM, build_policy, load_tokenizer
 from tests.conftest import TINY_LM_CONFIG, compose_config, random_weights
 
+# Merged LoRA in float32: (W + B @ A * s) x against W x + B (A x) s, the same numbers summed in another order (measured
+# 1.6e-5 on transformers 4.57.1, under 1e-5 on 5.19; log-probs about -11). The full model is the same computation:
+# 1e-5.
+MERGED_ATOL = 1e-4
 PROMPT, RESPONSE = "Write one short sentence that includes the words: river, lamp.", " The lamp shone over the river."
 
 
@@ -142,7 +146,7 @@ def test_lora_on_a_base_without_hub_id_is_merged_and_scores_as_trained(tmp_path)
     assert exported.layout == "merged" and not (exported.folder / "adapter_config.json").exists()
     assert not any("lora" in name or "base_layer" in name for name in stored_names(exported.folder))
     loaded = AutoModelForCausalLM.from_pretrained(exported.folder)
-    torch.testing.assert_close(log_probs(loaded), log_probs(trainer), rtol=0, atol=1e-5)
+    torch.testing.assert_close(log_probs(loaded), log_probs(trainer), rtol=0, atol=MERGED_ATOL)
 
 
 def test_lora_adapter_in_peft_format_loads_over_its_base(tmp_path, monkeypatch):
@@ -167,7 +171,7 @@ def test_lora_adapter_in_peft_format_loads_over_its_base(tmp_path, monkeypatch):
     merged = export_checkpoint(checkpoint, ExportConfig(merge_lora=True, dtype="float32"), out=tmp_path / "merged")
     assert merged.layout == "merged"
     torch.testing.assert_close(
-        log_probs(AutoModelForCausalLM.from_pretrained(merged.folder)), log_probs(trainer), rtol=0, atol=1e-5
+        log_probs(AutoModelForCausalLM.from_pretrained(merged.folder)), log_probs(trainer), rtol=0, atol=MERGED_ATOL
     )
 
 

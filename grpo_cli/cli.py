@@ -134,7 +134,7 @@ def task(dict_cfg: DictConfig) -> float | None:
             raise UserFacingError(unread)
         # task=custom: the user's files, found from where grpo-run was started, in every process after this; on a
         # resume compared with the saved config's as what they resolve to (it holds them absolute).
-        absolutize_task_paths(dict_cfg.task, Path(hydra_cfg.runtime.cwd))
+        absolutize_task_paths(dict_cfg.task, task_base_dir(dict_cfg.task, Path(hydra_cfg.runtime.cwd)))
         if dict_cfg.resume:
             dict_cfg = resumed_config(
                 dict_cfg.resume, Path(hydra_cfg.runtime.output_dir), overrides, console, composed=dict_cfg
@@ -179,6 +179,18 @@ class SweepEndLine(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_end_line(str(config.hydra.sweep.dir), str(config.hydra.help.app_name)), flush=True)
+
+
+def task_base_dir(task_cfg: DictConfig, cwd: Path) -> Path:
+    """Where a task's relative files are found: task.base_dir (made absolute against where grpo-run was started,
+    and written back) when the task has it set, else where grpo-run was started. So an example's files (its data,
+    rewards, tools, environment, agent) are found from any folder with task.base_dir=<the example's folder>."""
+    base = task_cfg.get("base_dir")
+    if not base:
+        return cwd
+    absolute = cwd / Path(str(base)).expanduser()
+    task_cfg.base_dir = str(absolute)
+    return absolute
 
 
 def stop_line(stopped: RunStopped) -> str:

@@ -16,6 +16,7 @@ from grpo_cli.tracking.run_info import build_run_info, write_run_info
 
 if TYPE_CHECKING:
     from grpo_cli.config.schemas import GRPOConfig
+    from grpo_cli.tasks.base import Example
 
 
 def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overrides: list[str]) -> list[str]:
@@ -37,7 +38,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
 
         require_endpoint()
     check_tools_in_workers(cfg)
-    examples = {split: load_examples(cfg.task, split) for split in splits}
+    examples = load_splits(cfg, splits)
     if "eval" in splits:
         load_eval_sets(cfg.task)  # a bad file or split of task.eval_sets fails here, before the model loads
     check_devices_for_ranks(cfg)
@@ -46,6 +47,22 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
         warnings.append(repaired)
     warnings.append(pure_half_precision_warning(cfg.model.dtype))
     return [warning for warning in warnings if warning is not None]
+
+
+def load_splits(cfg: GRPOConfig, splits: tuple[str, ...]) -> dict[str, list[Example]]:
+    """Every split's examples. The splits that cannot load are said together in one line (offline, task=math's
+    train and test splits both need the hub: one run, one line, not a second run to find the second)."""
+    examples, failures = {}, []
+    for split in splits:
+        try:
+            examples[split] = load_examples(cfg.task, split)
+        except UserFacingError as e:
+            failures.append(e)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise UserFacingError("; ".join(str(e) for e in failures))
+    return examples
 
 
 def check_tools_in_workers(cfg: GRPOConfig) -> None:

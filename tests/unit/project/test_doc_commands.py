@@ -36,6 +36,8 @@ FOLDERS = {("multi-turn.md", "task=guess8"): "examples/multiturn_guess"}
 # What a command names that only exists on the author's machine or in the reader's own folder: composed no
 # further than its group choices (check_group_choices), never silently skipped.
 PLACEHOLDERS = ("outputs/", "myexp", "mytask", "task=adding", "/data/", "...", "<", "node0.cluster", "$(")
+# Where the reader's clone is: an example run from any folder names it (`EX=/path/to/grpo-cli/examples/<x>`).
+PLACEHOLDERS += ("/path/to/", "$EX")
 
 # Hydra's options followed by their value (`--cfg job`, `--config-dir conf`).
 VALUE_OPTIONS = cli._HYDRA_VALUE_OPTIONS

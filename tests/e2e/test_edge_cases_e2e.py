@@ -111,3 +111,56 @@ def test_an_eval_prompt_past_the_context_is_refused_naming_its_set_and_row_on_ev
         assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
         assert f"eval example 1 of {source}" in errors[0], errors[0]
         assert "is a 25" in errors[0] and "the model's context is 2048 tokens" in errors[0], errors[0]
+
+
+# The OpenAI SDK's async pattern, as a user writes it: one AsyncOpenAI client kept for the worker's life (never
+# closed) and, per episode, a throwaway one left for the garbage collector (whose aclose() then needs a live loop).
+ASYNC_AGENT = """
+from openai import AsyncOpenAI
+
+_kept = {}
+
+
+async def solve(row, prompt, base_url, api_key):
+    client = _kept.get(base_url)
+    if client is None:
+        client = _kept[base_url] = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = await client.chat.completions.create(model="policy", messages=list(prompt), max_tokens=8)
+    throwaway = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    again = await throwaway.chat.completions.create(model="policy", messages=list(prompt), max_tokens=4)
+    text = (reply.choices[0].message.content or "") + (again.choices[0].message.content or "")
+    return float(len(text) % 2)
+"""
+
+
+@pytest.mark.slow
+def test_an_async_agent_keeping_an_asyncopenai_client_across_episodes_trains_with_a_clean_console(
+    tmp_path: Path,
+) -> None:
+    """usercode/awaiting.resolved awaits every call on the process's one long-lived loop: a client made in one
+    episode is used and garbage-collected on the loop that made it (a fresh asyncio.run loop per call ended each
+    episode with "Task exception was never retrieved ... Event loop is closed" and a traceback)."""
+    pytest.importorskip("openai")
+    (tmp_path / "my_agent.py").write_text(ASYNC_AGENT)
+    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"} for _ in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    args = [
+        "debug=smoke",
+        "task=custom",
+        "task.train_path=train.jsonl",
+        "task.eval_path=train.jsonl",
+        "task.agent=my_agent.py:solve",
+        "rollout.max_tokens=8",
+        "train.steps=3",
+        "train.eval_every=0",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_grpo(args, cwd=tmp_path, timeout=400)
+    console = result.stdout + result.stderr
+    assert result.returncode == 0, console[-3000:]
+    for noise in ("Task exception was never retrieved", "Event loop is closed", "Traceback", "unclosed event loop"):
+        assert noise not in console, console[-3000:]
+    steps = [row for row in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in row]
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert all(row["train/skipped_episodes"] == 0 for row in steps if "train/skipped_episodes" in row)

@@ -120,3 +120,12 @@ def actor_lost(error: BaseException, output_dir: Path) -> str:
         else "no checkpoint was written yet"
     )
     return f"a Ray actor of this run is gone ({type(error).__name__}: its node died or its process was killed); {kept}"
+
+
+def cannot_join(address: str, error: BaseException) -> str:
+    """The one line of a run that could not join the cluster at sync.ray_address (Ray gives up after ~20 s)."""
+    return (
+        f"sync.ray_address={address}: could not join the Ray cluster ({error}); check the address (`ray status "
+        f"--address={address}`), and where the cluster has token authentication on (`ray start --head` in Ray 2.60 "
+        "turns it on), run grpo-run with RAY_AUTH_MODE=token as the nodes were started"
+    )

@@ -49,7 +49,7 @@ from grpo_cli.drivers.dynamic_sampling import (
 )
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
-from grpo_cli.drivers.ray_cluster import actor_lost, node_files, node_problem, reply_problem, shipped_env
+from grpo_cli.drivers.ray_cluster import actor_lost, cannot_join, node_files, node_problem, reply_problem, shipped_env
 from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
 from grpo_cli.errors import RunStopped, UserFacingError
@@ -208,7 +208,12 @@ class RayExecutor:
         else:
             # The actors start from their node's environment: the driver's hub and logging settings go with them.
             kwargs["runtime_env"] = {"env_vars": shipped_env(os.environ)}
-        self.ray.init(address=cfg.sync.ray_address, **kwargs)
+        try:
+            self.ray.init(address=cfg.sync.ray_address, **kwargs)
+        except ConnectionError as error:
+            if cfg.sync.ray_address is None:
+                raise
+            raise UserFacingError(cannot_join(cfg.sync.ray_address, error)) from None
         self.started_ray = True
 
     def actors_text(self) -> str:

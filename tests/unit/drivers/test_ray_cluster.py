@@ -10,6 +10,7 @@ import pytest
 
 from grpo_cli.drivers.ray_cluster import actor_lost, node_files, node_problem, reply_problem, shipped_env
 from grpo_cli.drivers.ray_executor import RayExecutor, actor_resources
+from grpo_cli.drivers.ray_reaper import stop_sentinel
 from grpo_cli.errors import UserFacingError
 from tests.conftest import compose_config
 
@@ -97,3 +98,34 @@ def test_a_lost_actor_names_the_checkpoints_kept_and_the_resume(tmp_path):
     assert line.endswith(
         f"the checkpoints in {tmp_path / 'checkpoints'} are kept; continue with: grpo-run resume={tmp_path}"
     )
+
+
+class UnreachableRay:
+    """Stands in for the ray module where ray.init cannot reach the cluster (as Ray 2.60 says after ~20 s when the
+    address is wrong or token authentication rejects the driver)."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return False
+
+    @staticmethod
+    def init(address=None, **kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_address(tmp_path):
+    address = "127.0.0.1:6390"
+    cfg = compose_config(["sync=async", f"sync.ray_address={address}", "sync.actor_cpus=1"], str(tmp_path))
+    executor = RayExecutor.__new__(RayExecutor)
+    executor.ray, executor.sentinel, executor.started_ray = UnreachableRay(), None, False
+    with pytest.raises(UserFacingError) as raised:
+        executor.start_ray(cfg, actors=2, cpus=1)
+    line = str(raised.value)
+    assert line.startswith(f"sync.ray_address={address}: could not join the Ray cluster (Failed to connect")
+    assert "RAY_AUTH_MODE=token" in line and "\n" not in line
+    # A local Ray that fails to start is not a cluster's address: the error stays what it is.
+    try:
+        with pytest.raises(ConnectionError):
+            executor.start_ray(compose_config(["sync=async"], str(tmp_path)), actors=2, cpus=1)
+    finally:
+        stop_sentinel(executor.sentinel)  # the local path starts its sentinel first

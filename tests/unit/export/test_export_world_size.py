@@ -39,7 +39,11 @@ def write_config(run_dir: Path, strategy: str) -> None:
 
 
 def _fsdp_rank(rank: int, port: int, run_dir: str) -> None:
-    from grpo_cli.learner.learner import Learner
+    """build_policy's model sharded by FSDP2 as the learner shards it (parallel.wrap_for_training), shifted, and
+    checkpointed by save_checkpoint (which gathers the shards)."""
+    from torch.distributed.tensor import DTensor
+
+    from grpo_cli.distributed.parallel import wrap_for_training
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
@@ -47,11 +51,13 @@ def _fsdp_rank(rank: int, port: int, run_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(minutes=3))
     torch.set_num_threads(1)
     try:
-        learner = Learner(compose_config(overrides("fsdp"), output_dir=run_dir), Path(run_dir))
+        model, _ = build_policy(compose_config(overrides("fsdp"), output_dir=run_dir).model, torch.device("cpu"))
+        wrap_for_training(model, "fsdp", torch.device("cpu"), None)
+        assert isinstance(next(model.parameters()), DTensor)  # each rank holds its shard only
         with torch.no_grad():
-            for parameter in learner.model.parameters():
+            for parameter in model.parameters():
                 parameter.add_(SHIFT)
-        learner.save_checkpoint(2, {"sampler": {}})
+        save_checkpoint(Path(run_dir), 2, model, torch.optim.AdamW(model.parameters()), {"sampler": {}}, keep=1)
     finally:
         dist.destroy_process_group()
 

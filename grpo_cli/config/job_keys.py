@@ -160,3 +160,12 @@ def unread_key_error(job: str, overrides: list[str]) -> str | None:
         summary = JOB_SUMMARIES.get(job, "")
         return f"job={job} {summary} and does not read {key} ({override}): {instead}"
     return None
+
+
+def markdown_table() -> str:
+    """KEY_USES as docs/config-contract.md shows it (tests/unit/config/test_job_keys.py keeps the page equal)."""
+    rows = ["| key (and the keys under it) | read by | accepted, not read (by design) |", "| --- | --- | --- |"]
+    for key, use in KEY_USES.items():
+        ignored = ", ".join(f"`{job}`" for job in use.ignored) or "-"
+        rows.append(f"| `{key}` | {', '.join(f'`{job}`' for job in use.read_by)} | {ignored} |")
+    return "\n".join(rows)

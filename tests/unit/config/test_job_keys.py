@@ -130,3 +130,12 @@ def test_every_group_grpo_run_help_lists_has_its_own_help() -> None:
         names = sorted(e.name.removesuffix(".yaml") for e in (files("grpo_cli.conf") / group).iterdir())
         listed = [line.split()[0] for line in text.splitlines()[1:] if line and not line.startswith(" ")]
         assert listed == [n for n in names if not n.startswith("_")], group
+
+
+def test_the_contract_page_shows_the_table() -> None:
+    from pathlib import Path
+
+    from grpo_cli.config.job_keys import markdown_table
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "config-contract.md").read_text()
+    assert markdown_table() in page, "regenerate the table in docs/config-contract.md from job_keys.markdown_table()"

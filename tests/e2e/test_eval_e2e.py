@@ -90,6 +90,29 @@ def test_eval_model_must_name_a_model(tmp_path: Path, given: str | None, message
         eval_config(composed(overrides, tmp_path / "out"), overrides, tmp_path / "out")
 
 
+def test_eval_step_picks_a_checkpoint_and_a_model_folder_loads_as_model_hf(tmp_path: Path) -> None:
+    run = fake_run(tmp_path, ["debug=smoke", "task=gsm8k"])
+    overrides = ["job=eval", f"eval.model={run}", "eval.step=3"]
+    assert eval_config(composed(overrides, tmp_path / "a"), overrides, tmp_path / "a").eval.step == 3
+    overrides = ["job=eval", f"eval.model={run}", "eval.step=5"]
+    with pytest.raises(UserFacingError, match=r"eval.step=5: .* has no checkpoint of step 5 \(its steps: 3\)"):
+        eval_config(composed(overrides, tmp_path / "b"), overrides, tmp_path / "b")
+    # The run's exported model/: loaded as model=hf would load it, with the run's task.
+    (run / "model").mkdir()
+    (run / "model" / "config.json").write_text("{}")
+    overrides = ["job=eval", f"eval.model={run / 'model'}"]
+    cfg = eval_config(composed(overrides, tmp_path / "c"), overrides, tmp_path / "c")
+    assert (cfg.model.name, cfg.model.name_or_path, cfg.task.name) == ("hf", str(run / "model"), "gsm8k")
+    assert cfg.eval.model == str(run / "model") and cfg.eval.step is None
+    # A folder of its own: the command line's task.
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    overrides = ["job=eval", f"eval.model={folder}", "task=regex_sum"]
+    cfg = eval_config(composed(overrides, tmp_path / "d"), overrides, tmp_path / "d")
+    assert (cfg.model.name_or_path, cfg.task.name) == (str(folder), "regex_sum")
+
+
 def greedy(model: torch.nn.Module, tokenizer, prompt: str, max_tokens: int) -> str:
     """One row, transformers' own generate: the independent decode the job's outputs are checked against."""
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])

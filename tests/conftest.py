@@ -244,6 +244,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.alone)
         if not any(item.iter_markers("xdist_group")) and (group := xdist_group_of(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+            keep_group_in_node_id(item)
+
+
+def keep_group_in_node_id(item: pytest.Item) -> None:
+    """What --dist loadgroup guarantees: the tests whose node ids end in the same `@<group>` run on one worker,
+    one after another (its scheduler reads the group from that suffix, and nothing else). pytest-xdist 3.8 adds
+    the suffix by setting `item._nodeid`, which pytest 9.2 (what `pytest>=8` installs on a clean machine; 9.0.3
+    still read it) no longer reads: its node id is `str(item._id)`, a NodeId. There every group was lost without a
+    word, and each test went to whichever worker was free. Where pytest keeps the id in `_id`, the suffix is added
+    here, as xdist would (its group names, sorted, joined by "_"); where it keeps `_nodeid`, xdist's own hook adds
+    it after this one."""
+    names = sorted(
+        {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    )
+    node_id = getattr(item, "_id", None)
+    if not names or node_id is None or hasattr(item, "_nodeid"):
+        return
+    item._id = type(node_id).parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -133,3 +133,21 @@ def test_the_exported_folder_serves_in_vllm_as_the_trainer_samples(finished):
             scored = response_log_probs(trainer, batch["input_ids"], batch["labels"], batch["response_mask"])
         trainers = scored["log_probs"][batch["response_mask"].bool()]
         assert (theirs - trainers).abs().max() < DEFAULT_TOLERANCE[torch.float32]
+
+
+@pytest.mark.slow
+@pytest.mark.machine_wide
+def test_a_distributed_run_writes_model_once_from_the_launching_process(tmp_path):
+    """distributed=fsdp on two gloo ranks: model/ is written once, by the process that launched the ranks, after
+    they ended, from the gathered checkpoint."""
+    from tests.unit.distributed.test_distributed import free_port
+
+    run = tmp_path / "run"
+    args = ["debug=smoke", "distributed=fsdp", "model.mixed_precision=no", f"distributed.master_port={free_port()}"]
+    result = run_grpo([*args, f"hydra.run.dir={run}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stdout.splitlines() if line.startswith("model: ")]
+    assert len(said) == 1 and said[0].startswith(f"model: {run / 'model'} (the full model"), said
+    trainer, _ = trained_policy(find_checkpoint(run))
+    exported = AutoModelForCausalLM.from_pretrained(run / "model")
+    torch.testing.assert_close(log_probs(exported), log_probs(trainer), rtol=0, atol=1e-5)

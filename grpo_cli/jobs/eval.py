@@ -84,6 +84,11 @@ def resolve_source(given: str, step: int | None) -> tuple[Path | None, Path | No
         problem = verify_checkpoint(path)
         if problem is not None:
             raise UserFacingError(f"eval.model={given}: {problem}: give a complete checkpoint or its run directory")
+        if not (path.parent.parent / "config.yaml").is_file():  # the checkpoint holds weights, not their model
+            raise UserFacingError(
+                f"eval.model={given}: {path.parent.parent} has no config.yaml, which names the model the checkpoint's "
+                "weights belong to: give a checkpoint inside its run directory, or an exported model folder"
+            )
         return path.parent.parent, path, None
     if (path / "adapter_config.json").is_file():
         raise UserFacingError(

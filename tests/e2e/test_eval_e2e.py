@@ -81,10 +81,14 @@ def test_a_lora_runs_checkpoint_refuses_other_model_settings(tmp_path: Path, ove
         (None, "job=eval needs eval.model="),
         ("missing", "no such directory"),
         ("empty", "is neither a run directory"),
+        ("lone/checkpoints/step_000001", "has no config.yaml, which names the model"),
     ],
 )
 def test_eval_model_must_name_a_model(tmp_path: Path, given: str | None, message: str) -> None:
     (tmp_path / "empty").mkdir()
+    lone = fake_run(tmp_path / "lone_src", ["debug=smoke"]) / "checkpoints" / "step_000003"
+    (tmp_path / "lone" / "checkpoints").mkdir(parents=True)
+    lone.rename(tmp_path / "lone" / "checkpoints" / "step_000001")  # a checkpoint without its run's config.yaml
     overrides = ["job=eval", *([f"eval.model={tmp_path / given}"] if given else [])]
     with pytest.raises(UserFacingError, match=message):
         eval_config(composed(overrides, tmp_path / "out"), overrides, tmp_path / "out")

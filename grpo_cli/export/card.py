@@ -19,6 +19,7 @@ from grpo_cli.export.source import saved_value
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
+    from transformers import PreTrainedTokenizerBase
 
     from grpo_cli.export.folder import Layout
     from grpo_cli.export.source import RunCheckpoint
@@ -170,7 +171,13 @@ LIMITS = (
 )
 
 
-def build_card(checkpoint: RunCheckpoint, layout: Layout, dtype_name: str, hub_id: str | None = None) -> ModelCard:
+def build_card(
+    checkpoint: RunCheckpoint,
+    layout: Layout,
+    dtype_name: str,
+    hub_id: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> ModelCard:
     """The card of a model exported from `checkpoint` as `layout`."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -212,7 +219,7 @@ This folder holds {weights}: checkpoint step {checkpoint.step} of a run of {save
 
 ## How to prompt it (as trained)
 
-{as_trained_text(config, layout, hub_id)}
+{as_trained_text(config, layout, hub_id, tokenizer)}
 
 ## What the reward rewards
 

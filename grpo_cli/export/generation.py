@@ -64,7 +64,39 @@ def generation_config(model: Any, tokenizer: PreTrainedTokenizerBase, config: Di
     return generation
 
 
-def as_trained_text(config: DictConfig, layout: Layout, hub_id: str | None) -> str:
+def _tools_prompt_text(tools: dict[str, Any], call_format: str | None, tokenizer: Any) -> list[str]:
+    """The tools' JSON schemas and the snippet that renders a turn with them as the episodes did (markdown lines);
+    nothing when the tools do not load here (their code is the user's: the card then names them only)."""
+    import pprint
+    from pathlib import Path
+
+    from grpo_cli.episodes.tools import load_tools, prompt_for_schemas
+
+    try:
+        loaded = load_tools(tools, Path.cwd())
+        schemas = [tool.schema for tool in loaded.values()]
+        prompt = prompt_for_schemas(tokenizer, schemas, call_format) if tokenizer is not None else None
+    except Exception:  # noqa: BLE001 - the user's tool code: the card names the tools instead
+        return []
+    shown = "native (the chat template renders them)" if prompt is not None and prompt.native else "a system message"
+    return [
+        "",
+        f"The tools as the model saw them (listed in {shown}; calls in the "
+        f"{prompt.fmt.name if prompt is not None else call_format} format):",
+        "",
+        "```python",
+        "from grpo_cli.episodes.tools import prompt_for_schemas",
+        "",
+        f"schemas = {pprint.pformat(schemas, width=110, sort_dicts=False)}",  # a Python literal (JSON's false: False)
+        f"tools_prompt = prompt_for_schemas(tokenizer, schemas, {call_format!r})",
+        "text = tools_prompt.render(tokenizer, messages, tokenize=False, add_generation_prompt=True)",
+        "```",
+    ]
+
+
+def as_trained_text(
+    config: DictConfig, layout: Layout, hub_id: str | None, tokenizer: PreTrainedTokenizerBase | None = None
+) -> str:
     """The card's section on prompting the model as it was trained (markdown)."""
     from grpo_cli.tasks.base import R1_ZERO_TEMPLATE
 
@@ -87,10 +119,11 @@ def as_trained_text(config: DictConfig, layout: Layout, hub_id: str | None) -> s
         call_format = saved_value(config, "task.tool_call_format") or "the template's default"
         lines.append(
             f"- A multi-turn task: tools {names}, tool-call format {call_format}, environment "
-            f"{'yes' if environment else 'none'}. Its prompts were rendered with the tools prompt of "
-            "grpo_cli/episodes/tools.py over the chat template saved here; the snippet below renders a single-turn "
-            "prompt only."
+            f"{'yes' if environment else 'none'}. Each turn was rendered with the tools prompt of "
+            "grpo_cli/episodes/tools.py over the chat template saved here (below, when the tools load here)."
         )
+        if isinstance(tools, dict) and tools:
+            lines += _tools_prompt_text(tools, saved_value(config, "task.tool_call_format"), tokenizer)
     if prompt == "r1_zero":
         template = "\n".join(f"    {line}" for line in R1_ZERO_TEMPLATE.splitlines())
         lines += ["", "The r1_zero template (`{question}` is replaced by the question):", "", template]

@@ -42,7 +42,7 @@ def export_checkpoint(checkpoint: RunCheckpoint, settings: ExportConfig, out: Pa
     generation = generation_config(model, tokenizer, checkpoint.config)
     write_model(model, tokenizer, folder, layout, dtype, settings.max_shard_size, generation, hub_base(model_cfg))
     dtype_name = str(dtype).removeprefix("torch.")
-    write_card(build_card(checkpoint, layout, dtype_name, settings.push_to_hub), folder)
+    write_card(build_card(checkpoint, layout, dtype_name, settings.push_to_hub, tokenizer), folder)
     return Exported(folder, layout.kind, checkpoint, dtype_name, layout.note, time.perf_counter() - started)
 
 

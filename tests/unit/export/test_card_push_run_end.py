@@ -229,3 +229,25 @@ def test_which_endings_write_model(run_dir, tmp_path, ending, written, capsys):
         assert f"serve:    vllm serve {run / 'model'}" in out
     else:
         assert "model:" not in out
+
+
+def test_a_tool_task_card_holds_its_tools_as_the_model_saw_them(tmp_path):
+    from grpo_cli.episodes.tools import load_tools, prompt_for_schemas
+    from grpo_cli.models import TINY_RANDOM, load_tokenizer
+
+    make_run(tmp_path / "run", ["task=gsm8k_tools"])
+    card = ModelCard.load(export_checkpoint(find_checkpoint(tmp_path / "run"), ExportConfig()).folder / "README.md")
+    assert "A multi-turn task: tools ['calculator']" in card.text
+    tools = load_tools({"calculator": "grpo_cli.episodes.builtin_tools:calculator"}, tmp_path)
+    schema = tools["calculator"].schema
+    assert repr(schema["function"]["name"]) in card.text and schema["function"]["description"] in card.text
+    # the card's snippet, run: the same text as the episodes' tools prompt renders
+    snippet = card.text.split("from grpo_cli.episodes.tools import prompt_for_schemas", 1)[1].split("```", 1)[0]
+    tokenizer = load_tokenizer(TINY_RANDOM)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    scope = {"tokenizer": tokenizer, "messages": messages, "prompt_for_schemas": prompt_for_schemas}
+    exec(snippet, scope)  # noqa: S102 - the card's own code
+    expected = prompt_for_schemas(tokenizer, [schema], None).render(
+        tokenizer, messages, tokenize=False, add_generation_prompt=True
+    )
+    assert scope["text"] == expected and "calculator" in expected

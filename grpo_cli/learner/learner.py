@@ -299,9 +299,11 @@ class Learner:
             needs = "sync=async" if correction == "none" else f"rollout.importance_correction={correction}"
             fix = "use an engine that gives them" if correction == "none" else "use rollout.importance_correction=none"
             raise UserFacingError(
-                f"rollout.importance_correction={correction} needs the sampler's log-probs of the sampled tokens, "
-                f"which rollout={self.cfg.rollout.engine} did not return: use rollout.importance_correction=none"
+                f"{needs} needs the sampler's log-probs of every sampled token, but rollout={self.cfg.rollout.engine} "
+                f"gave {missing}: {fix}"
             )
+        if missing is not None and data.sampler_log_probs is not None:
+            data.sampler_log_probs = None  # only measured (train/sampler_kl), and not for every token: measure none
         # Old log-probs once per rollout batch, reused by every epoch; a disaggregated generator sends the
         # behaviour policy's own, computed with the weights that sampled (the learner's may have moved on).
         timings = {"time/old_log_probs_s": 0.0, "time/ref_log_probs_s": 0.0}

@@ -103,7 +103,7 @@ def test_cfg_job_prints_the_same_defaults(tmp_path):
         "agent_timeout_s": 600.0,
         "keywords_per_prompt": 2,
     }
-    assert printed["eval"] == {"n_samples": 1, "pass_k": None}
+    assert printed["eval"] == {"n_samples": 1, "pass_k": None, "model": None, "step": None}
     assert printed["rollout"] == {
         "engine": "hf",
         "temperature": 1.0,

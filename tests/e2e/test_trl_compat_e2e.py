@@ -139,13 +139,13 @@ def test_the_readmes_task_custom_line_runs_as_written(tmp_path):
     line = next(
         text.strip() for text in (repo / "README.md").read_text().splitlines() if "grpo-run task=custom" in text
     )
-    folder, _, command = line.removeprefix("cd ").partition(" && ")
-    args = shlex.split(command)[1:]
+    # The README's line runs from any folder: task.base_dir names the example's folder (here, this checkout's).
+    args = shlex.split(line.replace("/path/to/grpo-cli", str(repo)))[1:]
     # as written, then only what makes it a seconds-long run (a tiny model, one short step) and where it writes
     quick = ["model=tiny_random", "train.steps=1", "train.rollout_batch_size=4", "train.group_size=2"]
     # hydra.run.dir, not output_dir: Hydra writes its .hydra/ there, which must not land in the repository's folder
     quick += ["train.train_batch_size=4", "task.n_eval=2", "rollout.max_tokens=8", f"hydra.run.dir={tmp_path / 'run'}"]
-    run = run_grpo([*args, *quick], cwd=repo / folder)
+    run = run_grpo([*args, *quick], cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("train/reward/f" in row and "train/boxed_frac" in row for row in rows)

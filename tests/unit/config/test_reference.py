@@ -105,6 +105,8 @@ def test_a_generated_table_is_rendered_between_its_markers_and_names_only_keys_t
     assert [line.split(" | ")[0] for line in filled.splitlines() if line.startswith("| `")] == [
         "| `eval.n_samples`",
         "| `eval.pass_k`",
+        "| `eval.model`",
+        "| `eval.step`",
         "| `loss.dual_clip`",
     ]
     assert fill_generated_tables(filled) == filled

@@ -131,6 +131,10 @@ def test_drop_counts_stale_groups_and_two_generators_share_the_work(tmp_path, ra
     totals = [r["sync/dropped_stale_total"] for r in rows]
     assert totals == sorted(totals) and totals[-1] == sum(r["sync/dropped_stale"] for r in rows)
     assert "2 generator" in result.stdout
+    # Decoupled PPO with no correction: the default sync.behaviour_weight_cap acts, its share of tokens is logged on
+    # every step and shown in the end-of-run table (issue 57).
+    assert all(0.0 <= r["train/behaviour_capped_frac"] <= 1.0 for r in rows)
+    assert "tokens over sync.behaviour_weight_cap" in result.stdout
     assert_no_ray_left()
 
 

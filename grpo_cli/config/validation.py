@@ -143,8 +143,9 @@ def validate_async(cfg: GRPOConfig) -> None:
         )
     weighted = sync.proximal == "recompute" and rollout.importance_correction == "none"
     if sync.behaviour_weight_cap != SyncConfig().behaviour_weight_cap and not weighted:
+        cap = "null" if sync.behaviour_weight_cap is None else sync.behaviour_weight_cap  # as the user writes it
         raise UserFacingError(
-            f"sync.behaviour_weight_cap={sync.behaviour_weight_cap} caps decoupled PPO's pi_prox / pi_behav, which "
+            f"sync.behaviour_weight_cap={cap} caps decoupled PPO's pi_prox / pi_behav, which "
             f"sync.proximal={sync.proximal} with rollout.importance_correction={rollout.importance_correction} does "
             "not weigh by (behaviour: the weight is 1; a correction: its own threshold caps it): drop "
             "sync.behaviour_weight_cap"

@@ -167,6 +167,10 @@ def test_the_cap_is_async_recomputes_by_default_and_nowhere_else():
             "rollout.importance_correction=truncated does not weigh by",
         ),
         (
+            [*ASYNC, "sync.behaviour_weight_cap=null", "rollout.importance_correction=truncated"],
+            "sync.behaviour_weight_cap=null caps decoupled PPO's",
+        ),
+        (
             ["debug=smoke", "loss=grpo_clip", "sync=one_behind", "sync.behaviour_weight_cap=3.0"],
             "sync.behaviour_weight_cap=3.0 acts only under sync=async",
         ),

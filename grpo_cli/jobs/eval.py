@@ -58,6 +58,12 @@ def _checkpoint_of(run_dir: Path, step: int | None, given: str) -> Path | None:
         if not path.is_dir():
             steps = ", ".join(str(int(p.name.removeprefix("step_"))) for p in list_checkpoints(run_dir)) or "none"
             raise UserFacingError(f"eval.step={step}: {given} has no checkpoint of step {step} (its steps: {steps})")
+        problem = verify_checkpoint(path)  # a checkpoint a kill cut short: one line, not a traceback at loading
+        if problem is not None:
+            raise UserFacingError(
+                f"eval.step={step}: checkpoint {path} is damaged ({problem}): evaluate another step, or drop "
+                "eval.step for the newest complete one"
+            )
         return path
     for candidate in reversed(list_checkpoints(run_dir)):
         if verify_checkpoint(candidate) is None:

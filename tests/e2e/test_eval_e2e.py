@@ -101,6 +101,13 @@ def test_eval_step_picks_a_checkpoint_and_a_model_folder_loads_as_model_hf(tmp_p
     overrides = ["job=eval", f"eval.model={run}", "eval.step=5"]
     with pytest.raises(UserFacingError, match=r"eval.step=5: .* has no checkpoint of step 5 \(its steps: 3\)"):
         eval_config(composed(overrides, tmp_path / "b"), overrides, tmp_path / "b")
+    # A checkpoint a kill cut short (its COMPLETE marker's sizes disagree): one line, not a traceback at loading.
+    with (run / "checkpoints" / "step_000003" / "model.safetensors").open("a") as f:
+        f.write("x")
+    overrides = ["job=eval", f"eval.model={run}", "eval.step=3"]
+    with pytest.raises(UserFacingError, match=r"eval.step=3: checkpoint .*step_000003 is damaged \(model.safetensors"):
+        eval_config(composed(overrides, tmp_path / "b2"), overrides, tmp_path / "b2")
+    (run / "checkpoints" / "step_000003" / "model.safetensors").write_text("x")
     # The run's exported model/: loaded as model=hf would load it, with the run's task.
     (run / "model").mkdir()
     (run / "model" / "config.json").write_text("{}")

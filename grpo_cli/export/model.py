@@ -27,12 +27,25 @@ class Exported:
     seconds: float
 
 
+def check_shard_size(value: str) -> None:
+    """export.max_shard_size as transformers reads it ("5GB", "500MB", bytes): a one-line UserFacingError otherwise."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    from grpo_cli.errors import UserFacingError
+
+    try:
+        convert_file_size_to_int(value)
+    except ValueError as error:
+        raise UserFacingError(f"export.max_shard_size={value}: {error}: give a size such as 5GB or 500MB") from None
+
+
 def export_checkpoint(checkpoint: RunCheckpoint, settings: ExportConfig, out: Path | None = None) -> Exported:
     """Write `checkpoint`'s trained model to `out` (default: checkpoint.default_out()) as export.* says."""
     from grpo_cli.export.card import build_card, write_card
     from grpo_cli.export.folder import export_dtype, hub_base, layout_for, write_model
     from grpo_cli.export.generation import generation_config
 
+    check_shard_size(settings.max_shard_size)  # before the policy is rebuilt: a typo costs nothing
     started = time.perf_counter()
     folder = Path(out) if out is not None else checkpoint.default_out()
     model_cfg = checkpoint.model_cfg

@@ -170,6 +170,9 @@ def test_bad_run_directories_are_one_line(tmp_path, run_dir):
         find_checkpoint(tmp_path)
     with pytest.raises(UserFacingError, match="has no checkpoint of step 7: its steps are 2"):
         find_checkpoint(run_dir, step=7)
+    with pytest.raises(UserFacingError, match="export.max_shard_size=abc: .*give a size such as 5GB"):
+        export_checkpoint(find_checkpoint(run_dir), ExportConfig(max_shard_size="abc"), out=tmp_path / "never")
+    assert not (tmp_path / "never").exists()
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "config.yaml").write_text((run_dir / "config.yaml").read_text())

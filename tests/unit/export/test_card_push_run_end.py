@@ -254,3 +254,21 @@ def test_a_tool_task_card_holds_its_tools_as_the_model_saw_them(tmp_path):
         tokenizer, messages, tokenize=False, add_generation_prompt=True
     )
     assert scope["text"] == expected and "calculator" in expected
+
+
+def test_the_cards_prompt_snippet_renders_from_the_folder_as_training_did(tmp_path):
+    """The card's snippet, run against the exported folder (its saved tokenizer and chat template), gives the ids
+    the run's rollouts rendered from the run's own tokenizer."""
+    from grpo_cli.engines.base import render_prompts
+    from grpo_cli.models import TINY_RANDOM, load_tokenizer
+    from grpo_cli.tasks import get_task
+
+    make_run(tmp_path / "run", ["task.prompt=chat"])
+    folder = export_checkpoint(find_checkpoint(tmp_path / "run"), ExportConfig()).folder
+    text = ModelCard.load(folder / "README.md").text
+    snippet = "from transformers import AutoTokenizer" + text.split("from transformers import AutoTokenizer", 1)[1]
+    snippet = snippet.split("```", 1)[0].replace("<this folder>", str(folder)).replace("<your question>", "Use river.")
+    scope: dict = {}
+    exec(snippet, scope)  # noqa: S102 - the card's own code
+    trained = render_prompts([get_task("keyword").make_prompt("Use river.", "chat")], load_tokenizer(TINY_RANDOM))[0]
+    assert list(scope["input_ids"]) == list(trained) and len(trained) > 5

@@ -244,6 +244,12 @@ def agent_run(
     return AgentRun(settings, tokenizer, lambda *a, **k: None)
 
 
+# The decode loop (cached, batched) and the learner's full forward sum in different orders: in fp32 their log-probs
+# differ by rounding, up to 1.9e-5 on an AVX2-only AMD EPYC (2026-12-06; under 1e-5 with AVX-512). A wrong token,
+# temperature or mask is off by far more than 1e-4.
+FP32_ATOL = 1e-4
+
+
 def examples(n: int) -> list[Example]:
     return [Example([{"role": "user", "content": f"Add {i} and {i}."}], None) for i in range(n)]
 
@@ -265,7 +271,7 @@ def test_an_openai_client_agent_trains_on_exactly_the_sampled_tokens(tiny, agent
     episodes = samples.episodes
     assert len(episodes) == 4 and all(e.n_turns == 3 and e.env_tokens > 0 and e.error is None for e in episodes)
     assert all(e.step_reward == 0.25 for e in episodes) and samples.token_masks is not None
-    assert_sampler_equals_learner(model, episodes, atol=1e-5)
+    assert_sampler_equals_learner(model, episodes, atol=FP32_ATOL)
     # Each episode's own random streams: its samples do not depend on the calls that shared its batches.
     assert [e.ids for e in alone.episodes] == [e.ids for e in episodes[2:]]
     assert len({tuple(e.ids) for e in episodes}) == 4
@@ -298,7 +304,7 @@ def test_async_agents_in_this_process_and_rewritten_turns_counted(tiny, agent_fi
     metrics = rewriting.metrics(rewritten, "train")
     assert metrics["train/rewritten_turns"] == 1 and metrics["train/dropped_model_tokens"] > 0
     assert all(e.prompt_messages[0]["content"].startswith("Summary: ") for e in rewritten.episodes)
-    assert_sampler_equals_learner(model, rewritten.episodes, atol=1e-5)
+    assert_sampler_equals_learner(model, rewritten.episodes, atol=FP32_ATOL)
 
 
 def test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episodes_error(tiny, agent_file) -> None:
@@ -359,7 +365,7 @@ def test_an_agents_malformed_requests_are_its_calls_errors_and_the_step_goes_on(
     finally:
         run.close()
     assert episode.error is None and episode.step_reward == 1.0 and episode.n_turns == 1
-    assert_sampler_equals_learner(model, [episode], atol=1e-5)  # the good call, sampled at rollout.temperature
+    assert_sampler_equals_learner(model, [episode], atol=FP32_ATOL)  # the good call, sampled at rollout.temperature
 
 
 class FailingEngine(HFRolloutEngine):

@@ -89,9 +89,9 @@ def _metrics_rows(run_dir: Path, last_step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def results_text(run_dir: Path, last_step: int) -> tuple[list[dict[str, Any]], str]:
+def results_text(run_dir: Path, last_step: int) -> str:
     """The held-out metrics at the first and the last evaluation up to `last_step`, and the train/reward curve, as
-    (the evaluations [first, last], markdown)."""
+    markdown."""
     rows = _metrics_rows(run_dir, last_step)
     evals = [row for row in rows if "eval/reward" in row]
     lines: list[str] = []
@@ -111,7 +111,7 @@ def results_text(run_dir: Path, last_step: int) -> tuple[list[dict[str, Any]], s
         lines += ["| step | " + " | ".join(str(step) for step, _ in shown) + " |"]
         lines += ["|---|" + "---|" * len(shown)]
         lines += ["| train/reward | " + " | ".join(_fmt(value) for _, value in shown) + " |"]
-    return chosen, "\n".join(lines)
+    return "\n".join(lines)
 
 
 def _is_number(value: Any) -> bool:
@@ -200,7 +200,7 @@ def build_card(
         datasets=[dataset] if isinstance(dataset, str) and dataset else None,
         pipeline_tag="text-generation",
     )
-    evaluations, results = results_text(checkpoint.run_dir, checkpoint.step)
+    results = results_text(checkpoint.run_dir, checkpoint.step)
     resolved = _scrub_values(OmegaConf.to_container(config, resolve=False))
     command = scrub(str(info.get("command") or "grpo-run " + " ".join(map(shlex.quote, info.get("overrides") or []))))
     weights = {
@@ -243,7 +243,6 @@ The resolved config (config.yaml of the run; paths cut to their last part):
 {yaml.safe_dump(resolved, sort_keys=False).rstrip()}
 ```
 """
-    del evaluations
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 

@@ -9,7 +9,6 @@ same model from a checkpoint of one rank or of many.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from grpo_cli.config.schemas import ModelConfig
-
-_STEP = re.compile(r"step_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -52,16 +49,11 @@ class RunCheckpoint:
         return self.run_dir / ("model" if self.newest else f"model_step_{self.step}")
 
 
-def _step_of(path: Path) -> int:
-    match = _STEP.search(path.name)
-    return int(match.group(1)) if match else -1
-
-
 def find_checkpoint(run: str | Path, step: int | None = None, key: str = "export.run") -> RunCheckpoint:
     """The checkpoint of run directory `run` to export: step `step`'s, or the newest complete one. A one-line
     UserFacingError naming the directory and the fix when it is no run, has no such checkpoint, or it is damaged."""
     from grpo_cli.config.saved import load_saved_config
-    from grpo_cli.learner.checkpoint import list_checkpoints, verify_checkpoint
+    from grpo_cli.learner.checkpoint import checkpoint_step, chosen_checkpoint, list_checkpoints
 
     run_dir = Path(run).expanduser().resolve()
     if not run_dir.is_dir():
@@ -71,30 +63,17 @@ def find_checkpoint(run: str | Path, step: int | None = None, key: str = "export
             f"{key}={run} has no config.yaml, so it is no grpo-run run directory: give the directory a training "
             "run wrote (outputs/train/<time>)"
         )
-    checkpoints = list_checkpoints(run_dir)
-    complete = [path for path in checkpoints if verify_checkpoint(path) is None]
-    steps = ", ".join(str(_step_of(path)) for path in complete) or "none complete"
-    if step is not None:
-        named = [path for path in checkpoints if _step_of(path) == step]
-        if not named:
-            raise UserFacingError(f"export.step={step}: {run} has no checkpoint of step {step}: its steps are {steps}")
-        problem = verify_checkpoint(named[0])
-        if problem is not None:
-            raise UserFacingError(
-                f"export.step={step}: checkpoint {named[0]} is damaged ({problem}): export another step ({steps}) "
-                "or drop export.step for the newest complete one"
-            )
-        chosen = named[0]
-    elif complete:
-        chosen = complete[-1]
-    else:
+    chosen = chosen_checkpoint(run_dir, step, "export.step", str(run))
+    if chosen is None:
+        checkpoints = list_checkpoints(run_dir)
         found = f" ({len(checkpoints)} incomplete, the newest {checkpoints[-1].name})" if checkpoints else ""
         raise UserFacingError(
             f"{key}={run} has no complete checkpoint{found}: the run stopped before its first one; continue it "
             f"with grpo-run resume={run} (a checkpoint is written at the end and every train.checkpoint_every steps)"
         )
+    newest = chosen_checkpoint(run_dir, None, "export.step", str(run))
     config = load_saved_config(run_dir / "config.yaml")
-    return RunCheckpoint(run_dir, chosen, _step_of(chosen), bool(complete) and chosen == complete[-1], config)
+    return RunCheckpoint(run_dir, chosen, checkpoint_step(chosen), chosen == newest, config)
 
 
 def export_device(model_cfg: ModelConfig) -> torch.device:

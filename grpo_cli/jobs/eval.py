@@ -49,28 +49,6 @@ def is_model_folder(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def _checkpoint_of(run_dir: Path, step: int | None, given: str) -> Path | None:
-    """The checkpoint of run_dir to evaluate: eval.step's, else the newest complete one; None when it has none."""
-    from grpo_cli.learner.checkpoint import checkpoint_name, list_checkpoints, verify_checkpoint
-
-    if step is not None:
-        path = run_dir / "checkpoints" / checkpoint_name(step)
-        if not path.is_dir():
-            steps = ", ".join(str(int(p.name.removeprefix("step_"))) for p in list_checkpoints(run_dir)) or "none"
-            raise UserFacingError(f"eval.step={step}: {given} has no checkpoint of step {step} (its steps: {steps})")
-        problem = verify_checkpoint(path)  # a checkpoint a kill cut short: one line, not a traceback at loading
-        if problem is not None:
-            raise UserFacingError(
-                f"eval.step={step}: checkpoint {path} is damaged ({problem}): evaluate another step, or drop "
-                "eval.step for the newest complete one"
-            )
-        return path
-    for candidate in reversed(list_checkpoints(run_dir)):
-        if verify_checkpoint(candidate) is None:
-            return candidate
-    return None
-
-
 def resolve_source(given: str, step: int | None) -> tuple[Path | None, Path | None, Path | None]:
     """(the run directory whose config applies, the checkpoint to load, the model folder to load) for eval.model."""
     from grpo_cli.learner.checkpoint import verify_checkpoint
@@ -106,7 +84,9 @@ def resolve_source(given: str, step: int | None) -> tuple[Path | None, Path | No
             f"eval.model={given} is neither a run directory (config.yaml), a checkpoint (COMPLETE) nor a Hugging "
             "Face model folder (config.json): give one of those"
         )
-    checkpoint = _checkpoint_of(path, step, given)
+    from grpo_cli.learner.checkpoint import chosen_checkpoint
+
+    checkpoint = chosen_checkpoint(path, step, "eval.step", given)
     if checkpoint is not None:
         return path, checkpoint, None
     if (path / "model" / "config.json").is_file():  # the run's exported model, its checkpoints gone or off

@@ -229,6 +229,33 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     return Checkpoint(path=path, step=int(state["step"]), state=state)
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint directory's name holds (step_000010 -> 10); -1 for another name."""
+    name = path.name.removeprefix("step_")
+    return int(name) if name.isdigit() else -1
+
+
+def chosen_checkpoint(run_dir: Path, step: int | None, step_key: str, run_text: str) -> Path | None:
+    """The checkpoint of `run_dir` a job reads (job=eval's eval.step, job=export's export.step): step `step`'s, or
+    the newest complete one (None when there is none). A one-line UserFacingError naming `step_key` when the step
+    has no checkpoint or its checkpoint is damaged (a kill cut it short)."""
+    checkpoints = list_checkpoints(run_dir)
+    complete = [path for path in checkpoints if verify_checkpoint(path) is None]
+    if step is None:
+        return complete[-1] if complete else None
+    steps = ", ".join(str(checkpoint_step(path)) for path in complete) or "none complete"
+    named = [path for path in checkpoints if checkpoint_step(path) == step]
+    if not named:
+        raise UserFacingError(f"{step_key}={step}: {run_text} has no checkpoint of step {step}: its steps are {steps}")
+    problem = verify_checkpoint(named[0])
+    if problem is not None:
+        raise UserFacingError(
+            f"{step_key}={step}: checkpoint {named[0]} is damaged ({problem}): use another step ({steps}) or drop "
+            f"{step_key} for the newest complete one"
+        )
+    return named[0]
+
+
 def init_from_checkpoint(init_from: str) -> Path:
     """The checkpoint `init_from=` names: that directory if it is a checkpoint, else the newest complete one of the
     run directory it names. A one-line CheckpointError otherwise."""

@@ -99,7 +99,7 @@ def test_eval_step_picks_a_checkpoint_and_a_model_folder_loads_as_model_hf(tmp_p
     overrides = ["job=eval", f"eval.model={run}", "eval.step=3"]
     assert eval_config(composed(overrides, tmp_path / "a"), overrides, tmp_path / "a").eval.step == 3
     overrides = ["job=eval", f"eval.model={run}", "eval.step=5"]
-    with pytest.raises(UserFacingError, match=r"eval.step=5: .* has no checkpoint of step 5 \(its steps: 3\)"):
+    with pytest.raises(UserFacingError, match=r"eval.step=5: .* has no checkpoint of step 5: its steps are 3"):
         eval_config(composed(overrides, tmp_path / "b"), overrides, tmp_path / "b")
     # A checkpoint a kill cut short (its COMPLETE marker's sizes disagree): one line, not a traceback at loading.
     with (run / "checkpoints" / "step_000003" / "model.safetensors").open("a") as f:

@@ -3,6 +3,8 @@
     pip install -r benchmarks/requirements.txt        # TRL 1.16 (a benchmark dependency, not a package one)
     python benchmarks/compare_trl.py                   # 6 steps each, one round
     python benchmarks/compare_trl.py --steps 6 --rounds 2 --out compare.json
+    python benchmarks/compare_trl.py --precision bf16            # both sides under bf16 autocast
+    python benchmarks/compare_trl.py --arm after= --arm before=train.skip_zero_weight_rows=false   # two grpo-cli arms
 
 Each side runs in a fresh process, so its figure includes its own start-up costs inside the steps (warm-up,
 compilation, caches): grpo-cli as `grpo-run job=benchmark job.engines=[hf] job.warmup_steps=0` at the setting
@@ -10,6 +12,9 @@ below, TRL as benchmarks/trl_keyword_baseline.py with --warmup 0 (same model, pr
 learning rate, no KL; TRL's other defaults). The figure of each is the median seconds per step over all its steps;
 the ratio is grpo-cli's over TRL's. With --rounds > 1 the two alternate (grpo-cli, TRL, grpo-cli, TRL, ...) so
 that a machine whose speed drifts biases neither, and the ratio is that of the medians over all rounds' steps.
+With --arm NAME=OVERRIDE,OVERRIDE... (repeated) grpo-cli runs once per arm in every round (a change before and after,
+side by side in one run: arms, then TRL, alternating), each arm with its own ratio. Each arm's share of flat groups
+over its measured steps (train/frac_zero_std_groups: groups whose completions all got one reward) is printed with it.
 The load average before and after each run is printed beside it: compare only runs taken on a quiet machine.
 """
 
@@ -57,8 +62,8 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def run_grpo_cli(steps: int, workdir: Path, extra: list[str]) -> list[float]:
-    """Seconds of every step of one fresh `grpo-run job=benchmark` process (rollout=hf)."""
+def run_grpo_cli(steps: int, workdir: Path, extra: list[str]) -> list[dict[str, float]]:
+    """The metrics of every step of one fresh `grpo-run job=benchmark` process (rollout=hf)."""
     run_dir = workdir / "grpo-cli"
     exe = shutil.which("grpo-run")
     command = [exe] if exe else [sys.executable, "-m", "grpo_cli.cli"]
@@ -73,38 +78,65 @@ def run_grpo_cli(steps: int, workdir: Path, extra: list[str]) -> list[float]:
     ]
     subprocess.run(command, check=True)
     report = json.loads((run_dir / "benchmark.json").read_text())
-    return [row["time/step_s"] for row in report["engines"]["hf"]["steps"]]
+    return list(report["engines"]["hf"]["steps"])
 
 
-def run_trl(steps: int, workdir: Path) -> list[float]:
+def run_trl(steps: int, workdir: Path, bf16: bool) -> list[float]:
     """Seconds of every step of one fresh TRL GRPOTrainer process."""
     out = workdir / "trl.json"
     script = HERE / "trl_keyword_baseline.py"
-    subprocess.run([sys.executable, str(script), "--steps", str(steps), "--warmup", "0", "--out", str(out)], check=True)
+    command = [sys.executable, str(script), "--steps", str(steps), "--warmup", "0", "--out", str(out)]
+    subprocess.run(command + (["--bf16"] if bf16 else []), check=True)
     return json.loads(out.read_text())["steps"]
+
+
+# The precision of both sides: grpo-run's overrides (job=benchmark measures job.precisions), and TRL's bf16 flag.
+PRECISIONS = {
+    "fp32": (["model.mixed_precision=no", "job.precisions=[no]"], False),
+    "bf16": (["model.mixed_precision=bf16", "job.precisions=[bf16]"], True),
+}
+
+
+def parse_arm(text: str) -> tuple[str, list[str]]:
+    """`NAME=OVERRIDE,OVERRIDE...` (the overrides may be empty: `after=`) -> (name, overrides)."""
+    name, sep, overrides = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(
+            f"--arm {text!r}: write NAME=OVERRIDE,OVERRIDE... (e.g. before=train.skip_zero_weight_rows=false)"
+        )
+    return name, [o for o in overrides.split(",") if o]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="steps per run (each side, each round)")
     parser.add_argument("--rounds", type=int, default=1, help="grpo-cli/TRL pairs, alternating")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="both sides' precision")
+    parser.add_argument(
+        "--arm", action="append", default=[], help="NAME=OVERRIDE,...: one grpo-cli run per arm and round"
+    )
     parser.add_argument("--out", default="compare_trl.json")
-    parser.add_argument("overrides", nargs="*", help="extra grpo-run overrides for the grpo-cli side")
+    parser.add_argument("overrides", nargs="*", help="extra grpo-run overrides for every grpo-cli arm")
     args = parser.parse_args()
+    precision_override, trl_bf16 = PRECISIONS[args.precision]
+    arms = dict(parse_arm(a) for a in args.arm) or {"grpo-cli": []}
 
     started = datetime.datetime.now().astimezone()
-    rows, ours, theirs = [], [], []
+    rows: list[dict] = []
+    seconds: dict[str, list[float]] = {name: [] for name in [*arms, "TRL"]}
+    flat: dict[str, list[float]] = {name: [] for name in arms}
     with tempfile.TemporaryDirectory(prefix="grpo-cli-vs-trl-") as tmp:
         for round_index in range(args.rounds):
-            for side in ("grpo-cli", "TRL"):
-                workdir = Path(tmp) / f"round{round_index}"
+            for side in [*arms, "TRL"]:
+                workdir = Path(tmp) / f"round{round_index}-{side}"
                 workdir.mkdir(exist_ok=True)
                 load_before = load_average()
-                steps = (
-                    run_grpo_cli(args.steps, workdir, args.overrides)
-                    if side == "grpo-cli"
-                    else run_trl(args.steps, workdir)
-                )
+                if side == "TRL":
+                    steps = run_trl(args.steps, workdir, trl_bf16)
+                else:
+                    metrics = run_grpo_cli(args.steps, workdir, [*precision_override, *args.overrides, *arms[side]])
+                    steps = [m["time/step_s"] for m in metrics]
+                    flat[side] += [m.get("train/frac_zero_std_groups", float("nan")) for m in metrics]
                 rows.append(
                     {
                         "round": round_index + 1,
@@ -115,30 +147,40 @@ def main() -> None:
                         "load_after": load_average(),
                     }
                 )
-                (ours if side == "grpo-cli" else theirs).extend(steps)
+                seconds[side].extend(steps)
                 print(f"{side} round {round_index + 1}: median {rows[-1]['median_s']:.2f}s per step", flush=True)
 
-    ratio = statistics.median(ours) / statistics.median(theirs)
+    trl_median = statistics.median(seconds["TRL"])
     result = {
         "date": started.isoformat(timespec="seconds"),
         "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs, {platform.platform()}",
-        "setting": TRL_SETTING + args.overrides,
+        "precision": args.precision,
+        "setting": TRL_SETTING + [*precision_override, *args.overrides],
+        "arms": {
+            name: {
+                "overrides": overrides,
+                "median_s": statistics.median(seconds[name]),
+                "ratio": statistics.median(seconds[name]) / trl_median,
+                "flat_group_share": statistics.fmean(flat[name]) if flat[name] else None,
+            }
+            for name, overrides in arms.items()
+        },
         "runs": rows,
-        "grpo_cli_median_s": statistics.median(ours),
-        "trl_median_s": statistics.median(theirs),
-        "ratio": ratio,
+        "trl_median_s": trl_median,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{result['date']} on {result['machine']}")
-    print(f"{'run':<16}{'median s/step':>14}{'min':>8}{'max':>8}{'load before/after':>20}")
+    print(f"\n{result['date']} on {result['machine']}, {args.precision}")
+    print(f"{'run':<20}{'median s/step':>14}{'min':>8}{'max':>8}{'load before/after':>20}")
     for row in rows:
         name = f"{row['side']} #{row['round']}"
         load = f"{row['load_before']:.1f} / {row['load_after']:.1f}"
-        print(f"{name:<16}{row['median_s']:>14.2f}{min(row['steps']):>8.2f}{max(row['steps']):>8.2f}{load:>20}")
-    print(
-        f"grpo-cli {result['grpo_cli_median_s']:.2f}s vs TRL {result['trl_median_s']:.2f}s per step (medians): "
-        f"ratio {ratio:.2f} ({1 / ratio:.1f}x faster); wrote {args.out}"
-    )
+        print(f"{name:<20}{row['median_s']:>14.2f}{min(row['steps']):>8.2f}{max(row['steps']):>8.2f}{load:>20}")
+    for name, arm in result["arms"].items():
+        print(
+            f"{name}: {arm['median_s']:.2f}s vs TRL {trl_median:.2f}s per step (medians): ratio {arm['ratio']:.2f} "
+            f"({1 / arm['ratio']:.1f}x faster); flat groups {arm['flat_group_share']} of its steps' groups"
+        )
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

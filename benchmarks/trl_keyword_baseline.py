@@ -47,6 +47,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default="trl_baseline.json")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="TRL's bf16=True (autocast over fp32 weights), as model.mixed_precision=bf16",
+    )
     args = parser.parse_args()
 
     register_configs()
@@ -74,7 +79,7 @@ def main() -> None:
         temperature=1.0,
         learning_rate=1e-5,
         beta=0.0,
-        bf16=False,
+        bf16=args.bf16,
         fp16=False,
         use_cpu=True,
         logging_steps=1,
@@ -98,6 +103,7 @@ def main() -> None:
         "step_s_min": min(measured),
         "steps": measured,
         "gradient_checkpointing": config.gradient_checkpointing,
+        "bf16": args.bf16,
     }
     print(json.dumps(result))
     with open(args.out, "w") as f:

@@ -65,7 +65,7 @@ def task_config(rewards: dict[str, str] | None, convention: str, workers: int):
 
 
 def scoring(rounds: int, batches: int) -> dict:
-    from grpo_cli.rollout.scoring import score_responses
+    from grpo_cli.rollout.rewards import score_responses
     from grpo_cli.tasks import load_examples, make_reward_fn
 
     kinds = {

@@ -33,6 +33,7 @@ MOVED: dict[str, str] = {
     "grpo_cli.rollout.hf_internals": "grpo_cli.engines.hf_internals",
     "grpo_cli.rollout.loop_check": "grpo_cli.engines.loop_check",
     "grpo_cli.rollout.sampling": "grpo_cli.engines.sampling",
+    "grpo_cli.rollout.scoring": "grpo_cli.rollout.rewards",
     "grpo_cli.rollout.stopping": "grpo_cli.engines.stopping",
     "grpo_cli.rollout.vllm_engine": "grpo_cli.engines.vllm_engine",
     "grpo_cli.rollout.vllm_server": "grpo_cli.engines.vllm_server",

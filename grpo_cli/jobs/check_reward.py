@@ -22,7 +22,7 @@ from grpo_cli.engines.base import RolloutBatch, SamplingSettings
 from grpo_cli.episodes.turns import ChatTemplate, Episode, Generate, SampledTurn, run_episodes
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.multiturn import EpisodeSetup, episode_setup, score_episodes
-from grpo_cli.rollout.scoring import Scores
+from grpo_cli.rollout.rewards import Scores
 from grpo_cli.tasks import SanityCase, is_multiturn, make_reward_fn, reward_weights, task_for
 from grpo_cli.tasks.base import Example
 from grpo_cli.tasks.multiturn import agent_value

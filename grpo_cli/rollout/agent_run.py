@@ -44,8 +44,8 @@ from grpo_cli.episodes.turns import ChatTemplate, EpisodeLimits, SampledTurn
 from grpo_cli.errors import EnvironmentFailed
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_train_metrics, episode_transcripts
 from grpo_cli.rollout.multiturn import EpisodeContext, episode_row, opening_messages, score_episodes
+from grpo_cli.rollout.rewards import Scores
 from grpo_cli.rollout.runs import Samples, sampling_version
-from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks.multiturn import agent_value, base_dir_of_task, env_weight
 from grpo_cli.usercode.agents import AGENT_KEY, AgentJob, AgentShare, load_agent, run_agents
 from grpo_cli.usercode.reward_workers import PendingCall, RewardWorkers, describe_error

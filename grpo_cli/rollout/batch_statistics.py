@@ -56,7 +56,7 @@ def kept_rewards(data: RolloutData) -> torch.Tensor:
     return data.raw_rewards if data.scored is None else data.raw_rewards[data.scored.bool()]
 
 
-# Rollout metrics that are means over the rows with a reward (a skipped episode has none: rollout/scoring.py's
+# Rollout metrics that are means over the rows with a reward (a skipped episode has none: rollout/rewards.py's
 # Scores.mean); every other mean is over all rows (or groups, episodes: the same weights, groups being whole).
 _MEANS_OVER_SCORED = tuple(f"train/{key}" for key in (*REWARD_KEYS, "unparseable_rate"))
 

@@ -37,8 +37,8 @@ from grpo_cli.episodes.turns import (
     run_episodes,
 )
 from grpo_cli.errors import UserFacingError
+from grpo_cli.rollout.rewards import Scores
 from grpo_cli.rollout.runs import Samples, sampling_version
-from grpo_cli.rollout.scoring import Scores
 
 if TYPE_CHECKING:
     from grpo_cli.tasks.base import Example

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from grpo_cli.engines.base import RolloutEngine, SamplingSettings
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.episode_rollout import TRANSCRIPT_COLUMNS
+from grpo_cli.rollout.rewards import Scores, reward_metrics, with_logged_metrics
 from grpo_cli.rollout.runs import RolloutRun, Samples, join_samples
 from grpo_cli.rollout.sample_metrics import default_pass_ks, majority_group, multi_sample_metrics, normalized_text
-from grpo_cli.rollout.scoring import Scores, reward_metrics, with_logged_metrics
 from grpo_cli.tasks import Example, TaskSpec
 from grpo_cli.tasks.trainer_state import TrainerState
 

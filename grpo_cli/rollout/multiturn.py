@@ -36,7 +36,7 @@ episode), and under per_sample the messages as the response. The environment's s
 (Episode.step_reward) are the component `env`: "reward/env" (logged as train/reward/env and eval/reward/env like the
 others) and env_weight * it added to "reward" (task=custom: one of its components, which task.answer_from may name).
 A skipped episode gets no reward at all (Scores.skipped). The overlong term reads the last model turn's token count
-(the turn that rollout.max_tokens cuts). Returns rollout.scoring.Scores, as score_responses does.
+(the turn that rollout.max_tokens cuts). Returns rollout.rewards.Scores, as score_responses does.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from grpo_cli.episodes.turns import (
     start_episode,
     tools_hook,
 )
-from grpo_cli.rollout.scoring import Scores, score_responses, scores_of_batch
+from grpo_cli.rollout.rewards import Scores, score_responses, scores_of_batch
 from grpo_cli.tasks.base import Example, GroundTruth, RewardFn
 from grpo_cli.tasks.multiturn import (
     ENV_COMPONENT,

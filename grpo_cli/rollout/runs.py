@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_cli.engines.base import RolloutEngine, SamplingSettings, first_prompt_past_context, render_prompts
-from grpo_cli.rollout.scoring import Scores, score_responses
+from grpo_cli.rollout.rewards import Scores, score_responses
 
 if TYPE_CHECKING:
     from grpo_cli.episodes.turns import Episode

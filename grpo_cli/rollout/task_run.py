@@ -9,8 +9,8 @@ from grpo_cli.episodes.turns import Episode
 from grpo_cli.rollout.agent_run import AgentRun, agent_settings
 from grpo_cli.rollout.episode_rollout import EpisodeRun
 from grpo_cli.rollout.multiturn import episode_setup, score_episodes
+from grpo_cli.rollout.rewards import Scores
 from grpo_cli.rollout.runs import OneTurnRun, RolloutRun
-from grpo_cli.rollout.scoring import Scores
 from grpo_cli.tasks.multiturn import agent_value
 
 if TYPE_CHECKING:

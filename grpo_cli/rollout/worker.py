@@ -26,8 +26,8 @@ from grpo_cli.errors import UserFacingError
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import autocast_factory, limit_threads, resolve_device, seed_everything, timed
 from grpo_cli.rollout.evaluation import evaluate, voting_for
+from grpo_cli.rollout.rewards import reward_metrics, with_logged_metrics
 from grpo_cli.rollout.runs import RolloutRun, Samples
-from grpo_cli.rollout.scoring import reward_metrics, with_logged_metrics
 from grpo_cli.rollout.task_run import run_for
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs

@@ -61,7 +61,7 @@ def warn_if_no_reward(key: str, values: Sequence[float | None]) -> None:
 @dataclass
 class CustomReward:
     """The reward of a custom task: every named reward on a batch, combined with the weights (None: no reward from
-    that function for that sample). The scorer calls `score_batch` (rollout/scoring.py); calling it on one
+    that function for that sample). The scorer calls `score_batch` (rollout/rewards.py); calling it on one
     response (check_reward) scores a batch of one."""
 
     rewards: list[NamedReward]

@@ -24,7 +24,7 @@ from grpo_cli.rollout.episode_rollout import (
     transcript,
 )
 from grpo_cli.rollout.evaluation import evaluate
-from grpo_cli.rollout.scoring import Scores
+from grpo_cli.rollout.rewards import Scores
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 from grpo_cli.tasks.base import Example

@@ -14,9 +14,9 @@ from grpo_cli.config import validate_config
 from grpo_cli.engines.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, voting_for
+from grpo_cli.rollout.rewards import reward_metrics, score_responses
 from grpo_cli.rollout.runs import OneTurnRun
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
-from grpo_cli.rollout.scoring import reward_metrics, score_responses
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import get_task, load_eval_sets, make_reward_fn
 from grpo_cli.tasks.rewards import SHAPING_CASES, overlong_penalty, repetition_penalty, shaping_case_value

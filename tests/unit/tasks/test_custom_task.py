@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import RewardFunctionError, UserFacingError
-from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.rollout.rewards import reward_metrics, score_responses
 from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths

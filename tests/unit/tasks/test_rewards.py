@@ -6,7 +6,7 @@ import pytest
 
 from grpo_cli.config import validate_config
 from grpo_cli.errors import UserFacingError
-from grpo_cli.rollout.scoring import reward_metrics, score_responses
+from grpo_cli.rollout.rewards import reward_metrics, score_responses
 from grpo_cli.tasks import RewardTimeout, get_task, make_reward_fn, r1_zero_reward_fn
 from grpo_cli.tasks.rewards import TimeLimitedReward, WeightedReward, build_reward_fn
 from tests.conftest import compose_config

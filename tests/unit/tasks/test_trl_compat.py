@@ -16,7 +16,7 @@ import pytest
 
 from grpo_cli.errors import RewardFunctionError, UserFacingError
 from grpo_cli.rollout.evaluation import add_extra_columns
-from grpo_cli.rollout.scoring import reward_metrics, score_responses, with_logged_metrics
+from grpo_cli.rollout.rewards import reward_metrics, score_responses, with_logged_metrics
 from grpo_cli.tasks import load_examples, make_reward_fn, validate_task_config
 from grpo_cli.tasks.base import TaskDataError
 from grpo_cli.tasks.custom import CustomTaskConfig, absolutize_paths
@@ -352,7 +352,7 @@ def test_logged_columns_join_the_eval_records_and_the_wandb_table_and_metric_nam
     assert sample_table_rows(records, 2, 5, ["gold"])[0] == [2, "p", "r", 1, 1.0, None, None, "x"]
     with pytest.raises(UserFacingError, match="log_extra\\('response', ...\\), which would overwrite"):
         add_extra_columns(records, {"response": ["x"]})
-    from grpo_cli.rollout.scoring import Scores
+    from grpo_cli.rollout.rewards import Scores
 
     scores = Scores([{"reward": 1.0, "format_reward": 0.0, "answer_reward": 0.0}], 0, logged_metrics={"reward": [1.0]})
     with pytest.raises(UserFacingError, match="log_metric\\('reward', ...\\), which would overwrite grpo-cli's own"):

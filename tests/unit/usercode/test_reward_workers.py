@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import RewardFunctionError
-from grpo_cli.rollout.scoring import score_responses
+from grpo_cli.rollout.rewards import score_responses
 from grpo_cli.tasks import load_examples, make_reward_fn
 from tests.unit.tasks.test_custom_task import custom_cfg, rows_jsonl, write
 

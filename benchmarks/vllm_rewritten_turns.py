@@ -18,8 +18,8 @@ import torch
 from agent_endpoint import AGENT, OBSERVATION, opening
 from vllm_openai_server import MODELS
 
-from grpo_cli.agents.recording import AgentEpisode
 from grpo_cli.config import VLLMRolloutConfig
+from grpo_cli.endpoint.recording import AgentEpisode
 from grpo_cli.engines.vllm_engine import VLLMRolloutEngine
 from grpo_cli.episodes.turns import EpisodeLimits
 from grpo_cli.models import load_policy

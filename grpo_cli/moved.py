@@ -20,10 +20,16 @@ from types import CodeType, ModuleType
 
 # old dotted path -> new dotted path
 MOVED: dict[str, str] = {
-    "grpo_cli.rollout.agent_episodes": "grpo_cli.agents.recording",
-    "grpo_cli.rollout.agent_requests": "grpo_cli.agents.requests",
-    "grpo_cli.rollout.agent_server": "grpo_cli.agents.server",
-    "grpo_cli.rollout.agent_vllm": "grpo_cli.agents.vllm_front",
+    "grpo_cli.agents": "grpo_cli.endpoint",
+    "grpo_cli.agents.recording": "grpo_cli.endpoint.recording",
+    "grpo_cli.agents.requests": "grpo_cli.endpoint.requests",
+    "grpo_cli.agents.server": "grpo_cli.endpoint.server",
+    "grpo_cli.agents.verifiers_agent": "grpo_cli.endpoint.verifiers_agent",
+    "grpo_cli.agents.vllm_front": "grpo_cli.endpoint.vllm_front",
+    "grpo_cli.rollout.agent_episodes": "grpo_cli.endpoint.recording",
+    "grpo_cli.rollout.agent_requests": "grpo_cli.endpoint.requests",
+    "grpo_cli.rollout.agent_server": "grpo_cli.endpoint.server",
+    "grpo_cli.rollout.agent_vllm": "grpo_cli.endpoint.vllm_front",
     "grpo_cli.rollout.base": "grpo_cli.engines.base",
     "grpo_cli.rollout.decode": "grpo_cli.engines.decode",
     "grpo_cli.rollout.engines": "grpo_cli.engines.build",
@@ -55,7 +61,7 @@ MOVED: dict[str, str] = {
     "grpo_cli.tasks.tools": "grpo_cli.episodes.tools",
     "grpo_cli.tasks.trl_environments": "grpo_cli.episodes.adapters.trl",
     "grpo_cli.tasks.user_code": "grpo_cli.usercode.user_code",
-    "grpo_cli.tasks.verifiers_agent": "grpo_cli.agents.verifiers_agent",
+    "grpo_cli.tasks.verifiers_agent": "grpo_cli.endpoint.verifiers_agent",
 }
 
 
@@ -94,7 +100,10 @@ class _Alias(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds the old paths of MOVED, after every other finder (a real module of that name would win)."""
+    """Finds the old paths of MOVED, before the path finder: a moved package's old path is the new package itself,
+    whose __path__ is the new folder, so the path finder would load `<old package>.<module>` from there a second
+    time, as another module. No file stands at an old path (tests/unit/project/test_moved_paths.py), so nothing
+    real is shadowed."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -107,6 +116,6 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the finder on sys.meta_path once."""
+    """Put the finder first on sys.meta_path, once (it answers only the names in MOVED)."""
     if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
-        sys.meta_path.append(_MovedFinder())
+        sys.meta_path.insert(0, _MovedFinder())

@@ -214,7 +214,7 @@ def ray_installed(monkeypatch) -> Iterator[str]:
 # bound holds whatever the other worker is doing.
 # Tests marked here by node id, not at the test: the files other work was changing at the time (issue #49).
 ALONE = (
-    "tests/unit/agents/test_agent_endpoint.py::"
+    "tests/unit/endpoint/test_agent_endpoint.py::"
     "test_the_endpoint_refuses_in_openais_shape_and_a_crashing_agent_is_the_episodes_error",  # took < 30 s
     "tests/unit/sandbox/test_sandbox_escape.py::test_a_fork_bomb_is_bounded_and_ends_with_the_call",  # < limit + 10 s
 )

@@ -1,6 +1,6 @@
 """vLLM's own OpenAI server over the policy (rollout=vllm with rollout.openai_server=vllm): vLLM's `AsyncLLM` engine
 and the FastAPI app `vllm serve` runs (`build_app` + `init_app_state`), on an event loop in a thread of the rollout
-process, served by uvicorn on that loop behind grpo-cli's recording front (agents/vllm_front.py).
+process, served by uvicorn on that loop behind grpo-cli's recording front (endpoint/vllm_front.py).
 
 `ServedVLLM` also stands in for the offline `vllm.LLM` inside `VLLMRolloutEngine` (the calls that class makes:
 generate, collective_rpc, reset_prefix_cache, sleep, wake_up), so the post-sync probe, the weight sync and any

@@ -54,7 +54,7 @@ class ToolCallFormat:
         that does not render tools itself; `{tools}` is replaced by the tools' JSON schemas, one per line.
     wrap_result: how a tool's result reads inside a user turn, for a template that cannot render `tool` messages.
     write_call: a call (name, arguments) as the model writes it, for a template that does not render an assistant
-        message's `tool_calls` (an agent's earlier turns, agents/recording.py).
+        message's `tool_calls` (an agent's earlier turns, endpoint/recording.py).
     """
 
     name: str

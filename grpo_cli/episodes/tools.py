@@ -287,7 +287,7 @@ def prompt_for_schemas(
     tokenizer: Any, schemas: Sequence[Mapping[str, Any]], tool_call_format: str | None = None
 ) -> ToolPrompt:
     """tool_prompt for tools given as OpenAI's JSON schemas ({"type": "function", "function": {...}}), as an
-    agent's call gives them (agents/recording.py); a schema without the "function" wrapper is wrapped."""
+    agent's call gives them (endpoint/recording.py); a schema without the "function" wrapper is wrapped."""
     wrapped = tuple(dict(s) if "function" in s else {"type": "function", "function": dict(s)} for s in schemas)
     native = template_renders_tools(tokenizer)
     fmt = find_tool_call_format(tool_call_format, getattr(tokenizer, "chat_template", None), native)

@@ -34,7 +34,7 @@ def preflight(cfg: GRPOConfig, splits: tuple[str, ...], output_dir: Path, overri
 
         require_tensorboard()
     if agent_value(cfg.task) is not None:
-        from grpo_cli.agents.server import require_endpoint
+        from grpo_cli.endpoint.server import require_endpoint
 
         require_endpoint()
     check_tools_in_workers(cfg)

@@ -1,7 +1,7 @@
 """Agent-driven episodes on the one rollout path: `AgentRun` is a task.agent task's `runs.RolloutRun`.
 
 The user's agents (usercode/agents.py) run in the worker processes and call the policy through the OpenAI-compatible
-endpoint (agents/server.py); this module is the other side, in the rollout's own thread: it opens one
+endpoint (endpoint/server.py); this module is the other side, in the rollout's own thread: it opens one
 `agent_episodes.AgentEpisode` per sample, gives each agent its episode's URL, and serves their calls on the engine
 until every agent has ended, then hands back the episodes as any multi-turn task's (`Samples`), scored by
 `multiturn.score_episodes` (the agent's reward is the episode's `env` component beside task.rewards).
@@ -26,16 +26,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from grpo_cli.agents.recording import AgentEpisode, CallPlan, Refused, Reply
-from grpo_cli.agents.requests import (
+from grpo_cli.endpoint.recording import AgentEpisode, CallPlan, Refused, Reply
+from grpo_cli.endpoint.requests import (
     SamplingPolicy,
     chat_response,
     completion_response,
     generate_response,
     sampling_of,
 )
-from grpo_cli.agents.server import AgentServer, ModelCall, error_body, new_episode_id
-from grpo_cli.agents.vllm_front import OpenEpisode, VLLMFront
+from grpo_cli.endpoint.server import AgentServer, ModelCall, error_body, new_episode_id
+from grpo_cli.endpoint.vllm_front import OpenEpisode, VLLMFront
 from grpo_cli.engines.base import RolloutEngine, SamplingSettings
 from grpo_cli.engines.sampling import turn_seed
 from grpo_cli.episodes.environments import check_error
@@ -164,7 +164,7 @@ class AgentRun:
             )
             jobs.append((key, self._job(server, key, row, example)))
         ends: dict[str, tuple[float | None, str | None]] = {}
-        if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (agents/vllm_front.py)
+        if isinstance(server, VLLMFront):  # vLLM's own server samples; its front records (endpoint/vllm_front.py)
             for key, agent_episode in episodes.items():
                 server.open[key] = OpenEpisode(
                     agent_episode, settings.seed, settings.temperature, settings.top_p, settings.min_tokens

@@ -233,9 +233,9 @@ class TaskConfig:
         None,
         help="Agent code that drives each episode itself through an OpenAI client: path/to/file.py:fn, "
         "package.module:fn or a node {_target_: <factory returning it>, <its arguments>} (a verifiers environment: "
-        "grpo_cli.agents.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, prompt, "
-        "base_url, api_key, model, tokenizer_path, client, async_client; it returns its reward (a number) or None. "
-        "The policy is served on a loopback OpenAI-compatible endpoint, and exactly the sampled tokens train "
+        "grpo_cli.endpoint.verifiers_agent.verifiers_agent), called with the keyword arguments it names of row, "
+        "prompt, base_url, api_key, model, tokenizer_path, client, async_client; it returns its reward (a number) or "
+        "None. The policy is served on a loopback OpenAI-compatible endpoint, and exactly the sampled tokens train "
         "(grpo_cli/usercode/agents.py, docs/multi-turn.md#agents-your-own-code-drives-the-episode). Not with "
         "task.tools, task.environment or task.environment_factory; null: none.",
     )

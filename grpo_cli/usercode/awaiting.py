@@ -5,7 +5,7 @@ awaiting too.
 
 One implementation for every caller: :func:`resolved` takes what a user function returned and gives its value.
 
-One event loop per process, long-lived, run by its own daemon thread (as agents/verifiers_agent.py keeps its own):
+One event loop per process, long-lived, run by its own daemon thread (as endpoint/verifiers_agent.py keeps its own):
 every call's awaitable runs on it, whichever thread makes the call. User code keeps objects bound to the loop they
 were made on across calls: an `AsyncOpenAI` client made in one call, or one the SDK caches, is closed (its
 `aclose()` scheduled when it is garbage-collected) on the loop that made it. With a fresh `asyncio.run` loop per

@@ -60,7 +60,7 @@ def test_references_the_docs_named_before_the_move_still_load():
         skyrl = get_class("grpo_cli.tasks.environments.SkyRLGymEnvironment")
         agent = get_method("grpo_cli.tasks.verifiers_agent.verifiers_agent")
         openrlhf_agent = get_class("grpo_cli.tasks.openrlhf_agents.OpenRLHFAgent")
-    from grpo_cli.agents import verifiers_agent
+    from grpo_cli.endpoint import verifiers_agent
     from grpo_cli.episodes import builtin_tools, environments
     from grpo_cli.episodes.adapters import openrlhf
 

@@ -1,5 +1,5 @@
-"""The agent endpoint's request and response bodies (agents/server.py, and the checks vLLM's front makes,
-agents/vllm_front.py): what each route accepts, checked with pydantic, and the replies built with the openai
+"""The agent endpoint's request and response bodies (endpoint/server.py, and the checks vLLM's front makes,
+endpoint/vllm_front.py): what each route accepts, checked with pydantic, and the replies built with the openai
 package's own response types. No HTTP, no engine here.
 
 One schema (`SamplingFields`) holds the sampling fields of chat completions, completions and
@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from grpo_cli.agents.recording import CallPlan, Reply
+from grpo_cli.endpoint.recording import CallPlan, Reply
 
 MAX_N = 64  # replies per call: n samples of one prompt in one engine call
 MAX_STOP = 16  # stop strings per call (OpenAI allows 4; vLLM any number)

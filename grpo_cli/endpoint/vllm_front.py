@@ -1,5 +1,5 @@
 """The recording front of vLLM's own OpenAI server (rollout=vllm, rollout.openai_server=vllm): what task.agent's
-agents reach instead of grpo-cli's endpoint (agents/server.py), with the same URLs, token and episodes.
+agents reach instead of grpo-cli's endpoint (endpoint/server.py), with the same URLs, token and episodes.
 
 It is a small FastAPI app served by uvicorn on the server's loop (engines/vllm_server.py), on 127.0.0.1 at a port
 the OS picks, behind a bearer token made for the run; each episode has its own base URL
@@ -13,7 +13,7 @@ metrics, elastic scaling, ...) are not reachable from an agent. A generating cal
    tokens so far and a reply it got continues the episode (the ids between are the environment's, mask 0);
    otherwise the episode goes on as a new segment (counted in train/rewritten_turns, the tokens so far dropped),
    and limits refuse a call with HTTP 400 as on grpo-cli's endpoint;
-3. vLLM samples it with the call's own fields, checked first by grpo-cli's schema (agents/requests.py, the
+3. vLLM samples it with the call's own fields, checked first by grpo-cli's schema (endpoint/requests.py, the
    same as on grpo-cli's endpoint): a malformed field, or one that would sample from another distribution than the
    learner scores (a temperature other than rollout.temperature, top_k, min_p, penalties, logit_bias,
    allowed_token_ids, structured outputs, ...), is HTTP 400 naming it and never reaches vLLM; fields the schema does
@@ -30,7 +30,7 @@ ones sampled (a non-canonical tokenization, a template that rewrites assistant t
 episode's ids and counts as a rewritten turn. An episode's calls are taken one at a time.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the routes' annotations (agents/server.py says why).
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations (endpoint/server.py says why).
 import json
 import logging
 import queue
@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_cli.agents.recording import AgentEpisode, Refused
-from grpo_cli.agents.requests import SamplingPolicy
-from grpo_cli.agents.server import (
+from grpo_cli.endpoint.recording import AgentEpisode, Refused
+from grpo_cli.endpoint.requests import SamplingPolicy
+from grpo_cli.endpoint.server import (
     ROUTES,
     Route,
     access_refusal,
@@ -238,7 +238,7 @@ def build_front(front: VLLMFront, vllm_app: Any) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
-    from grpo_cli.agents.requests import check_body, check_request
+    from grpo_cli.endpoint.requests import check_body, check_request
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     openai_errors(app)

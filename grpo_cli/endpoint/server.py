@@ -19,7 +19,7 @@ choice), which some agent frameworks read. A streamed call gets its reply as ser
 sampled whole (verifiers' harness programs always stream); top_logprobs is refused with one line (HTTP 400): the
 engine gives the sampled tokens' log-probs only.
 
-Every request is checked before it is queued (agents/requests.py: one schema, the run's own sampling): a
+Every request is checked before it is queued (endpoint/requests.py: one schema, the run's own sampling): a
 malformed one, or one asking for a distribution the learner does not train on, is that call's HTTP 400 in OpenAI's
 error shape; a body past MAX_BODY_BYTES is HTTP 413. So an agent's request never reaches the engine unless the engine
 can sample it, and never ends a step. Closing the server answers every call still pending, queued or taken by the
@@ -39,7 +39,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo_cli.agents.requests import Problem, SamplingPolicy, error_body
+from grpo_cli.endpoint.requests import Problem, SamplingPolicy, error_body
 from grpo_cli.errors import UserFacingError
 
 __all__ = ["error_body"]  # the endpoint's error shape, re-exported for the rollout thread and vLLM's front
@@ -103,7 +103,7 @@ def access_refusal(
 ) -> tuple[int, dict[str, Any]] | None:
     """(HTTP status, error body) for a call without the run's bearer token or to an episode not open (`known`: the
     open episodes' ids; `episode` None: the token only), else None: the check both the endpoint and vLLM's front
-    (agents/vllm_front.py) make first."""
+    (endpoint/vllm_front.py) make first."""
     if not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
         message = "wrong or missing API key: use the api_key the agent was given"
         return 401, error_body(message, "invalid_api_key", "authentication_error")
@@ -156,7 +156,7 @@ def build_app(
         from fastapi.responses import JSONResponse, StreamingResponse
     except ImportError as e:
         raise _missing_extra(e) from None
-    from grpo_cli.agents.requests import check_body, stream_events
+    from grpo_cli.endpoint.requests import check_body, stream_events
 
     waiting = pending if pending is not None else set()
 

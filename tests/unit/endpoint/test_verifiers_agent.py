@@ -1,4 +1,4 @@
-"""A verifiers 0.4.0 environment through task.agent (grpo_cli/agents/verifiers_agent.py): a local taskset
+"""A verifiers 0.4.0 environment through task.agent (grpo_cli/endpoint/verifiers_agent.py): a local taskset
 (tests/fixtures/verifiers_tasksets/vf_local_math) run by verifiers' SingleAgentEnv with the null harness and the
 subprocess runtime. verifiers' own run of scripted replies and grpo-cli's endpoint serving the same replies give the
 same rewards (both clients), and `grpo-run` trains 2 steps on the tiny random model through verifiers' trainer
@@ -38,7 +38,7 @@ TASKSET = "vf_local_math"
 REPLY = "The answer is 4"
 # The fixture's three rows ask for 4, 4 and 7.
 EXPECTED = [1.0, 1.0, 0.0]
-AGENT_TARGET = "grpo_cli.agents.verifiers_agent.verifiers_agent"
+AGENT_TARGET = "grpo_cli.endpoint.verifiers_agent.verifiers_agent"
 # A task.rewards function the random model's replies differ in, so that groups have signal beside the rubric's (0
 # for every random reply).
 PARITY = "def parity(completions, **kwargs):\n    return [float(len(c[-1]['content']) % 2) for c in completions]\n"
@@ -125,7 +125,7 @@ def verifiers_own_rewards(scripted_chat_server: str) -> list[float]:
 
     import verifiers.v1 as vf
 
-    from grpo_cli.agents.verifiers_agent import build_env
+    from grpo_cli.endpoint.verifiers_agent import build_env
 
     os.environ["VF_TEST_KEY"] = "unused"
     env = build_env(TASKSET)
@@ -143,7 +143,7 @@ def verifiers_own_rewards(scripted_chat_server: str) -> list[float]:
 
 
 def exported_rows(tmp_path: Path) -> list[dict]:
-    from grpo_cli.agents.verifiers_agent import main
+    from grpo_cli.endpoint.verifiers_agent import main
 
     out = tmp_path / "tasks.jsonl"
     main([TASKSET, "--out", str(out)])

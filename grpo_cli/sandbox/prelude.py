@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from grpo_cli.tasks.sandbox_settings import DEFAULT_LIMITS, SandboxLimits
+from grpo_cli.sandbox.settings import DEFAULT_LIMITS, SandboxLimits
 
 # seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h): the constants of a filter that refuses some calls.
 _SECCOMP_RET_ALLOW = 0x7FFF0000

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_cli.tasks.sandbox_settings import DEFAULT_UID
+from grpo_cli.sandbox.settings import DEFAULT_UID
 
 # The largest uid the kernel accepts ((uid_t) -1 is "no change").
 MAX_UID = 2**32 - 2

@@ -23,7 +23,7 @@ from omegaconf import MISSING
 
 from grpo_cli.config.fields import any_value, choice, finite, non_negative, path, positive
 from grpo_cli.config.task_registry import task_names
-from grpo_cli.tasks.sandbox_settings import DEFAULT_LIMITS, DEFAULT_PACKAGES, DEFAULT_UID, ISOLATION_LEVELS
+from grpo_cli.sandbox.settings import DEFAULT_LIMITS, DEFAULT_PACKAGES, DEFAULT_UID, ISOLATION_LEVELS
 
 # task.prompt: chat (the tokenizer's chat template), r1_zero (the handout's <think>/<answer> template), question_only.
 # Here rather than in tasks/base.py, which imports TaskConfig: the schema is the leaf.

@@ -105,6 +105,7 @@ def test_the_page_states_the_layers():
     assert layers.floors[:4] == ("cli", "jobs", "export", "drivers") and layers.floors[-1] == "core"
     assert layers.allowed["core"] == frozenset()
     assert "learner" not in layers.allowed["rollout"] and "rollout" not in layers.allowed["learner"]
+    assert layers.allowed["sandbox"] == {"errors"}  # a leaf: the jail imports nothing of tasks/ (their settings)
     assert layers.allowed["cli"] > layers.allowed["jobs"] > layers.allowed["drivers"]
 
 

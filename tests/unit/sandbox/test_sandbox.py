@@ -215,12 +215,12 @@ def fresh_settings(monkeypatch: pytest.MonkeyPatch):
     """task.sandbox configured by the test alone: the module's settings, the variable the workers read and the
     probe's cache are restored afterwards."""
     monkeypatch.setenv(sandbox.SETTINGS_ENV, "")
-    monkeypatch.setattr(sandbox, "_configured", None)
-    sandbox._probe.cache_clear()
+    monkeypatch.setattr(sandbox.settings, "_configured", None)
+    sandbox.probe._probe.cache_clear()
     yield monkeypatch
     monkeypatch.undo()
-    sandbox._probe.cache_clear()
-    for listener in sandbox._listeners:  # the python tool's description, as the restored settings give it
+    sandbox.probe._probe.cache_clear()
+    for listener in sandbox.settings._listeners:  # the python tool's description, as the restored settings give it
         listener(sandbox.current_settings())
 
 
@@ -231,7 +231,7 @@ def test_python_math_stops_before_any_model_loads_where_the_sandbox_cannot_start
     from grpo_cli.tasks import validate_task_config
     from tests.conftest import compose_config
 
-    fresh_settings.setattr(sandbox, "find_bwrap", lambda: None)
+    fresh_settings.setattr(sandbox.probe, "find_bwrap", lambda: None)
     with pytest.raises(UserFacingError) as stopped:
         validate_task_config(compose_config(["task=python_math"]).task)
     message = str(stopped.value)
@@ -265,7 +265,7 @@ def test_a_machine_without_cgroups_gets_one_log_line_naming_the_missing_bounds(f
     from grpo_cli.sandbox.cgroups import Cgroup
 
     why = ["pids (no cgroup hierarchy offers it)", "memory (cgroup v2 at /x does not delegate it to this process)"]
-    fresh_settings.setattr(sandbox, "make_cgroup", lambda *args: Cgroup(missing=list(why)))
+    fresh_settings.setattr(sandbox.launch, "make_cgroup", lambda *args: Cgroup(missing=list(why)))
     with caplog.at_level("INFO", logger="grpo_cli.sandbox"):
         assert sandbox.problem("bwrap") is None  # the sandbox still starts
         result = sandbox.run("print('ran')", LIMITS, "bwrap")

@@ -128,13 +128,14 @@ def test_the_task_check_refuses_without_the_multiturn_check_registered(monkeypat
         validate(cfg)
 
 
-def test_importing_the_tasks_loads_no_episode_or_sandbox_code():
-    """The layer table's tasks row (config, errors, usercode), as a process sees it: the tasks package and every
-    task's schema load without the episode machinery or the sandbox, which import the tasks' declarations instead."""
+def test_importing_the_tasks_loads_no_episode_or_rollout_code():
+    """The layer table's tasks row (config, errors, usercode, sandbox), as a process sees it: the tasks package and
+    every task's schema load without the episode machinery, which imports the tasks' declarations instead (the
+    sandbox, a leaf, they may load: task.sandbox's settings are declared in sandbox/settings.py)."""
     code = (
-        "import sys, grpo_cli.tasks, grpo_cli.tasks.multiturn, grpo_cli.tasks.sandbox_settings; "
+        "import sys, grpo_cli.tasks, grpo_cli.tasks.multiturn, grpo_cli.sandbox.settings; "
         "print(sorted(m for m in sys.modules if m.startswith('grpo_cli.') "
-        "and m.split('.')[1] in {'episodes', 'sandbox', 'rollout', 'agents', 'engines'}))"
+        "and m.split('.')[1] in {'episodes', 'rollout', 'endpoint', 'engines'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"

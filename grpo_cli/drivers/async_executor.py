@@ -21,23 +21,19 @@ again after the resume, never trained twice, never skipped.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from grpo_cli.config import BatchShape
 from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
-from grpo_cli.drivers.ray_executor import Hosted, RayExecutor
+from grpo_cli.drivers.ray_actors import AsyncGeneratorHandle
+from grpo_cli.drivers.ray_run import RayRun
 from grpo_cli.drivers.versions import staleness_check
-from grpo_cli.learner.checkpoint import init_from_checkpoint, load_weights
-from grpo_cli.learner.learner import Learner
-from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup, join_groups
+from grpo_cli.rollout.async_generation import BatchOrder, FinishedGroup, join_groups
 from grpo_cli.rollout.batch_statistics import trained_batch_advantages
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
@@ -51,67 +47,52 @@ COLLECT_WAIT_S = 0.5
 STALL_S = 60.0
 
 
-def load_init_from(init_from: str, model: torch.nn.Module) -> None:
-    """init_from's weights into a generator's policy copy (rollout/ does not import learner/)."""
-    load_weights(init_from_checkpoint(init_from), model)
+class AsyncExecutor:
+    """The executor of a sync=async run (module docstring). It holds the run's actors and Ray (drivers/ray_run.RayRun,
+    as the one_behind / replay_buffer executor does) and keeps only async's loop. `run`: the actors to drive (None:
+    start them, RayRun.start)."""
 
-
-def initial_weights(cfg: GRPOConfig) -> Callable[[torch.nn.Module], None] | None:
-    """What loads the run's initial weights into a generator's copy: init_from's, or None (model.*'s)."""
-    return functools.partial(load_init_from, cfg.init_from) if cfg.init_from else None
-
-
-class AsyncExecutor(RayExecutor):
-    """The executor of a sync=async run (module docstring); Ray start-up, actor calls and shutdown are
-    RayExecutor's."""
-
-    def __init__(self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> None:
-        self.generators: list[Any] = []  # Ray ActorHandles of Hosted(AsyncGeneration)
+    def __init__(
+        self,
+        cfg: GRPOConfig,
+        output_dir: Path,
+        sampler: PromptSampler,
+        run: RayRun[AsyncGeneratorHandle] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sampler = sampler
+        self.shape = BatchShape.from_config(cfg)
+        self.last_transcripts: list[dict[str, Any]] = []
+        self.version = 0  # the learner's policy version
+        self.batch_counter = 0  # batches handed out (their numbers are their sampling seeds)
         self.orders: dict[int, dict[str, Any]] = {}  # batch number -> {"state": sampler before it, "left": prompts}
         self.arrived: dict[int, list[FinishedGroup]] = {}  # wait: groups by batch, not trained yet
         self.ready: list[FinishedGroup] = []  # drop: groups in the order they ended, not trained yet
         self.trained_groups: dict[int, set[int]] = {}  # drop: per open batch, the prompt indices trained or dropped
         self.closed_batches: set[int] = set()  # drop: batches all trained or dropped (checkpoints keep the open ones')
         self.resume_closed: set[int] = set()  # drop: batches a resume draws but does not send (closed before it)
+        self.resume_skips: dict[int, frozenset[int]] = {}  # drop: per batch a resume draws, its prompts trained before
         self.counters: dict[str, float] = {}
         self.dropped_stale = 0  # groups dropped past the bound (on_stale=drop), in all
         self.dropped_this_step = 0
         self.resumed_state: dict[str, Any] = {}
-        super().__init__(cfg, output_dir, sampler)
+        if run is None:
+            n = cfg.sync.generators
+            actors = f"{'a generator' if n == 1 else f'{n} generators'} and a learner actor"
+            run = RayRun.start(cfg, output_dir, sampler.examples, AsyncGeneratorHandle, n, actors)
+        self.run = run
+        self.learner = run.learner
+        self.generators = run.generators
+        self.device_text = run.device_text
+        self.load_s = run.load_s
 
-    def actors_text(self) -> str:
-        n = self.cfg.sync.generators
-        return f"{'a generator' if n == 1 else f'{n} generators'} and a learner actor"
-
-    def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
-        ray = self.ray
-        n = cfg.sync.generators
-        t0 = time.perf_counter()
-        self.start_ray(cfg, actors=n + 1, cpus=cpus)
-        ray_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.learner_actor = ray.remote(Hosted).options(**self.actor_options("learner", cpus, gpus)).remote()
-        # Several calls at once: collect waits for groups while offer_weights and evaluate arrive.
-        options = {**self.actor_options("generator", cpus, gpus), "max_concurrency": 4}
-        self.generators = [ray.remote(Hosted).options(**options).remote() for _ in range(n)]
-        self.generator_actor = self.generators[0]
-        # On a cluster: each actor's node shares the run directory and sees the task's files (one line if not).
-        self.check_nodes(
-            {"learner": self.learner_actor, **{f"generator {i}": g for i, g in enumerate(self.generators)}}
-        )
-        device_text, *_ = self.get_all(
-            [
-                self.learner_actor.start.remote(Learner, cfg, output_dir, cpus),
-                *(g.start.remote(AsyncGeneration, cfg, cpus, initial_weights(cfg)) for g in self.generators),
-            ]
-        )
-        self.load_s = time.perf_counter() - t0
-        self.get(self.generator_actor.call.remote("check_prompts_fit", self.sampler.examples))
-        return device_text, ray_s
+    @property
+    def learner_version(self) -> int:
+        return self.version
 
     # --- checkpoints ----------------------------------------------------------------------------------------
     def resume(self) -> tuple[int, dict[str, Any], list[str]]:
-        step, state, messages = super().resume()
+        step, state, messages = self.run.get(self.learner.resume())
         self.resumed_state = state
         return step, state, messages
 
@@ -126,7 +107,7 @@ class AsyncExecutor(RayExecutor):
             # but trains none of their prompts.
             self.closed_batches = {b for b in self.closed_batches if b > first}
             state["async_closed"] = sorted(self.closed_batches)
-        return self.get(self.learner_actor.call.remote("save_checkpoint", step, state))
+        return self.run.get(self.learner.save_checkpoint(step, state))
 
     # --- weights, batches -----------------------------------------------------------------------------------
     def start(self, start_step: int) -> dict[str, float]:
@@ -141,12 +122,10 @@ class AsyncExecutor(RayExecutor):
         return {"time/sync_s": self.publish(start_step)}
 
     def publish(self, version: int) -> float:
-        t0 = time.perf_counter()
-        weights = self.learner_actor.call.remote("trainable_weights")
-        self.ray.wait([weights], fetch_local=False)
-        seconds = time.perf_counter() - t0
-        for generator in self.generators:
-            self.loads.append(generator.call.remote("offer_weights", weights, version))
+        """The learner's weights offered to every generator (each applies them when it may); returns the seconds the
+        learner spent putting them into the object store."""
+        weights, seconds = self.run.weights()
+        self.run.loads += [generator.offer_weights(weights, version) for generator in self.generators]
         return seconds
 
     def hand_out(self, up_to: int) -> None:
@@ -165,17 +144,17 @@ class AsyncExecutor(RayExecutor):
             if skip:
                 self.trained_groups[b] = set(skip)
             generator = self.generators[b % len(self.generators)]
-            self.loads.append(generator.call.remote("submit", BatchOrder(b, examples, epoch, skip)))
+            self.run.loads.append(generator.submit(BatchOrder(b, examples, epoch, skip)))
 
     def gather(self, until: Callable[[], bool]) -> float:
         """Collect finished groups from every generator until `until()` holds; returns the seconds waited."""
         t0 = time.perf_counter()
         while True:
-            self.check_loads()
+            self.run.check_loads()
             wait = 0.0 if until() else COLLECT_WAIT_S / len(self.generators)
             idle = []
             for generator in self.generators:
-                groups, counters, _version, idle_for = self.get(generator.call.remote("collect", wait))
+                groups, counters, _version, idle_for = self.run.get(generator.collect(wait))
                 idle.append(idle_for)
                 for key, value in counters.items():
                     self.counters[key] = self.counters.get(key, 0.0) + value
@@ -223,7 +202,7 @@ class AsyncExecutor(RayExecutor):
         if batch.token_versions is None:  # the generators always record them: a bug, never an unchecked step
             raise RuntimeError(f"step {step}'s batch carries no token versions: its lag cannot be checked")
         staleness = staleness_check(self.version, batch.token_versions, sync.max_staleness)
-        learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", batch, step))
+        learned, nonfinite_streak = self.run.get(self.learner.learn(batch, step))
         self.version = step
         sync_s = self.publish(step)
         counters, self.counters = self.counters, {}
@@ -319,8 +298,8 @@ class AsyncExecutor(RayExecutor):
     def evaluate(
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        metrics, records, version = self.get(
-            self.generator_actor.call.remote("evaluate", examples, self.sampler.epoch, self.version)
+        metrics, records, version = self.run.get(
+            self.generators[0].evaluate(examples, self.sampler.epoch, self.version)
         )
         if version != self.version:
             raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
@@ -329,13 +308,6 @@ class AsyncExecutor(RayExecutor):
         return metrics, records
 
     def close(self) -> None:
-        ray = self.ray
-        for generator in self.generators:
-            with contextlib.suppress(Exception):  # a dead actor has nothing left to close
-                ray.get(generator.call.remote("close"), timeout=70)
-        for generator in self.generators:
-            with contextlib.suppress(Exception):
-                ray.kill(generator)
-        self.generators = []
-        self.generator_actor = None  # closed and killed above: RayExecutor.close stops the learner and Ray
-        super().close()
+        """Stop the generators (each first closes its loop and engine: its thread joins within 60 s), the learner
+        and the local Ray."""
+        self.run.close(generators_close_s=70)

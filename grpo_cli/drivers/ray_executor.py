@@ -1,7 +1,8 @@
 """sync=one_behind and sync=replay_buffer: the generator and the learner run as Ray actors, concurrently.
 
 The training loop (drivers/loop.py) owns what a run owns everywhere: the prompt sampler, the metrics, evaluation
-scheduling, checkpoints, signals. This executor drives two actors, each with its own copy of the policy:
+scheduling, checkpoints, signals. This executor drives two actors, each with its own copy of the policy, through
+their typed handles (drivers/ray_actors.py):
 
     generator  RolloutWorker: prompts -> generate -> score -> advantages -> behaviour log-probs
     learner    Learner: (reference log-probs) -> updates -> publishes its weights after every step
@@ -16,26 +17,18 @@ behind the batch it is sampling. Actor calls run in the order they were made, wh
                    trajectories; each step trains on a uniform sample of it, dropping trajectories more than
                    sync.max_staleness versions old.
 
-On one machine a local Ray starts for the run (`ray.init()`) and shuts down after it; `sync.ray_address`
-connects to an existing cluster instead (every node needs grpo-cli and its dependencies installed): the actors ask
-for sync.actor_cpus (required there), and for sync.learner_resources / generator_resources (Ray's custom
-resources: which nodes they may run on); drivers/ray_cluster.py checks from each actor that its node shares the
-run directory and sees the task's files, and an actor lost with its node ends the run in one line.
+Starting Ray (or joining sync.ray_address's cluster), placing and starting the actors, fetching their results and
+stopping everything are drivers/ray_run.RayRun's, which this executor holds, as the async executor does: here is only
+the two strategies' loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
 import random
-import subprocess
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,16 +42,15 @@ from grpo_cli.drivers.dynamic_sampling import (
 )
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
 from grpo_cli.drivers.prompts import PromptSampler
-from grpo_cli.drivers.ray_cluster import actor_lost, cannot_join, node_files, node_problem, reply_problem, shipped_env
-from grpo_cli.drivers.ray_reaper import start_sentinel, stop_sentinel
+from grpo_cli.drivers.ray_actors import GeneratorHandle
+from grpo_cli.drivers.ray_run import RayRun
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
-from grpo_cli.errors import RunStopped, UserFacingError
-from grpo_cli.learner.learner import Learner
-from grpo_cli.rollout.worker import RolloutWorker
 from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from grpo_cli.config.schemas import GRPOConfig
 
 # One completion of a rollout batch, as the replay buffer holds it: prompt ids, completion ids, reward, advantage,
@@ -67,29 +59,6 @@ if TYPE_CHECKING:
 Trajectory = tuple[
     list[int], list[int], float, float, torch.Tensor | None, float, torch.Tensor | None, torch.Tensor | None
 ]
-
-
-def import_ray(strategy: str) -> ModuleType:
-    try:
-        import ray
-    except ImportError:
-        raise UserFacingError(f'sync={strategy} needs Ray: pip install -e ".[ray]"') from None
-    return ray
-
-
-def actor_resources(cfg: GRPOConfig, local_cpus: int, has_cuda: bool) -> tuple[int, float]:
-    """(CPUs, GPUs) for each actor: sync.actor_cpus / actor_gpus, or half the cores and a GPU each when CUDA is
-    there. Joining a cluster, the CPUs must be said: this machine's cores say nothing of the nodes'."""
-    if cfg.sync.actor_cpus is None and cfg.sync.ray_address is not None:
-        raise UserFacingError(
-            f"sync.actor_cpus: set it when joining a Ray cluster (sync.ray_address={cfg.sync.ray_address}): the CPUs "
-            "each actor takes on its node, e.g. sync.actor_cpus=2"
-        )
-    cpus = cfg.sync.actor_cpus or max(1, local_cpus // 2)
-    gpus = cfg.sync.actor_gpus
-    if gpus is None:
-        gpus = 1.0 if has_cuda and cfg.model.device != "cpu" else 0.0
-    return cpus, gpus
 
 
 def split_trajectories(data: RolloutData) -> list[Trajectory]:
@@ -132,147 +101,40 @@ def join_trajectories(items: list[Trajectory], versions: list[int]) -> RolloutDa
     )
 
 
-class Hosted:
-    """A Ray actor that builds its object in `start`, not in its constructor: an error raised while loading (a
-    bad model path) then reaches the driver as itself, where a failed actor constructor reports only text.
-    Every later call names the object's method: `actor.call.remote("learn", data, step)`."""
-
-    def start(self, factory: Callable[..., Learner | RolloutWorker], *args: object) -> str:
-        self.target = factory(*args)
-        return self.target.describe()
-
-    def call(self, method: str, *args: object) -> object:
-        return getattr(self.target, method)(*args)
-
-    def check_node(self, marker: str, token: str, files: list[tuple[str, str]], role: str) -> str | None:
-        """Before `start`, on a cluster: does this actor's node see the run directory and the task's files?"""
-        return node_problem(marker, token, files, role)
-
-
 @dataclass
 class Request:
     """A rollout batch asked of the generator and not received yet."""
 
-    ref: Any  # a ray.ObjectRef of a RolloutData (ray is imported at run time only: import_ray)
+    ref: ObjectRef[RolloutData]
     sampler_state: dict[str, Any]  # the prompt sampler before this batch's prompts were drawn
 
 
 class RayExecutor:
-    """The executor of a one_behind or replay_buffer run (see the module docstring)."""
+    """The executor of a one_behind or replay_buffer run (see the module docstring). `run`: the actors to drive
+    (None: start them, RayRun.start)."""
 
-    def __init__(self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler) -> None:
+    def __init__(
+        self, cfg: GRPOConfig, output_dir: Path, sampler: PromptSampler, run: RayRun[GeneratorHandle] | None = None
+    ) -> None:
         self.cfg = cfg
-        self.output_dir = output_dir
         self.sampler = sampler
         self.shape = BatchShape.from_config(cfg)
         self.with_old_log_probs = needs_old_log_probs(cfg)
-        self.ray = import_ray(cfg.sync.strategy)
-        self.started_ray = False
-        self.sentinel: subprocess.Popen[bytes] | None = None
         self.requests: list[Request] = []
         self.last_transcripts: list[dict[str, Any]] = []
-        self.loads: list[Any] = []  # load_weights calls not checked yet (ray.ObjectRefs)
-        # Ray ActorHandles of Hosted (ray is imported at run time only: import_ray); None once closed.
-        self.learner_actor: Any = None
-        self.generator_actor: Any = None
         self.version = 0  # the learner's policy version
         self.batch_counter = 0  # rollout batches asked for (their sampling seeds)
         self.buffer: ReplayBuffer[Trajectory] = ReplayBuffer(cfg.sync.buffer_size, cfg.sync.max_staleness)
         # train.dynamic_sampling with the replay buffer: groups kept out of it, and the batches waited for this step
         self.groups_dropped = 0
         self.extra_rounds = 0
-        cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
-        try:
-            device_text, ray_s = self._start_actors(cfg, output_dir, cpus, gpus)
-        except BaseException:
-            # The caller gets no executor to close: stop what was started (the local Ray, both actors, the
-            # sentinel) here, or it outlives the error in this process, where the next run (a sweep's next job
-            # under hydra/launcher=basic) would find Ray up and the actors still holding their CPUs.
-            self.close()
-            raise
-        where = "local" if cfg.sync.ray_address is None else cfg.sync.ray_address
-        self.device_text = (
-            f"{device_text} (ray: {where}, ready in {ray_s:.1f}s; {self.actors_text()} with {cpus} CPU(s)"
-            f"{f' and {gpus:g} GPU(s)' if gpus else ''} each)"
-        )
-
-    def start_ray(self, cfg: GRPOConfig, actors: int, cpus: int) -> None:
-        """A local Ray for the run (unless Ray runs already in this process), or the cluster at sync.ray_address."""
-        if self.ray.is_initialized():
-            return
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-        if cfg.sync.ray_address is None:
-            # Room for every actor even when actor_cpus asks for more than this machine has (oversubscribed).
-            kwargs["num_cpus"] = max(os.cpu_count() or 1, actors * cpus)
-            self.sentinel = start_sentinel()  # stops this local Ray even if the run is killed outright
-        else:
-            # The actors start from their node's environment: the driver's hub and logging settings go with them.
-            kwargs["runtime_env"] = {"env_vars": shipped_env(os.environ)}
-        try:
-            self.ray.init(address=cfg.sync.ray_address, **kwargs)
-        except ConnectionError as error:
-            if cfg.sync.ray_address is None:
-                raise
-            raise UserFacingError(cannot_join(cfg.sync.ray_address, error)) from None
-        self.started_ray = True
-
-    def actors_text(self) -> str:
-        """The actors, for the run's first line."""
-        return "generator and learner actors"
-
-    def actor_options(self, role: str, cpus: int, gpus: float) -> dict[str, Any]:
-        """Ray's options for the learner or a generator: its CPUs, GPUs and custom resources (the nodes it may
-        run on: sync.learner_resources / generator_resources)."""
-        resources = dict(self.cfg.sync.learner_resources if role == "learner" else self.cfg.sync.generator_resources)
-        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0}
-        if resources:
-            options["resources"] = {name: float(amount) for name, amount in resources.items()}
-        return options
-
-    def check_nodes(self, actors: dict[str, Any]) -> None:
-        """On a cluster, before the actors load anything: each one's node shares the run directory with this
-        machine (a marker written here, read there; a reply written there, read here) and sees every file the
-        config names (drivers/ray_cluster.py). One machine needs no check."""
-        if self.cfg.sync.ray_address is None:
-            return
-        token = uuid.uuid4().hex
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        marker = self.output_dir / f".ray_storage_{token[:8]}"
-        marker.write_text(token)
-        try:
-            files = node_files(self.cfg)
-            roles = list(actors)
-            problems = self.get_all([actors[r].check_node.remote(str(marker), token, files, r) for r in roles])
-            problems += [
-                reply_problem(marker, token, r) for r, problem in zip(roles, problems, strict=True) if problem is None
-            ]
-        finally:
-            marker.unlink(missing_ok=True)
-        for problem in problems:
-            if problem is not None:
-                raise UserFacingError(problem)
-
-    def _start_actors(self, cfg: GRPOConfig, output_dir: Path, cpus: int, gpus: float) -> tuple[str, float]:
-        """Start Ray (unless it runs already) and both actors with their policy copies; returns the learner's
-        device description and the seconds Ray took to start (self.load_s: the actors')."""
-        ray = self.ray
-        t0 = time.perf_counter()
-        self.start_ray(cfg, actors=2, cpus=cpus)
-        ray_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.learner_actor = ray.remote(Hosted).options(**self.actor_options("learner", cpus, gpus)).remote()
-        self.generator_actor = ray.remote(Hosted).options(**self.actor_options("generator", cpus, gpus)).remote()
-        self.check_nodes({"learner": self.learner_actor, "generator": self.generator_actor})
-        # Both load their policy copy at the same time.
-        device_text, _ = self.get_all(
-            [
-                self.learner_actor.start.remote(Learner, cfg, output_dir, cpus),
-                self.generator_actor.start.remote(RolloutWorker, cfg, None, None, cpus),
-            ]
-        )
-        self.load_s = time.perf_counter() - t0
-        self.get(self.generator_actor.call.remote("check_prompts_fit", self.sampler.examples))
-        return device_text, ray_s
+        if run is None:
+            run = RayRun.start(cfg, output_dir, sampler.examples, GeneratorHandle, 1, "generator and learner actors")
+        self.run = run
+        self.learner = run.learner
+        self.generator = run.generators[0]
+        self.device_text = run.device_text
+        self.load_s = run.load_s
 
     @property
     def learner_version(self) -> int:
@@ -285,62 +147,19 @@ class RayExecutor:
         return {"time/sync_s": self.publish(self.version)}
 
     def close(self) -> None:
-        """Stop both actors and the local Ray: no process may outlive the run, whatever ended it."""
-        ray = self.ray
-        if self.generator_actor is not None and not self.requests:
-            # Let the engine release what it holds; with a batch in flight the call would wait for it, and
-            # killing the actor releases everything anyway.
-            with contextlib.suppress(Exception):  # a dead actor has nothing left to close
-                ray.get(self.generator_actor.call.remote("close"), timeout=10)
-        for actor in (self.generator_actor, self.learner_actor):
-            if actor is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-        self.generator_actor = self.learner_actor = None
-        if self.started_ray:
-            ray.shutdown()
-            self.started_ray = False
-        stop_sentinel(self.sentinel)
-        self.sentinel = None
-
-    def get(self, refs: Any, timeout: float | None = None) -> Any:  # Any: what the actor method returned
-        """ray.get, re-raising a user-facing error from an actor as itself (one line, not a remote traceback)."""
-        exceptions = self.ray.exceptions
-        try:
-            return self.ray.get(refs, timeout=timeout)
-        except exceptions.RayTaskError as error:
-            if isinstance(error.cause, UserFacingError | RunStopped):
-                raise error.cause from None
-            if isinstance(error.cause, exceptions.RayActorError | exceptions.ObjectLostError):
-                raise UserFacingError(actor_lost(error.cause, self.output_dir)) from None
-            raise
-        except (exceptions.RayActorError, exceptions.ObjectLostError) as error:
-            # An actor died under the run (its node lost, its process killed): one line, the checkpoints named.
-            raise UserFacingError(actor_lost(error, self.output_dir)) from None
-
-    def get_all(self, refs: list[Any]) -> list[Any]:  # Any: ray.ObjectRefs in, what the actors returned out
-        """Every result, after all have finished: when both actors fail to start, the second error is retrieved
-        too (an error nobody retrieves is printed by Ray as a traceback when its reference is dropped)."""
-        self.ray.wait(refs, num_returns=len(refs))
-        results, errors = [], []
-        for ref in refs:
-            try:
-                results.append(self.get(ref))
-            except Exception as error:  # noqa: BLE001 - re-raised below, the first one
-                errors.append(error)
-        if errors:
-            raise errors[0]
-        return results
+        """Stop both actors and the local Ray. With a batch in flight the generator is not asked to release its
+        engine first: the call would wait for the batch, and killing the actor releases everything anyway."""
+        self.run.close(generators_close_s=None if self.requests else 10)
 
     # --- checkpoints --------------------------------------------------------------------------------------
     def resume(self) -> tuple[int, dict[str, Any], list[str]]:
-        return self.get(self.learner_actor.call.remote("resume"))
+        return self.run.get(self.learner.resume())
 
     def save_checkpoint(self, step: int) -> Path:
         # Prompts of batches still in flight are not trained on yet: a resumed run draws them again. (The
         # replay buffer's contents are not saved: a resumed run starts with an empty buffer.)
         state = self.requests[0].sampler_state if self.requests else self.sampler.state()
-        return self.get(self.learner_actor.call.remote("save_checkpoint", step, {"sampler": state}))
+        return self.run.get(self.learner.save_checkpoint(step, {"sampler": state}))
 
     # --- moving batches and weights -----------------------------------------------------------------------
     def request(self) -> None:
@@ -348,35 +167,23 @@ class RayExecutor:
         state, epoch = self.sampler.state(), self.sampler.epoch
         examples = self.sampler.next_batch(self.shape.prompts_per_rollout_batch)
         self.batch_counter += 1
-        ref = self.generator_actor.call.remote(
-            "produce", examples, self.batch_counter, self.with_old_log_probs, 0, epoch
-        )
+        ref = self.generator.produce(examples, self.batch_counter, self.with_old_log_probs, 0, epoch)
         self.requests.append(Request(ref, state))
 
     def receive(self) -> tuple[RolloutData, float]:
         """The oldest requested batch, and how long the driver waited for it."""
         t0 = time.perf_counter()
-        data = self.get(self.requests[0].ref)
+        data = self.run.get(self.requests[0].ref)
         waited = time.perf_counter() - t0
         self.requests.pop(0)
-        self.check_loads()
+        self.run.check_loads()  # a failed weight load (a WeightSyncError) now, rather than as a lag error later
         return data, waited
-
-    def check_loads(self) -> None:
-        """Surface a failed weight load (a WeightSyncError) now, rather than as a lag error later."""
-        if not self.loads:
-            return
-        done, self.loads = self.ray.wait(self.loads, num_returns=len(self.loads), timeout=0, fetch_local=False)
-        self.get(done)
 
     def publish(self, version: int) -> float:
         """Put the learner's weights into the object store and queue their load on the generator; returns the
         seconds the learner spent on it (the generator's load time comes back with its next batch)."""
-        t0 = time.perf_counter()
-        weights = self.learner_actor.call.remote("trainable_weights")
-        self.ray.wait([weights], fetch_local=False)  # the driver never needs the tensors themselves
-        seconds = time.perf_counter() - t0
-        self.loads.append(self.generator_actor.call.remote("load_weights", weights, version))
+        weights, seconds = self.run.weights()
+        self.run.loads.append(self.generator.load_weights(weights, version))
         return seconds
 
     # --- the steps ----------------------------------------------------------------------------------------
@@ -399,7 +206,7 @@ class RayExecutor:
         self.last_transcripts = data.transcripts or []
         if step < self.cfg.train.steps:
             self.request()  # batch k+1 is sampled while the learner trains on batch k
-        learned, nonfinite_streak = self.get(self.learner_actor.call.remote("learn", data, step))
+        learned, nonfinite_streak = self.run.get(self.learner.learn(data, step))
         self.version = step
         sync_s = self.publish(step)
         timing = {"time/step_s": time.perf_counter() - step_start, "time/waiting_s": waiting_s, "time/sync_s": sync_s}
@@ -446,14 +253,14 @@ class RayExecutor:
         entries = self.buffer.sample(n, self.version, random.Random(self.cfg.seed * 104_729 + step))
         versions = [e.version for e in entries]
         batch = join_trajectories([e.item for e in entries], versions)
-        learn_ref = self.learner_actor.call.remote("learn", batch, step)
+        learn_ref = self.learner.learn(batch, step)
         # While the learner trains, keep the generator busy and its batches flowing into the buffer.
         while True:
-            ready, _ = self.ray.wait([learn_ref, *(r.ref for r in self.requests)], num_returns=1, fetch_local=False)
+            ready, _ = self.run.ray.wait([learn_ref, *(r.ref for r in self.requests)], num_returns=1, fetch_local=False)
             if learn_ref in ready:
                 break
             arrived += self.harvest()
-        learned, nonfinite_streak = self.get(learn_ref)
+        learned, nonfinite_streak = self.run.get(learn_ref)
         self.version = step
         sync_s = self.publish(step)
         self.keep_generating()
@@ -491,7 +298,7 @@ class RayExecutor:
         """Finished batches, without waiting: into the buffer, and the next one asked for."""
         arrived = []
         while self.requests:
-            ready, _ = self.ray.wait([self.requests[0].ref], timeout=0, fetch_local=False)
+            ready, _ = self.run.ray.wait([self.requests[0].ref], timeout=0, fetch_local=False)
             if not ready:
                 break
             data, _ = self.receive()
@@ -517,9 +324,7 @@ class RayExecutor:
         self, examples: list[Example], on_generated: Callable[[int], None] | None
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         # Queued behind the load of this step's weights, so it evaluates exactly the learner's current policy.
-        metrics, records, version = self.get(
-            self.generator_actor.call.remote("evaluate", examples, None, self.sampler.epoch)
-        )
+        metrics, records, version = self.run.get(self.generator.evaluate(examples, self.sampler.epoch))
         if version != self.version:
             raise RuntimeError(f"evaluation ran on policy version {version}, not the learner's {self.version}")
         if on_generated is not None:

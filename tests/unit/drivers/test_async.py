@@ -7,13 +7,17 @@ from __future__ import annotations
 import random
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from grpo_cli.config import BatchShape, validate_config
+from grpo_cli.config import validate_config
 from grpo_cli.drivers.async_executor import AsyncExecutor
 from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.ray_actors import AsyncGeneratorHandle, LearnerHandle
+from grpo_cli.drivers.ray_run import RayRun
 from grpo_cli.drivers.versions import staleness_check
 from grpo_cli.errors import UserFacingError
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup
@@ -217,33 +221,58 @@ def test_async_only_keys_are_refused_under_other_strategies():
 
 
 class FakeActor:
-    """Records the calls an actor handle receives (`handle.call.remote(method, *args)`), returning the arguments."""
+    """Stands in for a Ray actor handle without Ray: records each call `actor.<method>.remote(*args)` as
+    (method, *args) and answers it with `answer` (by default the call itself)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-        self.call = self
-        self.start = self
 
-    def remote(self, *args):
-        self.calls.append(args)
-        return args
+    def __getattr__(self, method: str):
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return SimpleNamespace(remote=lambda *args: self.record(method, *args))
+
+    def record(self, method: str, *args):
+        self.calls.append((method, *args))
+        return self.answer(method, *args)
+
+    def answer(self, method: str, *args):
+        return (method, *args)
 
 
-def bare_executor(cfg, sampler: PromptSampler, state: dict) -> AsyncExecutor:
-    """An AsyncExecutor without Ray: its bookkeeping with actors that record their calls."""
-    executor = object.__new__(AsyncExecutor)
-    executor.cfg, executor.sampler, executor.shape = cfg, sampler, BatchShape.from_config(cfg)
-    executor.generators, executor.learner_actor = [FakeActor()], FakeActor()
-    executor.orders, executor.arrived, executor.ready, executor.trained_groups = {}, {}, [], {}
-    executor.loads, executor.counters, executor.dropped_stale = [], {}, 0
+RAY_ERRORS = ("RayTaskError", "RayActorError", "ObjectLostError")
+
+
+class FakeRay:
+    """The ray module as a RayRun without Ray uses it: a result is the fake actor's answer itself."""
+
+    exceptions = SimpleNamespace(**{name: type(name, (Exception,), {}) for name in RAY_ERRORS})
+
+    @staticmethod
+    def get(ref, timeout=None):
+        return ref
+
+    @staticmethod
+    def wait(refs, **kwargs):
+        return refs, []
+
+    @staticmethod
+    def kill(actor) -> None:
+        actor.calls.append(("killed",))
+
+
+def bare_executor(cfg, sampler: PromptSampler, state: dict, learner=None, generators=None) -> AsyncExecutor:
+    """An AsyncExecutor without Ray: its bookkeeping, driving actors that record their calls."""
+    actors = generators if generators is not None else [FakeActor()]
+    handles = [AsyncGeneratorHandle(actor) for actor in actors]
+    run = RayRun(FakeRay, Path("unused"), LearnerHandle(learner if learner is not None else FakeActor()), handles)
+    executor = AsyncExecutor(cfg, Path("unused"), sampler, run)
     executor.resumed_state = state
-    executor.get = lambda refs, timeout=None: refs
-    executor.ray = type("Ray", (), {"wait": staticmethod(lambda refs, **kw: (refs, []))})
     return executor
 
 
 def submitted(executor: AsyncExecutor) -> list[BatchOrder]:
-    return [args[1] for args in executor.generators[0].calls if args[0] == "submit"]
+    return [call[1] for call in executor.generators[0].actor.calls if call[0] == "submit"]
 
 
 def test_drop_resume_samples_again_exactly_the_prompts_not_trained_with_their_batch_numbers():

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from grpo_cli.config import validate_config
-from grpo_cli.drivers.async_executor import initial_weights
 from grpo_cli.drivers.prompts import PromptSampler
+from grpo_cli.drivers.ray_actors import initial_weights
 from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.checkpoint import save_checkpoint
 from grpo_cli.learner.learner import Learner

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.drivers.ray_actors import LearnerHandle
 from grpo_cli.drivers.ray_cluster import actor_lost, node_files, node_problem, reply_problem, shipped_env
-from grpo_cli.drivers.ray_executor import RayExecutor, actor_resources
 from grpo_cli.drivers.ray_reaper import stop_sentinel
+from grpo_cli.drivers.ray_run import RayRun, actor_options, actor_resources
 from grpo_cli.errors import UserFacingError
 from tests.conftest import compose_config
 
@@ -30,13 +31,10 @@ def test_each_actor_asks_for_its_own_custom_resources(tmp_path):
         ["sync=async", "+sync.learner_resources={trainer: 1}", "+sync.generator_resources={sampler: 0.5}"],
         str(tmp_path),
     )
-    executor = RayExecutor.__new__(RayExecutor)  # only its config: no Ray started
-    executor.cfg = cfg
-    learner, generator = executor.actor_options("learner", 2, 0.0), executor.actor_options("generator", 2, 1.0)
+    learner, generator = actor_options(cfg, "learner", 2, 0.0), actor_options(cfg, "generator", 2, 1.0)
     assert learner == {"num_cpus": 2, "num_gpus": 0.0, "max_restarts": 0, "resources": {"trainer": 1.0}}
     assert generator == {"num_cpus": 2, "num_gpus": 1.0, "max_restarts": 0, "resources": {"sampler": 0.5}}
-    executor.cfg = compose_config(["sync=async"], str(tmp_path))
-    assert "resources" not in executor.actor_options("learner", 2, 0.0)
+    assert "resources" not in actor_options(compose_config(["sync=async"], str(tmp_path)), "learner", 2, 0.0)
 
 
 def test_the_files_a_config_names_are_what_each_node_must_see(tmp_path):
@@ -116,16 +114,15 @@ class UnreachableRay:
 def test_a_cluster_that_cannot_be_joined_is_one_line_naming_the_address(tmp_path):
     address = "127.0.0.1:6390"
     cfg = compose_config(["sync=async", f"sync.ray_address={address}", "sync.actor_cpus=1"], str(tmp_path))
-    executor = RayExecutor.__new__(RayExecutor)
-    executor.ray, executor.sentinel, executor.started_ray = UnreachableRay(), None, False
+    run = RayRun(UnreachableRay(), tmp_path, LearnerHandle(None), [])  # no actors: only its start of Ray
     with pytest.raises(UserFacingError) as raised:
-        executor.start_ray(cfg, actors=2, cpus=1)
+        run.start_ray(cfg, actors=2, cpus=1)
     line = str(raised.value)
     assert line.startswith(f"sync.ray_address={address}: could not join the Ray cluster (Failed to connect")
     assert "RAY_AUTH_MODE=token" in line and "\n" not in line
     # A local Ray that fails to start is not a cluster's address: the error stays what it is.
     try:
         with pytest.raises(ConnectionError):
-            executor.start_ray(compose_config(["sync=async"], str(tmp_path)), actors=2, cpus=1)
+            run.start_ray(compose_config(["sync=async"], str(tmp_path)), actors=2, cpus=1)
     finally:
-        stop_sentinel(executor.sentinel)  # the local path starts its sentinel first
+        stop_sentinel(run.sentinel)  # the local path starts its sentinel first

@@ -166,7 +166,7 @@ def test_valid_sync_combinations_pass(overrides):
 
 
 def test_missing_ray_is_one_line(monkeypatch):
-    from grpo_cli.drivers.ray_executor import import_ray
+    from grpo_cli.drivers.ray_run import import_ray
 
     real_import = builtins.__import__
 

@@ -27,7 +27,7 @@ from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.e2e.test_multiturn_e2e import ENVIRONMENT
 from tests.unit.distributed.test_distributed import SETTING, free_port
-from tests.unit.drivers.test_async import ASYNC, bare_executor, submitted, weights_of
+from tests.unit.drivers.test_async import ASYNC, FakeActor, bare_executor, submitted, weights_of
 
 EPS = 1e-6  # normalization.advantage_eps's default
 
@@ -150,28 +150,28 @@ def test_batch_std_over_two_gloo_ranks_is_the_whole_batchs(tmp_path):
 # --- sync=async: groups scored one at a time, trained together ----------------------------------------------------
 
 
-class RecordingLearner:
-    """The learner actor's handle without Ray: records each batch `learn` receives."""
+class RecordingLearner(FakeActor):
+    """The learner actor without Ray: records each batch `learn` receives."""
 
     def __init__(self) -> None:
-        self.call = self
+        super().__init__()
         self.batches: list = []
 
-    def remote(self, method: str, *args):
+    def answer(self, method: str, *args):
         if method == "learn":
             self.batches.append(args[0])
             return {"time/old_log_probs_s": 0.0, "train/loss": 0.0}, 0
         return None
 
 
-class HandingGenerator:
-    """A generator actor's handle without Ray: its first collect hands over the given finished groups."""
+class HandingGenerator(FakeActor):
+    """A generator actor without Ray: its first collect hands over the finished groups it is given."""
 
-    def __init__(self, groups: list[FinishedGroup]) -> None:
-        self.call = self
-        self.groups = groups
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[FinishedGroup] = []
 
-    def remote(self, method: str, *args):
+    def answer(self, method: str, *args):
         if method == "collect":
             groups, self.groups = self.groups, []
             return groups, {}, 0, 0.0
@@ -204,7 +204,9 @@ def test_an_async_step_trains_the_advantages_of_its_assembled_batch(tmp_path, pa
         (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
         overrides += ["task=guess_number", f"task.environment={tmp_path / 'parity_env.py'}:Parity", "task.max_turns=3"]
     cfg = compose_config(overrides)
-    executor = bare_executor(cfg, PromptSampler(load_examples(cfg.task, "train"), seed=0), {})
+    learner, generator = RecordingLearner(), HandingGenerator()
+    sampler = PromptSampler(load_examples(cfg.task, "train"), seed=0)
+    executor = bare_executor(cfg, sampler, {}, learner, [generator])
     executor.start(0)
     executor.top_up()  # batches 1 and 2 handed out
     orders = submitted(executor)
@@ -213,10 +215,9 @@ def test_an_async_step_trains_the_advantages_of_its_assembled_batch(tmp_path, pa
     by_key = {(grp.batch_number, grp.prompt_indices[0]): grp for grp in groups}
     first = [by_key[(2, 0)], by_key[(1, 1)]]
     rest = [grp for grp in groups if all(grp is not f for f in first)]
-    executor.generators = [HandingGenerator(first + rest)]
-    executor.learner_actor = RecordingLearner()
+    generator.groups = first + rest
     line, _ = executor.step(1)
-    (batch,) = executor.learner_actor.batches
+    (batch,) = learner.batches
     g = cfg.train.group_size
     rewards = torch.cat([grp.data.raw_rewards for grp in first])
     torch.testing.assert_close(batch.raw_rewards, rewards)

@@ -7,11 +7,14 @@ import signal
 
 import pytest
 import torch
+from rich.console import Console
 
 from grpo_cli.errors import UserFacingError
 from grpo_cli.jobs.benchmark import (
+    BREAKDOWN,
     _scaling_config,
     _scaling_runs,
+    benchmark_table,
     decode_matmul_floor_s,
     matmul_peak_gflops,
     parameter_counts,
@@ -60,6 +63,46 @@ def test_precisions_are_both_where_bf16_is_fast_and_fp32_alone_where_it_is_emula
     assert note is not None and note.startswith("bf16 not measured: cpu has no fast bf16")
     assert "job.precisions=[bf16,no]" in note  # how to measure it anyway
     assert resolve_precisions(["bf16", "no"], cpu) == (["bf16", "no"], None)  # asked for by name: measured
+
+
+def _engine_figures(step_s: float) -> dict:
+    """One engine's figures as _measure_engine returns them (the ones the table reads), its step taking step_s."""
+    phases = {"prefill_s": 0.01, "forward_s": 0.2, "sampling_s": 0.1, "decode_steps": 9, "decode_step_ms": 25.0}
+    return {
+        "startup_s": 1.0,
+        "step_s_median": step_s,
+        "step_s_min": step_s,
+        "breakdown_s": {label: 0.0 for label, _key in BREAKDOWN},
+        "generation_phases": phases,
+        "decode_matmul_floor_ms": 3.0,
+        "rollout_only_tokens_per_s": 100.0,
+        "generation_tokens_per_s": 100.0,
+        "training_tokens_per_s": 100.0,
+        "training_gflops": 1.0,
+        "matmul_peak_gflops": 10.0,
+    }
+
+
+def test_the_table_has_one_column_per_engine_and_precision_named_only_where_several_were_measured():
+    # The end-to-end run measures bf16 only where it is fast (tests/e2e/test_benchmark_e2e.py); the columns of two
+    # precisions are read here, each precision's figures under its own header.
+    cfg = compose_config(["job=benchmark", "model=tiny_random"])
+    both = {
+        "bf16": {"compute_dtype": "bf16", "engines": {"hf": _engine_figures(1.25), "vllm": _engine_figures(2.5)}},
+        "no": {"compute_dtype": "fp32", "engines": {"hf": _engine_figures(3.75), "vllm": _engine_figures(5.5)}},
+    }
+    console = Console(width=300, record=True)
+    console.print(benchmark_table({"precisions": both}, cfg))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "rollout=" in line)
+    names = ["rollout=hf bf16", "rollout=vllm bf16", "rollout=hf fp32", "rollout=vllm fp32"]
+    assert [header.index(name) for name in names] == sorted(header.index(name) for name in names)
+    median = next(line for line in lines if "seconds per step, median" in line)
+    assert [cell.strip() for cell in median.split("│")[2:6]] == ["1.25", "2.50", "3.75", "5.50"]
+    console = Console(width=300, record=True)
+    console.print(benchmark_table({"precisions": {"no": both["no"]}}, cfg))  # one precision: no dtype in the header
+    text = console.export_text()
+    assert "rollout=hf " in text and "fp32" not in text and "bf16" not in text
 
 
 def test_matmul_peak_is_a_measurement():

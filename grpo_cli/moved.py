@@ -1,10 +1,14 @@
-"""Module paths that moved when the package was laid out by trust (issue 48), each with its new path.
+"""Module paths that moved, each with its new path: when the package was laid out by trust (issue 48), and when
+its packages were named for what they hold (issue 59: rollout/scoring.py -> rollout/rewards.py, agents/ ->
+endpoint/, tasks/sandbox_settings.py -> sandbox/settings.py). Every old path names the final one (no alias of an
+alias), and grpo-cli REMOVED_IN removes them all.
 
-An old path in a user's config, code or command keeps working: `install()` (run by grpo_cli/__init__.py) puts one
-finder on sys.meta_path, so importing an old path (import, importlib, a `module:attr` reference, a Hydra
-`_target_`, `python -m`) gives the new module itself, the same object (a patch of one is a patch of the other),
-with a one-line MovedPathWarning naming the new path. No shim file stands at an old path: a shim in tasks/ would
-make tasks/ import the packages its old modules moved to.
+An old path in a user's config, code or command keeps working until then: `install()` (run by
+grpo_cli/__init__.py) puts one finder on sys.meta_path, so importing an old path (import, importlib, a
+`module:attr` reference, a Hydra `_target_`, `python -m`) gives the new module itself, the same object (a patch of
+one is a patch of the other), with a one-line MovedPathWarning naming the new path and the release that removes
+the old one. No shim file stands at an old path: a shim in tasks/ would make tasks/ import the packages its old
+modules moved to.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 from types import CodeType, ModuleType
+
+# The release that removes the old paths: two minor releases after the one that moved them (grpo-cli 0.1.0,
+# pyproject.toml); the README and every MovedPathWarning say it.
+REMOVED_IN = "0.3.0"
 
 # old dotted path -> new dotted path
 MOVED: dict[str, str] = {
@@ -72,7 +80,7 @@ class MovedPathWarning(FutureWarning):
 
 def note(old: str) -> str:
     """The one line said when `old` is imported."""
-    return f"{old} moved to {MOVED[old]}: use {MOVED[old]} (the old path is an alias)"
+    return f"{old} moved to {MOVED[old]}: use {MOVED[old]} (the old path is an alias until grpo-cli {REMOVED_IN})"
 
 
 class _Alias(importlib.abc.Loader):

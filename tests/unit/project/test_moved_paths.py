@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 from hydra.utils import get_class, get_method
+from packaging.version import Version
 
 import grpo_cli
-from grpo_cli.moved import MOVED, MovedPathWarning, note
+from grpo_cli.moved import MOVED, REMOVED_IN, MovedPathWarning, note
 from grpo_cli.usercode.user_code import load_callable
 
 PACKAGE_ROOT = Path(grpo_cli.__file__).parent
+REPO_ROOT = PACKAGE_ROOT.parent
 
 
 def forget(old: str) -> None:
@@ -76,3 +78,31 @@ def test_python_dash_m_runs_the_moved_module_and_says_where_it_went():
     assert note(old) in done.stderr
     new = subprocess.run([sys.executable, "-m", MOVED[old], "--help"], capture_output=True, text=True, timeout=120)
     assert done.stdout == new.stdout  # the same program
+
+
+def test_every_old_path_names_a_final_path():
+    """No alias of an alias: an old path moved twice names where it is now, and every new path is a real module."""
+    assert not set(MOVED.values()) & set(MOVED), sorted(set(MOVED.values()) & set(MOVED))
+    for new in MOVED.values():
+        assert importlib.util.find_spec(new) is not None, new
+
+
+def test_a_moved_packages_modules_are_the_new_modules():
+    """grpo_cli.agents (a package) is grpo_cli.endpoint, and grpo_cli.agents.server the very module
+    grpo_cli.endpoint.server, not a second copy loaded from the new folder under the old name."""
+    for old in ("grpo_cli.agents.server", "grpo_cli.agents"):
+        forget(old)
+    with pytest.warns(MovedPathWarning):
+        server = importlib.import_module("grpo_cli.agents.server")
+    from grpo_cli.endpoint import server as new_server
+
+    assert server is new_server and "grpo_cli.agents.server" not in {m.__name__ for m in sys.modules.values()}
+
+
+def test_the_release_that_removes_the_old_paths_is_stated():
+    """moved.py names it (two minor releases after this one), every warning says it, and so does the README."""
+    version = Version(grpo_cli.__version__)
+    assert Version(REMOVED_IN) == Version(f"{version.major}.{version.minor + 2}.0")
+    assert all(f"until grpo-cli {REMOVED_IN}" in note(old) for old in MOVED)
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"until {REMOVED_IN}" in readme and "grpo_cli/moved.py" in readme

@@ -9,7 +9,7 @@ metrics, elastic scaling, ...) are not reachable from an agent. A generating cal
 
 1. its prompt ids are what vLLM will sample from: vLLM's own render route gives them (the chat template vLLM
    applies, with the call's tools), or the call sends ids;
-2. the episode (`agent_episodes.AgentEpisode.plan_tokens`) places them: a call whose ids begin with the episode's
+2. the episode (`recording.AgentEpisode.plan_tokens`) places them: a call whose ids begin with the episode's
    tokens so far and a reply it got continues the episode (the ids between are the environment's, mask 0);
    otherwise the episode goes on as a new segment (counted in train/rewritten_turns, the tokens so far dropped),
    and limits refuse a call with HTTP 400 as on grpo-cli's endpoint;

@@ -2,7 +2,7 @@
 
 The user's agents (usercode/agents.py) run in the worker processes and call the policy through the OpenAI-compatible
 endpoint (endpoint/server.py); this module is the other side, in the rollout's own thread: it opens one
-`agent_episodes.AgentEpisode` per sample, gives each agent its episode's URL, and serves their calls on the engine
+`recording.AgentEpisode` per sample, gives each agent its episode's URL, and serves their calls on the engine
 until every agent has ended, then hands back the episodes as any multi-turn task's (`Samples`), scored by
 `multiturn.score_episodes` (the agent's reward is the episode's `env` component beside task.rewards).
 
@@ -433,7 +433,7 @@ class AgentRun:
                 later.append(call)
                 continue
             episode = episodes[call.episode]
-            try:  # the call was checked (agent_requests.check_body): a failure here is that call's 400, not the step's
+            try:  # the call was checked (requests.check_body): a failure here is that call's 400, not the step's
                 sampling = sampling_of(call.body, settings.temperature, settings.top_p)
                 if call.route == "chat":
                     plan = episode.plan_chat(

@@ -333,7 +333,7 @@ def _score_ended(
 
 def _computed_rewards(episodes: Sequence[Episode]) -> dict[str, Any]:
     """score_batch's `computed`: the values (and failures) of the rewards that took environments=, computed where the
-    instances live (trl_environments.TRLEnvironment.close); {} when no episode has any."""
+    instances live (episodes/adapters/trl.py, TRLEnvironment.close); {} when no episode has any."""
     results = [e.context.result if isinstance(e.context, EpisodeContext) else None for e in episodes]
     names = {n for r in results if isinstance(r, EnvironmentResult) for n in [*r.rewards, *r.errors]}
     names.discard("get_reward")

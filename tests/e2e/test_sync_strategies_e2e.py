@@ -113,7 +113,7 @@ def test_missing_ray_stops_the_cli_with_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_killed_run_leaves_no_ray_process(tmp_path, ray_installed):
-    # SIGKILL gives the run no chance to shut Ray down: its sentinel (grpo_cli/ray_reaper.py) must.
+    # SIGKILL gives the run no chance to shut Ray down: its sentinel (grpo_cli/drivers/ray_reaper.py) must.
     run_dir = tmp_path / "run"
     process = start_grpo(["debug=smoke", "sync=one_behind", "train.steps=200", f"hydra.run.dir={run_dir}"], tmp_path)
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(train_rows(run_dir)) >= 2)

@@ -6,7 +6,7 @@ Each task's own schema lives next to its TaskSpec (`KeywordTaskConfig` in tasks/
 and grpo_cli.config registers each as `<name>_schema` in group `task`. To add a task `foo` with a key `foo_size`:
   1. in grpo_cli/tasks/foo.py:  @dataclass class FooTaskConfig(TaskConfig): foo_size: int = positive(3)
      (help="..." on each key), and FOO_TASK = TaskSpec(name="foo", schema=FooTaskConfig, ...) registered in
-     grpo_cli/tasks/__init__.py's TASKS;
+     grpo_cli/tasks/registry.py's TASKS;
   2. conf/task/foo.yaml starts with   defaults: [foo_schema, _self_]   then `name: foo` and the values that
      differ from the schema's defaults;
   3. python -m grpo_cli.tasks.config_reference > docs/config-reference.md (a test fails while the page lacks the key).

@@ -15,25 +15,21 @@ from tests.conftest import read_metrics, run_grpo
 FAILING_AGENT = "def solve(row, prompt, base_url, api_key):\n    raise RuntimeError('the agent always fails')\n"
 
 
+def agent_task(folder: Path, agent: str, *extra: str) -> list[str]:
+    """An agent task in `folder` (my_agent.py holding `agent`, eight chat rows in train.jsonl): the grpo-run
+    overrides of a debug=smoke run of it, with `extra` after them."""
+    (folder / "my_agent.py").write_text(agent)
+    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"} for _ in range(8)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = ["task=custom", "task.train_path=train.jsonl", "task.eval_path=train.jsonl", "task.agent=my_agent.py:solve"]
+    return ["debug=smoke", *task, "rollout.max_tokens=8", "train.eval_every=0", *extra]
+
+
 @pytest.mark.slow
 def test_a_run_whose_every_episode_is_skipped_says_it_and_stops_in_one_line(tmp_path: Path) -> None:
-    (tmp_path / "my_agent.py").write_text(FAILING_AGENT)
-    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"} for _ in range(8)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    args = [
-        "debug=smoke",
-        "task=custom",
-        "task.train_path=train.jsonl",
-        "task.eval_path=train.jsonl",
-        "task.agent=my_agent.py:solve",
-        "task.on_reward_error=skip",
-        "rollout.max_tokens=8",
-        "train.steps=4",
-        "train.eval_every=0",
-        "train.max_empty_steps=2",
-        f"hydra.run.dir={run_dir}",
-    ]
+    extra = ["task.on_reward_error=skip", "train.steps=4", "train.max_empty_steps=2", f"hydra.run.dir={run_dir}"]
+    args = agent_task(tmp_path, FAILING_AGENT, *extra)
     result = run_grpo(args, cwd=tmp_path, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
@@ -141,26 +137,14 @@ def test_an_async_agent_keeping_an_asyncopenai_client_across_episodes_trains_wit
     episode is used and garbage-collected on the loop that made it (a fresh asyncio.run loop per call ended each
     episode with "Task exception was never retrieved ... Event loop is closed" and a traceback)."""
     pytest.importorskip("openai")
-    (tmp_path / "my_agent.py").write_text(ASYNC_AGENT)
-    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"} for _ in range(8)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    args = [
-        "debug=smoke",
-        "task=custom",
-        "task.train_path=train.jsonl",
-        "task.eval_path=train.jsonl",
-        "task.agent=my_agent.py:solve",
-        "rollout.max_tokens=8",
-        "train.steps=3",
-        "train.eval_every=0",
-        f"hydra.run.dir={run_dir}",
-    ]
+    # Two steps: the client kept from the first step's episodes serves the second's (a third step added nothing).
+    args = agent_task(tmp_path, ASYNC_AGENT, "train.steps=2", f"hydra.run.dir={run_dir}")
     result = run_grpo(args, cwd=tmp_path, timeout=400)
     console = result.stdout + result.stderr
     assert result.returncode == 0, console[-3000:]
     for noise in ("Task exception was never retrieved", "Event loop is closed", "Traceback", "unclosed event loop"):
         assert noise not in console, console[-3000:]
     steps = [row for row in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in row]
-    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert [row["step"] for row in steps] == [1, 2]
     assert all(row["train/skipped_episodes"] == 0 for row in steps if "train/skipped_episodes" in row)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
-import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +34,7 @@ from grpo_cli.core import (
     masked_mean,
     microbatch_train_step,
 )
-from grpo_cli.core.packing import assign_rows, packed_row_tokens
+from grpo_cli.core.packing import packed_row_tokens
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
 from grpo_cli.learner.checkpoint import (
@@ -50,9 +50,8 @@ from grpo_cli.learner.checkpoint import (
 from grpo_cli.learner.settings import loss_settings
 from grpo_cli.learner.update import (
     EMPTY_STEPS,
+    FLAT_STEPS,
     PaddingTotals,
-    nothing_to_train,
-    optimizer_step_totals,
     record_microbatch,
     record_value,
     rejected_token_counts,
@@ -80,23 +79,11 @@ from grpo_cli.scoring.forward import (
     log_probs_of_rows,
     per_completion_rows,
     score_microbatch,
-    scoring_microbatches,
-    shares_in_forward,
-    tokens_through_model,
 )
-from grpo_cli.scoring.microbatches import (
-    StepLayout,
-    TokenCounts,
-    equalize,
-    fixed_microbatches,
-    positions_processed,
-    rank_shares,
-    token_microbatches,
-)
+from grpo_cli.scoring.plan import OptimizerStep, PlanSettings, UpdatePlan, build_update_plan, plan_settings
 from grpo_cli.scoring.settings import scoring_settings
 
 log = logging.getLogger(__name__)
-_LAYOUTS_LOGGED: set[bool] = set()  # train.microbatch_tokens: each layout choice once per process
 
 if TYPE_CHECKING:  # the types the wrapped modules are at run time (casts only: no import of peft here)
     from peft import PeftModel
@@ -123,22 +110,6 @@ class PolicyScorer(torch.nn.Module):
     ) -> dict[str, torch.Tensor]:
         batch = {"input_ids": input_ids, "labels": labels, "response_mask": response_mask}
         return score_microbatch(self.policy, batch, self.scoring, return_token_entropy)
-
-
-def log_layout_choice(layout: StepLayout) -> None:
-    """train.microbatch_tokens with the shared-prompt forward: which layout a step took and the positions each
-    would process, once per choice and process."""
-    if layout.positions_by_groups is None or layout.keeps_groups in _LAYOUTS_LOGGED:
-        return
-    _LAYOUTS_LOGGED.add(layout.keeps_groups)
-    kept = "keeping each prompt's completions together" if layout.keeps_groups else "sorting completions by length"
-    log.info(
-        "train.microbatch_tokens: %s (positions processed per step: %d with groups kept together, %d sorted by "
-        "length; the shared-prompt forward runs a prompt once per microbatch that holds several of its completions)",
-        kept,
-        layout.positions_by_groups,
-        layout.positions_by_rows,
-    )
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -312,17 +283,20 @@ class Learner:
             # Every rank's rows, in rank order: the one-process batch, whose steps every rank then splits by tokens.
             # (The caller's `data` keeps this rank's own rows for its step metrics.)
             data = concat_rollouts(parallel.all_gather_objects(data))
+        # The update's one plan: its steps' microbatches and the rows the old and reference passes score.
+        scores_old = self.needs_old_log_probs and data.old_log_probs is None
+        plan = build_update_plan(data, self.plan_settings(), step, scores_old)
         # Both in the training forward's numerics (the policy itself, or under FSDP2 its sharded scorer with the
         # mixed-precision policy, never the sampling copy): on the batch's own weights the ratio is 1.
-        if self.needs_old_log_probs and data.old_log_probs is None:
+        if scores_old:
             with timed(timings, "time/old_log_probs_s"):
                 fsdp_scorer = self.scorer if self.strategy == "fsdp" else None
-                data.old_log_probs = self.log_probs_under(self.model, data, fsdp_scorer)
+                data.old_log_probs = self.log_probs_under(self.model, data, plan.old_microbatches, fsdp_scorer)
         if self.needs_reference:
             with timed(timings, "time/ref_log_probs_s"), self.reference_policy() as (reference, fsdp_scorer):
-                data.ref_log_probs = self.log_probs_under(reference, data, fsdp_scorer)
+                data.ref_log_probs = self.log_probs_under(reference, data, plan.reference_microbatches, fsdp_scorer)
         with timed(timings, "time/training_s"):
-            metrics = self.update(data, step)
+            metrics = self.update(data, step, plan)
             self.refresh_inference_copy()
         metrics["perf/rank_idle_s"] += self.scoring_idle_s
         metrics["perf/rank_idle_s_max"] += self.scoring_idle_s
@@ -330,13 +304,31 @@ class Learner:
         metrics.update({"train/lr": self.optimizer.param_groups[0]["lr"], **timings})
         return metrics, self.nonfinite_streak
 
+    def plan_settings(self) -> PlanSettings:
+        """What this learner's update plans read besides the batch (scoring.plan.plan_settings), from its current
+        batch shape and loss."""
+        return plan_settings(
+            self.cfg,
+            self.shape,
+            self.loss,
+            self.scoring,
+            self.balance_ranks,
+            self.strategy == "fsdp",
+            functools.partial(packed_row_tokens, self.model),
+        )
+
     def log_probs_under(
-        self, model: torch.nn.Module, data: RolloutData, fsdp_scorer: torch.nn.Module | None = None
+        self,
+        model: torch.nn.Module,
+        data: RolloutData,
+        microbatches: list[list[int]],
+        fsdp_scorer: torch.nn.Module | None = None,
     ) -> list[torch.Tensor]:
         """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
-        sampling temperature; under FSDP2 through `fsdp_scorer`, `model`'s sharded PolicyScorer. With ranks
-        balanced by tokens each rank scores its share and the ranks exchange the results."""
-        microbatches = self._scoring_microbatches(data)
+        sampling temperature, for the rows of `microbatches` (the plan's pass); under FSDP2 through `fsdp_scorer`,
+        `model`'s sharded PolicyScorer. With ranks balanced by tokens each rank scores its share and the ranks
+        exchange the results. A row no microbatch holds (its loss weight is 0 and nothing needs it) gets NaN: no
+        step computes it, and a value read by mistake would not pass for a log-prob."""
         if fsdp_scorer is not None:
             rows = self._sharded_log_probs(fsdp_scorer, data, microbatches)
         else:
@@ -346,41 +338,10 @@ class Learner:
             self.scoring_idle_s += parallel.wait_for_ranks()
             for other in parallel.all_gather_objects(rows):
                 rows.update(other)
-        return [rows[i] for i in range(len(data.completion_ids))]
-
-    def _positions(self, data: RolloutData, counts: TokenCounts, indices: list[int]) -> tuple[int, int]:
-        """(positions processed, real tokens among them) of the training forward over the microbatch `indices`,
-        in the layout it takes: packed rows (train.pack_sequences, where packing beats the shared prompt: the rows
-        core.packing.assign_rows builds, as wide as the widest) or padded (microbatches.positions_processed)."""
-        share = self.scoring.share_prompts
-        if self.scoring.pack_sequences and not shares_in_forward(data, indices, share, True):
-            lengths = [counts.row_tokens(i) for i in indices]
-            rows = assign_rows(lengths, packed_row_tokens(self.model, lengths))
-            width = max((sum(lengths[j] for j in row) for row in rows), default=0)
-            return len(rows) * width, sum(lengths)
-        return positions_processed(counts, indices, share)
-
-    def _scoring_microbatches(self, data: RolloutData) -> list[list[int]]:
-        """This rank's microbatches of the old/reference passes: the whole batch's (scoring_microbatches), or with
-        ranks balanced by tokens its share's, as many on every rank under FSDP (each call is a collective)."""
-        if not self.balance_ranks:
-            return scoring_microbatches(data, self.scoring)
-        counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
-        per_rank = self._per_rank_microbatches(counts, list(range(len(data.completion_ids))))
-        return (equalize(per_rank) if self.strategy == "fsdp" else per_rank)[self.world.rank]
-
-    def _per_rank_microbatches(self, counts: TokenCounts, rows: list[int]) -> list[list[list[int]]]:
-        """train.microbatch_tokens: `rows` spread over the ranks by tokens (whole groups where the one-process
-        layout keeps them together), then each rank's share cut into its token-budget microbatches."""
-        budget, share = cast(int, self.shape.microbatch_tokens), self.scoring.share_prompts
-        whole = token_microbatches(counts, rows, budget, share, packed=self.scoring.pack_sequences)
-        log_layout_choice(whole)
-        if not self.balance_ranks:
-            return [whole.microbatches]
-        shares = rank_shares(counts, rows, self.world.size, whole.keeps_groups, share)
-        packed = self.scoring.pack_sequences
-        keep = whole.keeps_groups
-        return [token_microbatches(counts, mine, budget, share, keep, packed).microbatches for mine in shares]
+        return [
+            rows[i] if i in rows else torch.full((len(data.completion_ids[i]),), math.nan)
+            for i in range(len(data.completion_ids))
+        ]
 
     def _sharded_log_probs(
         self, scorer: torch.nn.Module, data: RolloutData, microbatches: list[list[int]]
@@ -405,53 +366,42 @@ class Learner:
         cast("FSDPModule", scorer).reset_iter_state()
         return rows
 
-    def update(self, data: RolloutData, step: int) -> dict[str, float]:
-        """epochs x train batches of optimizer steps over `data`; the metrics are means over the steps."""
-        cfg, shape = self.cfg, self.shape
-        n = len(data.completion_ids)
-        rng = random.Random(cfg.seed * 7919 + step)
+    def update(self, data: RolloutData, step: int, plan: UpdatePlan | None = None) -> dict[str, float]:
+        """epochs x train batches of optimizer steps over `data`, as `plan` (learn's; else made here) lays them out;
+        the metrics are means over the steps."""
+        if plan is None:
+            plan = build_update_plan(data, self.plan_settings(), step, scores_old=False)
+        settings = self.plan_settings()
+        rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
+        plan.settle(data, rejected, settings.weight, settings.flat_steps_train_nothing)
         totals: dict[str, list[float]] = {}
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients
-        empty = 0  # optimizer steps with nothing to train (update.nothing_to_train): not taken
+        empty = flat = 0  # optimizer steps with nothing to train, or whose every loss weight is 0: not taken
         computed_tokens = 0
-        rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
         step_loss = self.loss.at_step(step)  # this step's KL coefficient (kl.beta_schedule)
-        counts = TokenCounts.of(data.prompt_ids, data.completion_ids)
         perf = PaddingTotals()
         response_tokens = 0
-        # Rows per optimizer step in `data`: this rank's share of each train batch (the whole batch in one process),
-        # or with ranks balanced by tokens the whole step's, which every rank holds and splits the same way.
-        step_rows = shape.train_batch_size if self.balance_ranks else shape.train_batch_per_rank
         with timed(timings, "time/update_s"):
-            for _epoch in range(shape.epochs_per_rollout_batch):
-                order = list(range(n))
-                if shape.optimizer_steps_per_rollout_batch > 1:
-                    rng.shuffle(order)  # whole groups need not stay together: advantages are already computed
-                for batch_start in range(0, n, step_rows):
-                    rows = order[batch_start : batch_start + step_rows]
-                    if nothing_to_train(data, rows, rejected):  # the empty-step rule: no optimizer step at all
-                        empty += 1
-                        continue
-                    mine, microbatches = self._step_microbatches(counts, rows)
-                    # A row without a completion token (a skipped episode that never reached the model) has no
-                    # score, loss or entropy: it is not forwarded (a microbatch left without rows is a dummy).
-                    microbatches = self._without_empty_rows(data, microbatches)
-                    computed_tokens += sum(
-                        tokens_through_model(data, indices, self.scoring.share_prompts, self.scoring.pack_sequences)
-                        for indices in microbatches
-                    )
-                    response_tokens += sum(counts.completion_lengths[i] for i in mine)
-                    finite = self._optimizer_step(
-                        data, mine, microbatches, step_loss, totals, timings, rejected, counts, perf
-                    )
-                    skipped += not finite
+            for planned in plan.steps:
+                if planned.empty or planned.flat:  # the empty-step rule: no optimizer step at all
+                    empty += planned.empty
+                    flat += planned.flat
+                    if planned.flat:  # its loss and gradient are exactly 0 (every term x a weight of 0): said so
+                        record_value(totals, "train/loss", 0.0)
+                        record_value(totals, "train/grad_norm", 0.0)
+                    continue
+                computed_tokens += sum(mb.tokens for mb in planned.microbatches)
+                response_tokens += sum(len(data.completion_ids[i]) for i in planned.computed_rows)
+                finite = self._optimizer_step(data, planned, step_loss, totals, timings, perf)
+                skipped += not finite
         metrics = step_means(totals)
         if self.loss.kl_penalty:
             metrics["train/kl_beta"] = step_loss.kl_beta
-        metrics["train/optimizer_steps"] = len(totals.get("train/loss", [])) - skipped
+        metrics["train/optimizer_steps"] = len(totals.get("train/loss", [])) - flat - skipped
         metrics["train/nonfinite_skipped"] = skipped
         metrics[EMPTY_STEPS] = empty
+        metrics[FLAT_STEPS] = flat
         metrics["time/optimizer_s"] = timings["time/optimizer_s"]
         metrics["time/forward_backward_s"] = timings["time/update_s"] - timings["time/optimizer_s"]
         # Tokens the model actually ran forward+backward on (all epochs; a shared prompt counts once per
@@ -459,45 +409,25 @@ class Learner:
         metrics["throughput/train_tokens"] = computed_tokens
         metrics["throughput/response_tokens"] = response_tokens
         metrics.update(perf.metrics())
+        metrics.update(plan.perf())
         return metrics
-
-    def _without_empty_rows(self, data: RolloutData, microbatches: list[list[int]]) -> list[list[int]]:
-        """`microbatches` without the rows that have no completion token; one left empty stays as a dummy under
-        data parallelism (every rank makes as many collective calls) and goes in one process."""
-        kept = [[i for i in indices if data.completion_ids[i]] for indices in microbatches]
-        return kept if self.world.distributed else [indices for indices in kept if indices]
-
-    def _step_microbatches(self, counts: TokenCounts, rows: list[int]) -> tuple[list[int], list[list[int]]]:
-        """One optimizer step's `rows`: (this rank's rows, its microbatches). Fixed runs of microbatch_size rows, or
-        train.microbatch_tokens' token-budget microbatches; with ranks balanced by tokens this rank's share of the
-        whole step's rows, its microbatches padded with empty ones (dummies) to the most any rank has."""
-        if self.shape.microbatch_tokens is None:
-            return rows, fixed_microbatches(rows, self.shape.microbatch_size)
-        per_rank = equalize(self._per_rank_microbatches(counts, rows))
-        mine = per_rank[self.world.rank] if self.balance_ranks else per_rank[0]
-        return [row for indices in mine for row in indices], mine
 
     def _optimizer_step(
         self,
         data: RolloutData,
-        batch_indices: list[int],
-        microbatches: list[list[int]],
+        planned: OptimizerStep,
         step_loss: LossSettings,
         totals: dict[str, list[float]],
         timings: dict[str, float],
-        rejected: list[int] | None = None,
-        counts: TokenCounts | None = None,
         perf: PaddingTotals | None = None,
     ) -> bool:
-        """Gradient accumulation over the microbatches of one train batch, then one clipped optimizer step, with
-        `step_loss`, the loss's settings at this step (LossSettings.at_step: its scheduled KL coefficient).
-        Returns False when the loss or the gradients were not finite (the step is skipped and counted).
-        `rejected`: per completion, the tokens the masked importance correction rejects (rejected_token_counts),
-        which leave the step's token total. `batch_indices`: this rank's rows of the step, in `microbatches` (lists
-        of row indices; an empty one is a dummy: one row's forward and backward with its loss x 0, so every rank makes
-        as many collective calls). `perf` gathers the positions processed (perf/* metrics)."""
+        """Gradient accumulation over the microbatches of one planned optimizer step, then one clipped optimizer
+        step, with `step_loss`, the loss's settings at this step (LossSettings.at_step: its scheduled KL
+        coefficient). Returns False when the loss or the gradients were not finite (the step is skipped and
+        counted). `planned` (a settled UpdatePlan's step): its microbatches (an empty one is a dummy: one row's
+        forward and backward with its loss x 0, so every rank makes as many collective calls) and its divisors,
+        which count every row of the step, computed or not. `perf` gathers the positions processed (perf/*)."""
         cfg, shape = self.cfg, self.shape
-        counts = counts or TokenCounts.of(data.prompt_ids, data.completion_ids)
         perf = perf or PaddingTotals()
 
         def record(key: str, value: float | torch.Tensor) -> None:
@@ -505,9 +435,8 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        step_sequences, step_tokens = optimizer_step_totals(data, batch_indices, rejected)
-        step_positions = 0
-        for position, indices in enumerate(microbatches):
+        for position, planned_mb in enumerate(planned.microbatches):
+            indices = planned_mb.rows
             dummy = not indices
             mb = (
                 make_microbatch(data, indices, self.pad_token_id, self.device)
@@ -515,18 +444,14 @@ class Learner:
                 else dummy_microbatch(data, self.pad_token_id, self.device)
             )
             if not dummy:
-                processed, real = self._positions(data, counts, indices)
-                step_positions += processed
-                perf.positions, perf.real, perf.microbatches = (
-                    perf.positions + processed,
-                    perf.real + real,
-                    perf.microbatches + 1,
-                )
-                perf.largest = max(perf.largest, processed)
+                perf.positions += planned_mb.positions
+                perf.real += planned_mb.real
+                perf.microbatches += 1
+                perf.largest = max(perf.largest, planned_mb.positions)
             scored_mask = mb["response_mask"]  # every completion token goes through the forward (as context)
             mask = model_token_mask(mb)  # the model's own tokens: an episode's tool/environment tokens are holes
             # DDP averages gradients across ranks once, after the last microbatch (the sums in between are local).
-            last = position == len(microbatches) - 1
+            last = position == len(planned.microbatches) - 1
             no_sync = (
                 cast("DistributedDataParallel", self.scorer).no_sync
                 if self.strategy == "ddp" and not last
@@ -563,14 +488,13 @@ class Learner:
                     old_log_probs=old,
                     ref_log_probs=mb.get("ref_log_probs"),
                     sampler_log_probs=mb.get("sampler_log_probs"),
-                    step_sequences=step_sequences,
-                    step_tokens=step_tokens,
+                    step_sequences=planned.sequences,
+                    step_tokens=planned.tokens,
                 )
             batch_loss += float(loss)
             record_microbatch(totals, meta, scored["token_entropy"], mask, loss_mask)
-        if self.world.distributed:  # the step's positions on each rank: the largest over the mean
-            per_rank = parallel.all_gather_objects(step_positions)
-            perf.imbalances.append(max(per_rank) * len(per_rank) / max(sum(per_rank), 1))
+        if self.world.distributed:  # the step's positions on each rank: the largest over the mean (planned)
+            perf.imbalances.append(planned.imbalance)
         with timed(timings, "time/optimizer_s"):
             grad_norm = parallel.full_tensor(
                 torch.nn.utils.clip_grad_norm_(self.trainable_parameters, cfg.train.max_grad_norm)

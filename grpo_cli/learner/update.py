@@ -12,7 +12,8 @@ import torch
 
 from grpo_cli.core import LossSettings, compute_importance_weights
 from grpo_cli.distributed import parallel
-from grpo_cli.scoring.batch import RolloutData, model_tokens
+from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.scoring.plan import loss_tokens
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
 # train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
@@ -66,39 +67,25 @@ def optimizer_step_totals(
     loss (train.mask_truncated) do not count, nor do the tokens `rejected` counts per completion (importance
     correction "masked", rejected_token_counts), nor an episode's tool/environment tokens (model tokens only);
     the completion itself does (as in sequence_mean's batch mean)."""
-    tokens = _loss_tokens(data, batch_indices, rejected)
+    tokens = loss_tokens(data, batch_indices, rejected)
     sequences, tokens = parallel.sum_over_ranks([float(len(batch_indices)), tokens])
     ranks = parallel.world().size
     # A step whose every token is left out still needs a positive divisor (its loss is 0 anyway).
     return sequences / ranks, max(tokens, 1.0) / ranks
 
 
-def _loss_tokens(data: RolloutData, batch_indices: list[int], rejected: list[int] | None) -> float:
-    """This rank's tokens in the loss among `batch_indices` (optimizer_step_totals says which count)."""
-    keep = data.loss_mask.tolist() if data.loss_mask is not None else None
-    return float(
-        sum(
-            (model_tokens(data, i) - (rejected[i] if rejected else 0)) * (keep[i] if keep else 1.0)
-            for i in batch_indices
-        )
-    )
-
-
-def nothing_to_train(data: RolloutData, batch_indices: list[int], rejected: list[int] | None = None) -> bool:
-    """The empty-step rule (docs/algorithm.md#a-step-with-nothing-to-train): True when no rank's rows of an
-    optimizer step hold a token in the loss (every episode skipped under task.on_reward_error=skip, every
-    completion left out by train.mask_truncated, every token rejected by the masked correction, or no row at
-    all). Such a step takes no optimizer step: no forward, no backward, no AdamW update, so the parameters, the
-    moments and AdamW's step count stay as they were (AdamW on a zero gradient would still move every parameter
-    through its momentum and weight decay). One sum over the ranks: every rank gets the same answer, so all of
-    them skip the step or none does. `batch_indices` may be this rank's rows or the whole step's (the same on
-    every rank): a sum is zero either way exactly when no row has a token in the loss."""
-    (tokens,) = parallel.sum_over_ranks([_loss_tokens(data, batch_indices, rejected)])
-    return tokens <= 0
-
-
-# The optimizer steps of an update that had nothing to train (nothing_to_train), logged as train/empty_steps.
+# The empty-step rule (docs/algorithm.md#a-step-with-nothing-to-train; decided by scoring.plan.UpdatePlan.settle,
+# one sum over the ranks, so every rank skips the step or none does): an optimizer step whose rows hold no token in
+# the loss (every episode skipped under task.on_reward_error=skip, every completion left out by
+# train.mask_truncated, every token rejected by the masked correction, or no row at all) takes no optimizer step: no
+# forward, no backward, no AdamW update, so the parameters, the moments and AdamW's step count stay as they were
+# (AdamW on a zero gradient would still move every parameter through its momentum and weight decay). Logged as
+# train/empty_steps; train.max_empty_steps such updates in a row stop the run.
 EMPTY_STEPS = "train/empty_steps"
+# The same rule for a step whose tokens in the loss all have loss weight 0 (flat groups) and no KL term: its
+# gradient is exactly 0. Logged as train/flat_steps; not counted by train.max_empty_steps (a solved or a too-hard
+# batch says nothing is broken; docs/algorithm.md#a-step-with-nothing-to-train says why).
+FLAT_STEPS = "train/flat_steps"
 
 
 def update_was_empty(metrics: dict[str, float]) -> bool:
@@ -107,16 +94,33 @@ def update_was_empty(metrics: dict[str, float]) -> bool:
 
 
 def empty_step_note(step: int, metrics: dict[str, float]) -> str | None:
-    """The console's line for a step whose update had an optimizer step with nothing to train (else None)."""
-    empty = int(metrics.get(EMPTY_STEPS, 0))
-    if not empty:
+    """The console's line for a step whose update had an optimizer step with nothing to train, or one whose every
+    row's loss weight was 0 (a flat step), else None."""
+    empty, flat = int(metrics.get(EMPTY_STEPS, 0)), int(metrics.get(FLAT_STEPS, 0))
+    if not empty and not flat:
         return None
     taken = int(metrics.get("train/optimizer_steps", 0)) + int(metrics.get("train/nonfinite_skipped", 0))
-    which = "its update" if not taken else f"{empty} of its {empty + taken} optimizer steps"
+    steps = empty + flat + taken
+
+    def which(count: int) -> str:
+        return "its update" if count == steps else f"{count} of its {steps} optimizer steps"
+
+    why, keys = [], []
+    if empty:
+        why.append(
+            f"nothing to train in {which(empty)} (no token in the loss: every episode skipped under "
+            "task.on_reward_error=skip, or left out of the loss)"
+        )
+        keys.append(EMPTY_STEPS)
+    if flat:
+        why.append(
+            f"every row's loss weight is 0 in {which(flat)} (flat groups: each prompt's completions got one reward, "
+            "so no gradient)"
+        )
+        keys.append(FLAT_STEPS)
     return (
-        f"step {step}: nothing to train in {which} (no token in the loss: every episode skipped under "
-        "task.on_reward_error=skip, or left out of the loss): no optimizer step, the weights and the optimizer's "
-        f"state unchanged ({EMPTY_STEPS})"
+        f"step {step}: {'; '.join(why)}: no optimizer step, the weights and the optimizer's state unchanged "
+        f"({', '.join(keys)})"
     )
 
 

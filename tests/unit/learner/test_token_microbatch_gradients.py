@@ -130,14 +130,13 @@ def _two_ranks(rank: int, port: int, output_dir: str, strategy: str, budget: str
         )
         assert learner.balance_ranks == (budget != "null")
         plans: list[list[list[int]]] = []
-        step_microbatches = learner._step_microbatches
+        update = learner.update
 
-        def record(counts, rows):  # noqa: ANN001, ANN202 - the learner's own, recorded
-            mine, microbatches = step_microbatches(counts, rows)
-            plans.append(microbatches)
-            return mine, microbatches
+        def record(data, step, plan=None):  # noqa: ANN001, ANN202 - the learner's own plan, recorded
+            plans.extend([mb.rows for mb in planned.microbatches] for planned in plan.steps)
+            return update(data, step, plan)
 
-        learner._step_microbatches = record
+        learner.update = record
         whole = batch()
         # Each rank generated 2 of the 4 prompts; learn() exchanges them, spreads the rows by tokens, scores its
         # share's reference log-probs and trains on it.

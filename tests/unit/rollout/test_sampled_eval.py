@@ -267,8 +267,10 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 
 
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
+    from dataclasses import replace
+
     from grpo_cli.learner.learner import Learner
-    from grpo_cli.scoring.microbatches import TokenCounts
+    from grpo_cli.scoring.plan import build_update_plan
 
     # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
     # autocast would round the differently grouped rows differently).
@@ -282,10 +284,11 @@ def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(t
     rewards, advantages = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.8, -0.3, 0.5, -1.0])
 
     def gradient(data: RolloutData) -> torch.Tensor:
-        rows, microbatches = learner._step_microbatches(
-            TokenCounts.of(data.prompt_ids, data.completion_ids), list(range(len(data.completion_ids)))
-        )
-        learner._optimizer_step(data, rows, microbatches, learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0})
+        # every row one optimizer step, laid out by the learner's plan
+        settings = replace(learner.plan_settings(), step_rows=len(data.completion_ids), epochs=1, shuffle=False)
+        plan = build_update_plan(data, settings, 1, scores_old=False)
+        plan.settle(data, None, settings.weight, settings.flat_steps_train_nothing)
+        learner._optimizer_step(data, plan.steps[0], learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0})
         return torch.cat([p.grad.flatten() for p in learner.trainable_parameters]).clone()
 
     masked = RolloutData(prompts, completions, rewards, advantages, loss_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))

@@ -254,10 +254,19 @@ class TrainConfig:
     max_nonfinite_steps: int = positive(
         3, help="Skip an update whose loss or gradients are not finite; stop the run after this many in a row."
     )
+    skip_zero_weight_rows: bool = flag(
+        True,
+        help="Neither forward nor back-propagate a completion whose loss weight is exactly 0 (its advantage; its raw "
+        "reward under loss=no_baseline): a flat group's rows, whose gradient is exactly 0 without a KL term. They "
+        "still count in every divisor, so the update is the same (to fp32 rounding); off with kl.beta > 0. Logged as "
+        "perf/zero_weight_skipped_frac (docs/algorithm.md#rows-whose-loss-weight-is-zero).",
+    )
     max_empty_steps: int = positive(
         5,
         help="Stop the run after this many steps in a row with nothing to train: no token in the loss (every episode "
-        "skipped under task.on_reward_error=skip, or left out of the loss), so no optimizer step (train/empty_steps).",
+        "skipped under task.on_reward_error=skip, or left out of the loss), so no optimizer step (train/empty_steps). "
+        "A step whose every row has loss weight 0 (flat groups: train/flat_steps) takes no optimizer step either but "
+        "does not count.",
     )
     mask_truncated: bool = flag(
         False,

@@ -80,7 +80,14 @@ from grpo_cli.scoring.forward import (
     per_completion_rows,
     score_microbatch,
 )
-from grpo_cli.scoring.plan import OptimizerStep, PlanSettings, UpdatePlan, build_update_plan, plan_settings
+from grpo_cli.scoring.plan import (
+    OptimizerStep,
+    PlanSettings,
+    UpdatePlan,
+    build_update_plan,
+    every_row_microbatches,
+    plan_settings,
+)
 from grpo_cli.scoring.settings import scoring_settings
 
 log = logging.getLogger(__name__)
@@ -321,14 +328,17 @@ class Learner:
         self,
         model: torch.nn.Module,
         data: RolloutData,
-        microbatches: list[list[int]],
+        microbatches: list[list[int]] | None = None,
         fsdp_scorer: torch.nn.Module | None = None,
     ) -> list[torch.Tensor]:
         """Each completion's response-token log-probs under `model` (old or reference policy), no grad, at the
         sampling temperature, for the rows of `microbatches` (the plan's pass); under FSDP2 through `fsdp_scorer`,
         `model`'s sharded PolicyScorer. With ranks balanced by tokens each rank scores its share and the ranks
         exchange the results. A row no microbatch holds (its loss weight is 0 and nothing needs it) gets NaN: no
-        step computes it, and a value read by mistake would not pass for a log-prob."""
+        step computes it, and a value read by mistake would not pass for a log-prob. `microbatches` None: every
+        row."""
+        if microbatches is None:
+            microbatches = every_row_microbatches(data, self.plan_settings())
         if fsdp_scorer is not None:
             rows = self._sharded_log_probs(fsdp_scorer, data, microbatches)
         else:

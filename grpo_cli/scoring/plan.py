@@ -365,3 +365,9 @@ def plan_settings(
         reference_pass_every_row=cfg.kl.monitor,
         packed_row_width=packed_row_width,
     )
+
+
+def every_row_microbatches(data: RolloutData, settings: PlanSettings) -> list[list[int]]:
+    """This rank's microbatches of a no-grad pass over every row of `data` (outside an update's plan: a caller that
+    wants every completion's log-probs)."""
+    return _pass_microbatches(_Layout(data, settings), list(range(len(data.completion_ids))))

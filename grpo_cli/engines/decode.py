@@ -238,7 +238,7 @@ class Decoder:
         self.timings = DecodeTimings(prefill_s=time.perf_counter() - started)
 
         steps = 0
-        skinny = self.device.type == "cpu" and not self.compile
+        skinny = self.model if self.device.type == "cpu" and not self.compile else None
         with hf_internals.decode_scope(self.config, self.grouped_attention, skinny):
             for step in range(max_tokens):
                 sampled_at = time.perf_counter()

@@ -3,7 +3,7 @@
 The decode loop is fast because it reaches below transformers' public API: it fills a `StaticCache`'s layers by
 hand (`StaticLayer.keys`, `.cumulative_length`, `early_initialization`), repeats a `DynamicCache`'s rows in place,
 swaps `config._attn_implementation` to an attention function of its own for the decode steps, and rewrites
-`F.linear` on few rows through a `TorchFunctionMode`. None of that is a stable API: transformers 4.57's
+the linear layers' forward on few rows (`skinny_linears`). None of that is a stable API: transformers 4.57's
 `StaticLayer` has no `cumulative_length`, and any release may change the rest. So:
 
 - `fast_path_problem(model)` says, before any sampling, why the loop cannot run this model here (a transformers
@@ -272,9 +272,10 @@ def configured_attention(model: torch.nn.Module) -> str | None:
 
 
 @contextmanager
-def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: bool) -> Iterator[None]:
+def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: torch.nn.Module | None) -> Iterator[None]:
     """The decode steps' setting, undone on exit: with `grouped_attention`, `decode_attention` is added to the
-    attention tables under DECODE_ATTENTION and the config switched to it; with `skinny`, SkinnyLinear is on.
+    attention tables under DECODE_ATTENTION and the config switched to it; with a `skinny` model, its linear
+    layers run `skinny_linear` (`skinny_linears`).
 
     The tables are transformers' process-wide ones, so the entry exists only while the steps run: nothing else
     (a training forward, another library) ever sees it.
@@ -288,10 +289,9 @@ def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: bool
         # The mask function is only reached for masks transformers builds itself; the loop passes its own.
         ALL_MASK_ATTENTION_FUNCTIONS[DECODE_ATTENTION] = sdpa_mask
         config._attn_implementation = DECODE_ATTENTION
-    mode = SkinnyLinear() if skinny else None
     try:
-        if mode is not None:
-            with mode:
+        if skinny is not None:
+            with skinny_linears(skinny):
                 yield
         else:
             yield
@@ -310,25 +310,54 @@ def decode_scope(config: PretrainedConfig, grouped_attention: bool, skinny: bool
 SKINNY_ROWS = 64
 
 
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); on at most SKINNY_ROWS rows (CPU, no autograd) computed as (W @ x^T)^T, the same
+    product up to float rounding by the faster kernel."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if (
+        weight.dim() == 2
+        and x.device.type == "cpu"
+        and rows <= SKINNY_ROWS
+        and weight.dtype == x.dtype
+        and not torch.is_grad_enabled()
+    ):
+        out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
+        if bias is not None:
+            out = out + bias
+        return out.contiguous().view(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@contextmanager
+def skinny_linears(model: torch.nn.Module) -> Iterator[None]:
+    """While active, every plain ``nn.Linear`` of `model` runs `skinny_linear` (its forward set on the instance,
+    removed on exit). Only the linear layers pay for the check: the SkinnyLinear mode, which did this before,
+    intercepted every torch call of a decode step in Python to find them (~5,500 per token on SmolLM2-135M,
+    1,900 of them tensor attribute reads; docs/results/2026-12-06-step-profile.md)."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
+    for linear in linears:
+        linear.forward = _skinny_forward(linear)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        for linear in linears:
+            del linear.forward
+
+
+def _skinny_forward(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, linear.weight, linear.bias)
+
+    return forward
+
+
 class SkinnyLinear(TorchFunctionMode):
-    """While active, F.linear on at most SKINNY_ROWS rows (CPU, no autograd) runs as (W @ x^T)^T: the same
-    product up to float rounding, computed by the faster kernel; every other call runs unchanged."""
+    """While active, F.linear calls run `skinny_linear`; every other call runs unchanged. For timing bare linear
+    calls (job=benchmark's matmul floor); the decode loop uses `skinny_linears`, which costs nothing per other
+    call."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.nn.functional.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            rows = x.numel() // max(x.shape[-1], 1)
-            if (
-                weight.dim() == 2
-                and x.device.type == "cpu"
-                and rows <= SKINNY_ROWS
-                and weight.dtype == x.dtype
-                and not torch.is_grad_enabled()
-            ):
-                out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
-                if bias is not None:
-                    out = out + bias
-                return out.contiguous().view(*x.shape[:-1], weight.shape[0])
+            return skinny_linear(*args, **kwargs)
         return func(*args, **kwargs)

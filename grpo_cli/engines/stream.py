@@ -308,7 +308,8 @@ class HFDecodeStream:
             self.logits = None  # nothing left to decode in this batch: the next step rebuilds
         else:
             column = self.width + self.filled
-            with hf_internals.decode_scope(d.config, d.grouped_attention, d.device.type == "cpu" and not d.compile):
+            skinny = d.model if d.device.type == "cpu" and not d.compile else None
+            with hf_internals.decode_scope(d.config, d.grouped_attention, skinny):
                 if d.grouped_attention:
                     self.mask[:, :, :, column] = 0.0
                 else:

@@ -147,3 +147,18 @@ def test_zero_std_groups_among_the_kept_responses() -> None:
     # group 0: kept rewards all 1 (no signal, though the skipped placeholder differs); group 1: 2 vs 0, signal
     assert fraction_of_zero_std_groups(rewards, 4, keep) == 0.5
     assert fraction_of_zero_std_groups(rewards, 4) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["std", "mean", "rloo", "batch_std"])
+@pytest.mark.parametrize("reward", [0.7, 0.1, 1 / 3, 0.9])
+def test_a_group_of_equal_fractional_rewards_gets_exactly_zero(mode: str, reward: float) -> None:
+    # float32's mean of seven 0.7s is 0.7 less one ulp: before the fix the std's eps turned it into +-0.056
+    # advantages (checked against the exact statement: every reward equal -> no signal), beside a group with one.
+    from grpo_cli.core.advantages import compute_advantages
+
+    rewards = torch.tensor([reward] * 7 + [0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    advantages = compute_advantages(rewards, 7, mode)
+    assert torch.equal(advantages[:7], torch.zeros(7))
+    assert (advantages[7:] != 0).all()  # the other group keeps its signal
+    kept = compute_advantages(rewards, 7, mode, keep=torch.tensor([True] * 6 + [False] + [True] * 7))
+    assert torch.equal(kept[:7], torch.zeros(7))

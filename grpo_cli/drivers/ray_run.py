@@ -115,7 +115,7 @@ class RayRun(Generic[G]):
         the actors in the run's first line. On any error what was started is stopped before it propagates."""
         cpus, gpus = actor_resources(cfg, os.cpu_count() or 1, torch.cuda.is_available())
         ray = import_ray(cfg.sync.strategy)
-        run: RayRun[G] = cls(ray, output_dir, LearnerHandle(None), [])
+        run: RayRun[G] = cls(ray, output_dir, LearnerHandle(None), [])  # no actor yet: close() kills none
         try:
             t0 = time.perf_counter()
             run.start_ray(cfg, actors=count + 1, cpus=cpus)

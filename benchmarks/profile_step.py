@@ -90,7 +90,8 @@ def phase_ranges(executor: Any) -> Iterator[None]:
 
 
 def phase_tables(events: Any, step_us: float, top: int) -> dict[str, dict[str, Any]]:
-    """Per phase range: its total microseconds and its descendants' self time summed by operation name."""
+    """Per phase range: its microseconds (less those of any phase inside it) and its operations' self time summed
+    by name (those of a phase inside it left to that phase)."""
     tables: dict[str, dict[str, Any]] = {}
     for event in events:
         if not event.name.startswith("phase:"):
@@ -104,12 +105,15 @@ def phase_tables(events: Any, step_us: float, top: int) -> dict[str, dict[str, A
         stack = list(event.cpu_children)
         while stack:
             child = stack.pop()
-            stack.extend(child.cpu_children)
-            if child.name.startswith("phase:"):
+            if child.name.startswith("phase:"):  # a phase inside this one: its time and operations are its own
+                table["us"] -= child.cpu_time_total
                 continue
+            stack.extend(child.cpu_children)
             table["ops"][child.name] += child.self_cpu_time_total
             table["counts"][child.name] += 1
     for table in tables.values():
+        # Time inside the phase that no operation accounts for: Python, module calls, the profiler's own overhead.
+        table["ops_s"] = sum(table["ops"].values()) / 1e6
         table["top"] = [
             {
                 "op": op,
@@ -217,7 +221,11 @@ def _print(report: dict[str, Any]) -> None:
         if table is None:
             continue
         seconds = table["us"] / 1e6
-        print(f"\n{name}: {seconds:.2f} s profiled ({seconds / step_s:.0%} of the step), {table['calls']} call(s)")
+        print(
+            f"\n{name}: {seconds:.2f} s profiled ({seconds / step_s:.0%} of the step), {table['calls']} call(s);"
+            f" its operations' self time {table['ops_s']:.2f} s, the rest (Python, module calls, profiler) "
+            f"{seconds - table['ops_s']:.2f} s"
+        )
         print(f"  {'self s':>7} {'phase':>6} {'step':>6} {'calls':>7}  operation")
         for row in table["top"]:
             print(f"  {row['self_s']:7.3f} {row['of_phase']:6.1%} {row['of_step']:6.1%} {row['calls']:7d}  {row['op']}")

@@ -27,7 +27,7 @@ def test_one_behind_overlaps_at_lag_at_most_1_and_resumes_after_sigterm(tmp_path
         "loss=grpo_clip",
         *MOVING_TASK,
         "train.eval_every=4",
-        "train.steps=12",
+        "train.steps=8",
     ]
     process = start_grpo([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     metrics = run_dir / "metrics.jsonl"
@@ -36,12 +36,12 @@ def test_one_behind_overlaps_at_lag_at_most_1_and_resumes_after_sigterm(tmp_path
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr[-2000:]
     stopped_at = max(r["step"] for r in train_rows(run_dir))
-    assert 3 <= stopped_at < 12
+    assert 3 <= stopped_at < 8
 
     resumed = run_grpo([f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'resumer'}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows] == list(range(1, 9))
     for row in rows:
         assert TIME_KEYS <= row.keys() and 0.0 <= row["time/overlap_frac"] <= 1.0
         assert row["sync/lag"] <= 1

@@ -18,7 +18,8 @@ from tests.conftest import compose_config, run_grpo
 
 pytestmark = pytest.mark.slow
 
-LEARNING_RATES = ("1e-06", "3e-06", "1e-05")
+# Two values: a sweep of several jobs, each in a process of its own (a third proved nothing more, 15 s).
+LEARNING_RATES = ("1e-06", "1e-05")
 
 
 def read_wandb_records(path: Path) -> list:
@@ -61,7 +62,7 @@ def assert_real_image(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """`grpo-run -m debug=smoke optim.lr=1e-6,3e-6,1e-5` with W&B offline: three tiny runs, a process each."""
+    """`grpo-run -m debug=smoke optim.lr=1e-6,1e-5` with W&B offline: two tiny runs, a process each."""
     tmp = tmp_path_factory.mktemp("sweep")
     wandb_dir = tmp / "wandb_dir"
     wandb_dir.mkdir()
@@ -141,7 +142,7 @@ def test_offline_wandb_runs_hold_the_logged_metrics_in_one_group(sweep):
         assert [row["step"] for row in tables] == [0, 1, 2] and all(row["eval/samples/nrows"] == 4 for row in tables)
         assert (offline_dir / "files" / tables[0]["eval/samples/path"]).exists()
     assert groups == {f"sweep-{multirun.name}"}
-    assert result.stdout.count("upload later with `wandb sync") == 3
+    assert result.stdout.count("upload later with `wandb sync") == len(LEARNING_RATES)
 
 
 def test_report_over_the_multirun_matches_metrics_jsonl_and_draws_real_plots(sweep, tmp_path):

@@ -18,7 +18,8 @@ OVERRIDES = [
     "train.rollout_batch_size=8",
     "train.train_batch_size=4",  # two optimizer steps per update
     "train.gradient_accumulation_steps=2",
-    "sync=multi_epoch",  # old log-probs computed: the old pass runs
+    "loss=grpo_clip",
+    "sync=multi_epoch",  # a ratio loss off-policy: the old pass runs
     "kl.monitor=true",  # the reference pass runs
 ]
 LAYOUT_METHODS = (
@@ -86,6 +87,7 @@ def test_one_plan_per_update_built_once_and_walked_as_planned(tmp_path, monkeypa
     # Rows 2, 3, 6, 7 weigh 0: not computed by any step, nor scored by the old pass; kl.monitor: the reference
     # pass scores every row.
     assert all(row not in (2, 3, 6, 7) for step_rows in walked for mb in step_rows for row in mb)
+    assert len(scored) == 4  # per update: the old pass, then the reference pass
     old, reference = scored[-2], scored[-1]
     assert sorted(r for mb in old for r in mb) == [0, 1, 4, 5]
     assert sorted(r for mb in reference for r in mb) == list(range(8))

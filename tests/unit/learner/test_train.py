@@ -61,7 +61,7 @@ def test_on_policy_grpo_clip_equals_reinforce_with_baseline(tmp_path, letter_e_t
         )
         runs[loss] = [r[k] for r in rows if "train/loss" in r for k in ("train/reward", "train/grad_norm")]
         if loss == "grpo_clip":
-            assert all(r["train/clip_fraction"] == 0.0 for r in rows if "train/loss" in r)
+            assert all(r["train/clip_fraction"] == 0.0 for r in rows if r.get("train/optimizer_steps"))
     assert runs["grpo_clip"] == pytest.approx(runs["reinforce_with_baseline"], rel=1e-5, abs=1e-7)
 
 
@@ -86,12 +86,13 @@ def test_multi_epoch_reuses_old_log_probs_and_reports_clipping(tmp_path, letter_
             "train.steps=3",
             "train.eval_every=0",
         ],
+        sharpen=10.0,  # rewards that vary: a flat step takes no optimizer step and moves nothing
     )
     train_rows = [r for r in rows if "train/loss" in r]
-    assert all(r["train/optimizer_steps"] == 3 for r in train_rows)
+    assert all(r["train/optimizer_steps"] + r["train/flat_steps"] == 3 for r in train_rows)
     assert all(r["time/old_log_probs_s"] > 0 for r in train_rows)
     # later epochs run on a moved policy, so ratios leave 1 and some tokens get clipped at this learning rate
-    assert any(r["train/clip_fraction"] > 0 for r in train_rows)
+    assert any(r.get("train/clip_fraction", 0.0) > 0 for r in train_rows)
 
 
 def test_eval_runs_at_start_every_n_steps_and_at_the_end(tmp_path, letter_e_task):

@@ -1,7 +1,8 @@
 """Module paths that moved, each with its new path: when the package was laid out by trust (issue 48), and when
 its packages were named for what they hold (issue 59: rollout/scoring.py -> rollout/rewards.py, agents/ ->
-endpoint/, tasks/sandbox_settings.py -> sandbox/settings.py). Every old path names the final one (no alias of an
-alias), and grpo-cli REMOVED_IN removes them all.
+endpoint/, tasks/sandbox_settings.py -> sandbox/settings.py, scoring/ -> batch/, learner/update.py ->
+learner/accounting.py). Every old path names the final one (no alias of an alias), and grpo-cli REMOVED_IN removes
+them all.
 
 An old path in a user's config, code or command keeps working until then: `install()` (run by
 grpo_cli/__init__.py) puts one finder on sys.meta_path, so importing an old path (import, importlib, a
@@ -34,6 +35,7 @@ MOVED: dict[str, str] = {
     "grpo_cli.agents.server": "grpo_cli.endpoint.server",
     "grpo_cli.agents.verifiers_agent": "grpo_cli.endpoint.verifiers_agent",
     "grpo_cli.agents.vllm_front": "grpo_cli.endpoint.vllm_front",
+    "grpo_cli.learner.update": "grpo_cli.learner.accounting",
     "grpo_cli.rollout.agent_episodes": "grpo_cli.endpoint.recording",
     "grpo_cli.rollout.agent_requests": "grpo_cli.endpoint.requests",
     "grpo_cli.rollout.agent_server": "grpo_cli.endpoint.server",
@@ -51,6 +53,12 @@ MOVED: dict[str, str] = {
     "grpo_cli.rollout.stopping": "grpo_cli.engines.stopping",
     "grpo_cli.rollout.vllm_engine": "grpo_cli.engines.vllm_engine",
     "grpo_cli.rollout.vllm_server": "grpo_cli.engines.vllm_server",
+    "grpo_cli.scoring": "grpo_cli.batch",
+    "grpo_cli.scoring.batch": "grpo_cli.batch.rollout_data",
+    "grpo_cli.scoring.forward": "grpo_cli.batch.forward",
+    "grpo_cli.scoring.microbatches": "grpo_cli.batch.microbatches",
+    "grpo_cli.scoring.plan": "grpo_cli.batch.plan",
+    "grpo_cli.scoring.settings": "grpo_cli.batch.settings",
     "grpo_cli.tasks.agents": "grpo_cli.usercode.agents",
     "grpo_cli.tasks.awaiting": "grpo_cli.usercode.awaiting",
     "grpo_cli.tasks.builtin_tools": "grpo_cli.episodes.builtin_tools",

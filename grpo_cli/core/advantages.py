@@ -74,7 +74,7 @@ def normalize_group_rewards(
     grouped = raw_rewards.reshape(-1, group_size)  # (n_prompts, G)
     # A group whose rewards are all equal gets exactly 0, not the rounding error of its mean: seven rewards of 0.7
     # average to 0.7 less one float32 ulp, which the std's eps (the std is 0) turned into advantages of +-0.056,
-    # trained on as if they were signal (and never skipped as loss weight 0: scoring/plan.py).
+    # trained on as if they were signal (and never skipped as loss weight 0: batch/plan.py).
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
     advantages = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))  # (n_prompts, G)
     if normalize_by_std:

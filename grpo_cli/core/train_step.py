@@ -223,7 +223,7 @@ def microbatch_train_step(
             # A rejected token leaves the loss's counts (its response's token count, this microbatch's own token
             # count) instead of adding 0 to them, as verl's and slime's rejection masks do. The step's totals are
             # the caller's: the learner leaves rejected tokens out of step_tokens when old log-probs fix the
-            # rejection before the step (learner.update.optimizer_step_totals; docs/algorithm.md).
+            # rejection before the step (learner.accounting.optimizer_step_totals; docs/algorithm.md).
             loss_mask = response_mask.bool() & ~importance["masked"]
         token_ratio = torch.exp(learner_log_probs - sampler_log_probs)  # (B, T), the mismatch itself
         mask = response_mask.bool()

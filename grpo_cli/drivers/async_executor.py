@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.config import BatchShape
 from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
@@ -35,7 +36,6 @@ from grpo_cli.drivers.ray_run import RayRun
 from grpo_cli.drivers.versions import staleness_check
 from grpo_cli.rollout.async_generation import BatchOrder, FinishedGroup, join_groups
 from grpo_cli.rollout.batch_statistics import trained_batch_advantages
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

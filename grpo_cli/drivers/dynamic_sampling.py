@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData, concat_rollouts, select_completions
+
 # combine_rollout_metrics: the executors import it from here (rollout/batch_statistics.py defines it).
 from grpo_cli.rollout.batch_statistics import combine_rollout_metrics, kept_rewards, trained_batch_advantages
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
 
 # Extra round r of step k samples with batch number k + r * EXTRA_ROUND_OFFSET: a sampling seed no regular step
 # (1..train.steps) and no other extra round of the run uses.

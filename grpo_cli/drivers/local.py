@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.distributed import parallel
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number
 from grpo_cli.drivers.executor import finish_step_metrics, step_metrics
@@ -15,7 +16,6 @@ from grpo_cli.drivers.versions import lag
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.batch_statistics import kept_rewards, trained_batch_advantages
 from grpo_cli.rollout.worker import RolloutWorker
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

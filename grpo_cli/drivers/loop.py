@@ -38,7 +38,7 @@ from grpo_cli.errors import (
     UserFacingError,
     exit_code_for_signal,
 )
-from grpo_cli.learner.update import empty_step_note, update_was_empty
+from grpo_cli.learner.accounting import empty_step_note, update_was_empty
 from grpo_cli.models.runtime import timed
 from grpo_cli.rollout import WeightSyncError
 from grpo_cli.rollout.evaluation import prefixed, truncation_warning

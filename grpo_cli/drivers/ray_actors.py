@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, Generic, ParamSpec
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.drivers.ray_cluster import node_problem
 from grpo_cli.learner.checkpoint import State, init_from_checkpoint, load_weights
 from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup
 from grpo_cli.rollout.worker import RolloutWorker
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

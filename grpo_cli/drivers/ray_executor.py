@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.drivers.dynamic_sampling import (
     SignalBatch,
@@ -45,7 +46,6 @@ from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_actors import GeneratorHandle
 from grpo_cli.drivers.ray_run import RayRun
 from grpo_cli.drivers.versions import ONE_BEHIND_MAX_LAG, ReplayBuffer, check_lag, staleness_stats
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ run's own bounds (`SamplingPolicy`):
   whose own request checks answer them);
 - a field that changes the distribution a reply is sampled from is refused unless it leaves that distribution as the
   learner scores it. The learner trains each sampled token on log softmax(logits / rollout.temperature) over the
-  whole vocabulary (scoring/settings.py), so `temperature` must be rollout.temperature, `top_p` 1 or rollout.top_p
+  whole vocabulary (batch/settings.py), so `temperature` must be rollout.temperature, `top_p` 1 or rollout.top_p
   (the nucleus the run's own rollouts use too), `min_tokens` rollout.min_tokens; top_k, min_p, the penalties,
   logit_bias, allowed_token_ids, bad_words, structured outputs (response_format json_object / json_schema,
   structured_outputs, guided_*), a tool_choice that forces a call, ignore_eos, beam search, logits processors and

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from rich.table import Table
 
+from grpo_cli.batch.microbatches import TokenCounts, fixed_microbatches, positions_processed
+from grpo_cli.batch.rollout_data import RolloutData, select_completions
 from grpo_cli.rollout import render_prompts
-from grpo_cli.scoring.batch import RolloutData, select_completions
-from grpo_cli.scoring.microbatches import TokenCounts, fixed_microbatches, positions_processed
 from grpo_cli.tasks import load_examples
 
 if TYPE_CHECKING:

@@ -26,6 +26,29 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from grpo_cli.batch.forward import (
+    ScoringSettings,
+    dummy_microbatch,
+    log_probs_of_rows,
+    per_completion_rows,
+    score_microbatch,
+)
+from grpo_cli.batch.plan import (
+    OptimizerStep,
+    PlanSettings,
+    UpdatePlan,
+    build_update_plan,
+    every_row_microbatches,
+    plan_settings,
+)
+from grpo_cli.batch.rollout_data import (
+    RolloutData,
+    concat_rollouts,
+    make_microbatch,
+    missing_behaviour,
+    model_token_mask,
+)
+from grpo_cli.batch.settings import scoring_settings
 from grpo_cli.config import BatchShape, needs_old_log_probs
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import (
@@ -37,6 +60,15 @@ from grpo_cli.core import (
 from grpo_cli.core.packing import packed_row_tokens
 from grpo_cli.distributed import parallel
 from grpo_cli.errors import UserFacingError
+from grpo_cli.learner.accounting import (
+    EMPTY_STEPS,
+    FLAT_STEPS,
+    PaddingTotals,
+    record_microbatch,
+    record_value,
+    rejected_token_counts,
+    step_means,
+)
 from grpo_cli.learner.checkpoint import (
     CheckpointError,
     State,
@@ -48,15 +80,6 @@ from grpo_cli.learner.checkpoint import (
     verify_checkpoint,
 )
 from grpo_cli.learner.settings import loss_settings
-from grpo_cli.learner.update import (
-    EMPTY_STEPS,
-    FLAT_STEPS,
-    PaddingTotals,
-    record_microbatch,
-    record_value,
-    rejected_token_counts,
-    step_means,
-)
 from grpo_cli.models import build_policy
 from grpo_cli.models.runtime import (
     autocast_factory,
@@ -66,29 +89,6 @@ from grpo_cli.models.runtime import (
     seed_everything,
     timed,
 )
-from grpo_cli.scoring.batch import (
-    RolloutData,
-    concat_rollouts,
-    make_microbatch,
-    missing_behaviour,
-    model_token_mask,
-)
-from grpo_cli.scoring.forward import (
-    ScoringSettings,
-    dummy_microbatch,
-    log_probs_of_rows,
-    per_completion_rows,
-    score_microbatch,
-)
-from grpo_cli.scoring.plan import (
-    OptimizerStep,
-    PlanSettings,
-    UpdatePlan,
-    build_update_plan,
-    every_row_microbatches,
-    plan_settings,
-)
-from grpo_cli.scoring.settings import scoring_settings
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class Learner:
         return metrics, self.nonfinite_streak
 
     def plan_settings(self) -> PlanSettings:
-        """What this learner's update plans read besides the batch (scoring.plan.plan_settings), from its current
+        """What this learner's update plans read besides the batch (batch.plan.plan_settings), from its current
         batch shape and loss."""
         return plan_settings(
             self.cfg,

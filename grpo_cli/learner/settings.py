@@ -1,5 +1,5 @@
 """The config read once into the loss's settings (core.LossSettings), for every microbatch's train step; the
-scoring's (ScoringSettings, for every pass that scores completions) are read in grpo_cli/scoring/settings.py.
+scoring's (ScoringSettings, for every pass that scores completions) are read in grpo_cli/batch/settings.py.
 
 The one place that maps loss config keys to them: a new loss option is declared in the schema and used where
 it matters, with no keyword list in between to forget: every loss.* key goes over by name (docs/architecture.md,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData, concat_rollouts, select_completions
 from grpo_cli.config import BatchShape
 from grpo_cli.engines.base import context_room, render_prompts
 from grpo_cli.engines.decode import Decoder
@@ -55,7 +56,6 @@ from grpo_cli.rollout.async_parts import (
 from grpo_cli.rollout.batch_statistics import combine_rollout_metrics, split_whole_batch_metrics
 from grpo_cli.rollout.runs import OneTurnRun, Samples
 from grpo_cli.rollout.worker import RolloutWorker, rollout_seed, sampling_settings
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

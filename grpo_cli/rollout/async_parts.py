@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.engines.stream import StreamCounters
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import Example
 
 if TYPE_CHECKING:

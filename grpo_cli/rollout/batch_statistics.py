@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import compute_advantages
 from grpo_cli.core.advantages import BATCH_LEVEL_NORMALIZATIONS
 from grpo_cli.distributed import parallel
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import REWARD_KEYS
 
 

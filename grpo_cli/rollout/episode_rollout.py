@@ -117,7 +117,7 @@ def episode_batch(episodes: Sequence[Episode], ground_truths: Sequence[Any] | No
     episode's example's (default None)."""
     log_probs = [list(e.sampler_logprobs) for e in episodes]
     # None only when no turn has them (an engine that gives none); a turn without them keeps its NaN, which the
-    # learner refuses where the correction or sync=async needs them (scoring.batch.missing_behaviour), rather than
+    # learner refuses where the correction or sync=async needs them (batch.rollout_data.missing_behaviour), rather than
     # the whole batch losing its log-probs and training uncorrected.
     given = any(not math.isnan(lp) for row in log_probs for lp in row)
     return Samples(

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_cli.batch.forward import ScoringSettings, per_completion_log_probs
+from grpo_cli.batch.rollout_data import RolloutData
+from grpo_cli.batch.settings import scoring_settings
 from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core import compute_advantages
@@ -29,9 +32,6 @@ from grpo_cli.rollout.evaluation import evaluate, voting_for
 from grpo_cli.rollout.rewards import reward_metrics, with_logged_metrics
 from grpo_cli.rollout.runs import RolloutRun, Samples
 from grpo_cli.rollout.task_run import run_for
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
-from grpo_cli.scoring.settings import scoring_settings
 from grpo_cli.tasks import Example, make_reward_fn, stop_strings, task_for
 from grpo_cli.tasks.trainer_state import TrainerState
 

@@ -60,8 +60,8 @@ def test_shared_prompt_forward_matches_the_plain_forward_values_and_gradients():
 
 
 def test_tokens_through_model_counts_a_shared_prompt_once():
-    from grpo_cli.scoring.batch import RolloutData
-    from grpo_cli.scoring.forward import tokens_through_model
+    from grpo_cli.batch.forward import tokens_through_model
+    from grpo_cli.batch.rollout_data import RolloutData
 
     data = RolloutData(
         prompt_ids=[[1, 2, 3]] * 3 + [[4, 5]],

@@ -20,8 +20,8 @@ import pytest
 import torch
 import transformers
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
-from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_thread is an autouse fixture
     TINY,
@@ -341,8 +341,8 @@ def test_the_learner_decides_once_for_all_its_passes_and_says_why(architecture, 
     """The learner's flag drives its training forward, its old / reference log-probs and its token counts: off
     for a model the shared forward refuses, with one log line naming the model type and the reason, however many
     learners a process builds."""
+    import grpo_cli.batch.forward
     import grpo_cli.learner.learner
-    import grpo_cli.scoring.forward
 
     if architecture == "llama":
         model = build_tiny("LlamaForCausalLM", "LlamaConfig", TINY)
@@ -350,10 +350,10 @@ def test_the_learner_decides_once_for_all_its_passes_and_says_why(architecture, 
         model = build(architecture)
     tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=96)
     monkeypatch.setattr(grpo_cli.learner.learner, "build_policy", lambda model_cfg, device: (model, tokenizer))
-    monkeypatch.setattr(grpo_cli.scoring.forward, "_REFUSALS_LOGGED", set())
+    monkeypatch.setattr(grpo_cli.batch.forward, "_REFUSALS_LOGGED", set())
     cfg = compose_config(["debug=smoke", "model.mixed_precision=no", "rollout.temperature=1.0"], str(tmp_path))
     assert cfg.train.share_prompt_forward and cfg.train.train_batch_size == 4
-    with caplog.at_level(logging.WARNING, logger="grpo_cli.scoring.forward"):
+    with caplog.at_level(logging.WARNING, logger="grpo_cli.batch.forward"):
         learners = [grpo_cli.learner.learner.Learner(cfg, tmp_path) for _ in range(2)]
     refused = architecture != "llama"
     assert [learner.share_prompts for learner in learners] == [not refused] * 2

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.distributed import parallel
-from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 from tests.unit.distributed.test_distributed import free_port
 
@@ -192,11 +192,11 @@ def test_the_first_update_of_a_multi_epoch_batch_has_ratio_one_in_bf16_and_fp32(
 
 def _lora_reference_case(rank: int, tmp: Path) -> dict:
     import grpo_cli.learner.learner as learner_module
+    from grpo_cli.batch.forward import ScoringSettings, per_completion_log_probs
     from grpo_cli.core import LOGITS_CHUNK_TOKENS
     from grpo_cli.learner.learner import Learner
     from grpo_cli.models import build_policy
     from grpo_cli.models.runtime import seed_everything
-    from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 
     overrides = [*RANK_SHARE, "model.mixed_precision=no", "kl.beta=0.04", "train.gradient_accumulation_steps=2"]
     cfg = compose_config([*overrides, "model.lora.enabled=true"], output_dir=str(tmp))

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData, concat_rollouts, select_completions
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.dynamic_sampling import SignalBatch, extra_round_batch_number, groups_with_signal
 from grpo_cli.errors import UserFacingError
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, select_completions
 from tests.conftest import compose_config
 
 # --- the presets: what each sets, and that everything stays overridable -----------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData, concat_rollouts, missing_behaviour
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.prompts import PromptSampler
 from grpo_cli.drivers.ray_actors import initial_weights
@@ -21,7 +22,6 @@ from grpo_cli.learner.learner import Learner
 from grpo_cli.rollout import async_generation
 from grpo_cli.rollout.async_generation import AsyncGeneration, BatchOrder, FinishedGroup
 from grpo_cli.rollout.episode_rollout import episode_batch, episode_versions
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, missing_behaviour
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.unit.drivers.test_async import ASYNC, bare_executor, submitted, weights_of

@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.config import validate_config
 from grpo_cli.drivers.versions import ReplayBuffer, check_lag, lag, overlap_fraction, staleness_stats
 from grpo_cli.errors import UserFacingError
-from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 
 

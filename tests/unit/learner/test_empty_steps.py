@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.batch.rollout_data import RolloutData
 from tests.conftest import compose_config
 from tests.unit.distributed.test_distributed import free_port
 

@@ -8,9 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_cli.batch.rollout_data import (
+    RolloutData,
+    concat_rollouts,
+    make_microbatch,
+    model_token_mask,
+    select_completions,
+)
+from grpo_cli.learner.accounting import optimizer_step_totals
 from grpo_cli.learner.settings import default_length_constant, episode_length_constant, loss_settings
-from grpo_cli.learner.update import optimizer_step_totals
-from grpo_cli.scoring.batch import RolloutData, concat_rollouts, make_microbatch, model_token_mask, select_completions
 from tests.conftest import compose_config
 
 # Two prompts, two episodes each (the shared-prompt forward shares them); 1 = model token, 0 = tool/env token.

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.drivers.dynamic_sampling import SignalBatch
-from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 
 

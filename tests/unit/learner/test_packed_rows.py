@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.forward import shares_in_forward, tokens_through_model
+from grpo_cli.batch.forward import shares_in_forward, tokens_through_model
+from grpo_cli.batch.rollout_data import RolloutData
 from tests.conftest import compose_config
 from tests.unit.core.test_prompt_sharing_architectures import REFUSED
 from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_thread is an autouse fixture
@@ -25,8 +25,8 @@ from tests.unit.core.test_sliding_window_logprobs import (  # noqa: F401 - _one_
 
 @pytest.mark.parametrize("architecture", ["llama", "lfm2"])
 def test_the_learner_packs_where_the_probe_passes_and_says_why_not(architecture, tmp_path, monkeypatch, caplog):
+    import grpo_cli.batch.forward
     import grpo_cli.learner.learner
-    import grpo_cli.scoring.forward
 
     if architecture == "llama":
         model = build_tiny("LlamaForCausalLM", "LlamaConfig", TINY)
@@ -34,10 +34,10 @@ def test_the_learner_packs_where_the_probe_passes_and_says_why_not(architecture,
         model = build_tiny(*REFUSED[architecture])
     tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=96)
     monkeypatch.setattr(grpo_cli.learner.learner, "build_policy", lambda model_cfg, device: (model, tokenizer))
-    monkeypatch.setattr(grpo_cli.scoring.forward, "_REFUSALS_LOGGED", set())
+    monkeypatch.setattr(grpo_cli.batch.forward, "_REFUSALS_LOGGED", set())
     overrides = ["debug=smoke", "model.mixed_precision=no", "rollout.temperature=1.0", "train.pack_sequences=true"]
     cfg = compose_config([*overrides, "train.share_prompt_forward=false"], str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="grpo_cli.scoring.forward"):
+    with caplog.at_level(logging.WARNING, logger="grpo_cli.batch.forward"):
         learners = [grpo_cli.learner.learner.Learner(cfg, tmp_path) for _ in range(2)]
     refused = architecture != "llama"
     assert [learner.scoring.pack_sequences for learner in learners] == [not refused] * 2

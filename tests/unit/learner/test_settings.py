@@ -1,4 +1,4 @@
-"""The settings built once from the config (grpo_cli/learner/settings.py, grpo_cli/scoring/settings.py): every pass
+"""The settings built once from the config (grpo_cli/learner/settings.py, grpo_cli/batch/settings.py): every pass
 that scores completions, the generator's behaviour log-probs included, gets the same ScoringSettings; the loss's
 settings carry the config's loss keys, and each step trains with its scheduled KL coefficient (kl.beta_schedule)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_cli.batch.forward import ScoringSettings
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import LossSettings
 from grpo_cli.learner.settings import loss_settings
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.forward import ScoringSettings
 from tests.conftest import compose_config
 
 

@@ -1,5 +1,5 @@
 """The Learner computes no layout (issue #59): the update's microbatches, divisors, skipped rows and the rows of
-the old and reference passes come from one plan (scoring/plan.py), made once per update; the Learner has none of
+the old and reference passes come from one plan (batch/plan.py), made once per update; the Learner has none of
 the layout methods it used to compute them with, and its update walks the plan it is given."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import inspect
 
 import torch
 
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.plan import OptimizerStep, build_update_plan
+from grpo_cli.batch.plan import OptimizerStep, build_update_plan
+from grpo_cli.batch.rollout_data import RolloutData
 from tests.conftest import compose_config
 
 OVERRIDES = [

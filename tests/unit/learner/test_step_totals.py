@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_cli.batch.rollout_data import RolloutData, make_microbatch
 from grpo_cli.core import grpo_microbatch_train_step
 from grpo_cli.distributed import parallel
-from grpo_cli.learner.update import optimizer_step_totals, rejected_token_counts
-from grpo_cli.scoring.batch import RolloutData, make_microbatch
+from grpo_cli.learner.accounting import optimizer_step_totals, rejected_token_counts
 
 VOCAB = 11
 # 8 completions of lengths 1..8 after a 2-token prompt; advantages of both signs

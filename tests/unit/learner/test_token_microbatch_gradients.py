@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import POLICY_GRADIENT_LOSS_TYPES
 from grpo_cli.distributed.parallel import full_tensor
-from grpo_cli.scoring.batch import RolloutData
 from tests.conftest import compose_config
 
 # 4 prompts x 2 completions; completion lengths from 1 to 23 tokens, one long one (the 2-rank test's budget puts
@@ -141,7 +141,7 @@ def _two_ranks(rank: int, port: int, output_dir: str, strategy: str, budget: str
         # Each rank generated 2 of the 4 prompts; learn() exchanges them, spreads the rows by tokens, scores its
         # share's reference log-probs and trains on it.
         half = [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7]
-        from grpo_cli.scoring.batch import select_completions
+        from grpo_cli.batch.rollout_data import select_completions
 
         metrics, _ = learner.learn(select_completions(whole, half), step=1)
         results[rank] = ({k: v.clone() for k, v in learner.captured[0].items()}, plans, metrics)

@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import POLICY_GRADIENT_LOSS_TYPES
 from grpo_cli.distributed.parallel import full_tensor
-from grpo_cli.learner.update import EMPTY_STEPS, FLAT_STEPS, empty_step_note, update_was_empty
-from grpo_cli.scoring.batch import RolloutData
+from grpo_cli.learner.accounting import EMPTY_STEPS, FLAT_STEPS, empty_step_note, update_was_empty
 from tests.conftest import compose_config
 from tests.unit.distributed.test_distributed import free_port
 
@@ -291,7 +291,7 @@ def _ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
     try:
-        from grpo_cli.scoring.batch import select_completions
+        from grpo_cli.batch.rollout_data import select_completions
 
         ddp = [*OVERRIDES, "distributed=ddp", "distributed.nproc_per_node=2"]
         for name, overrides, budget, loss_type, masked in (

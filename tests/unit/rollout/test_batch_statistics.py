@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_cli.batch.rollout_data import RolloutData, select_completions
 from grpo_cli.core import compute_advantages
 from grpo_cli.drivers.dynamic_sampling import combine_rollout_metrics
 from grpo_cli.drivers.prompts import PromptSampler
@@ -22,7 +23,6 @@ from grpo_cli.rollout.async_generation import AsyncGeneration, FinishedGroup
 from grpo_cli.rollout.batch_statistics import split_whole_batch_metrics
 from grpo_cli.rollout.runs import Samples
 from grpo_cli.rollout.worker import RolloutWorker, sampling_settings
-from grpo_cli.scoring.batch import RolloutData, select_completions
 from grpo_cli.tasks import load_examples
 from tests.conftest import compose_config
 from tests.e2e.test_multiturn_e2e import ENVIRONMENT

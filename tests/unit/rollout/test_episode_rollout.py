@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_cli.batch.forward import ScoringSettings, per_completion_log_probs
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.engines.base import RolloutEngine
 from grpo_cli.episodes.turns import ChatTemplate, Episode, EpisodeLimits, TurnOutcome, start_episode
 from grpo_cli.models import TINY_RANDOM, load_policy
@@ -25,8 +27,6 @@ from grpo_cli.rollout.episode_rollout import (
 )
 from grpo_cli.rollout.evaluation import evaluate
 from grpo_cli.rollout.rewards import Scores
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 from grpo_cli.tasks.base import Example
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"

@@ -10,6 +10,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.config import validate_config
 from grpo_cli.engines.base import RolloutBatch, SamplingSettings, render_prompts
 from grpo_cli.errors import UserFacingError
@@ -17,7 +18,6 @@ from grpo_cli.rollout.evaluation import evaluate, prefixed, summarize_records, v
 from grpo_cli.rollout.rewards import reward_metrics, score_responses
 from grpo_cli.rollout.runs import OneTurnRun
 from grpo_cli.rollout.sample_metrics import majority_vote, multi_sample_metrics, pass_at_k
-from grpo_cli.scoring.batch import RolloutData
 from grpo_cli.tasks import get_task, load_eval_sets, make_reward_fn
 from grpo_cli.tasks.rewards import SHAPING_CASES, overlong_penalty, repetition_penalty, shaping_case_value
 from grpo_cli.tracking.report import extra_eval_keys, write_report
@@ -269,8 +269,8 @@ def test_eval_sets_use_the_tasks_loaders_local_files_and_hub_splits():
 def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(tmp_path):
     from dataclasses import replace
 
+    from grpo_cli.batch.plan import build_update_plan
     from grpo_cli.learner.learner import Learner
-    from grpo_cli.scoring.plan import build_update_plan
 
     # No gradient clipping (it would rescale both gradients to the same norm and hide their ratio), fp32 (bf16
     # autocast would round the differently grouped rows differently).

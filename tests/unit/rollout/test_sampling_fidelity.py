@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from grpo_cli.batch.forward import ScoringSettings, per_completion_log_probs
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import LOGITS_CHUNK_TOKENS, response_log_probs, tokenize_prompt_and_output_ids
 from grpo_cli.models import TINY_RANDOM, apply_lora, load_policy
 from grpo_cli.models.runtime import compute_dtype, pure_half_precision_warning, resolve_dtype
 from grpo_cli.rollout import HFRolloutEngine, SamplingSettings
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.forward import ScoringSettings, per_completion_log_probs
 from grpo_cli.tracking import read_metrics, truncate_metrics
 from tests.conftest import random_weights, tiny_head_lm
 
@@ -142,8 +142,8 @@ def test_old_and_reference_log_probs_use_the_sampling_temperature(tiny):
 def test_learner_scores_at_rollout_temperature(tmp_path, monkeypatch, letter_e_task):
     from rich.console import Console
 
+    from grpo_cli.batch import forward as batch_module
     from grpo_cli.drivers.loop import TrainingLoop
-    from grpo_cli.scoring import forward as batch_module
     from tests.conftest import compose_config
 
     seen = []

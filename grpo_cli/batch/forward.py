@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_cli.batch.microbatches import TokenCounts, fixed_microbatches, token_microbatches
+from grpo_cli.batch.rollout_data import RolloutData, make_microbatch
 from grpo_cli.core import response_log_probs
 from grpo_cli.core.packing import packing_beats_sharing, packing_problem
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
-from grpo_cli.scoring.batch import RolloutData, make_microbatch
-from grpo_cli.scoring.microbatches import TokenCounts, fixed_microbatches, token_microbatches
 
 log = logging.getLogger(__name__)
 _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
@@ -25,7 +25,7 @@ _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
 class ScoringSettings:
     """How completions are scored (their response tokens' log-probs under a policy), the same for every pass
     that scores them: the learner's training forward, its old and reference passes, and the generator's
-    behaviour log-probs. Built once from the config (grpo_cli.scoring.settings.scoring_settings)."""
+    behaviour log-probs. Built once from the config (grpo_cli.batch.settings.scoring_settings)."""
 
     # Tokens were sampled from softmax(logits / T): ratios, KL and entropy must be of that distribution.
     temperature: float
@@ -127,7 +127,7 @@ def tokens_through_model(
 
 def scoring_microbatches(data: RolloutData, scoring: ScoringSettings) -> list[list[int]]:
     """The microbatches (row indices) the no-grad passes score `data` in: runs of scoring.microbatch_size rows, or
-    with scoring.microbatch_tokens token-budget microbatches (scoring.microbatches.token_microbatches)."""
+    with scoring.microbatch_tokens token-budget microbatches (batch.microbatches.token_microbatches)."""
     rows = list(range(len(data.completion_ids)))
     if scoring.microbatch_tokens is None:
         return fixed_microbatches(rows, scoring.microbatch_size)

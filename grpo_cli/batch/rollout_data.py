@@ -1,7 +1,7 @@
 """The scored rollout batch: what the rollout worker hands the learner, and how rows of it become the tensors of a
 microbatch.
 
-The rollout worker builds it and the learner trains on it, so it sits below both (grpo_cli/scoring/, beside the one
+The rollout worker builds it and the learner trains on it, so it sits below both (grpo_cli/batch/, beside the one
 scoring forward that both run over it: forward.py).
 """
 

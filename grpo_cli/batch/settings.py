@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from grpo_cli.batch.forward import ScoringSettings, packs_sequences, shares_prompts
 from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
-from grpo_cli.scoring.forward import ScoringSettings, packs_sequences, shares_prompts
 
 
 def scoring_settings(cfg: GRPOConfig, model: torch.nn.Module, pad_token_id: int, sharded: bool) -> ScoringSettings:

@@ -1,4 +1,4 @@
-"""train.microbatch_tokens' partitions (grpo_cli/scoring/microbatches.py), checked against brute force and against
+"""train.microbatch_tokens' partitions (grpo_cli/batch/microbatches.py), checked against brute force and against
 the positions a padded forward processes, counted by hand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from grpo_cli.scoring.microbatches import (
+from grpo_cli.batch.microbatches import (
     TokenCounts,
     equalize,
     fixed_microbatches,

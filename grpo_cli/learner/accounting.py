@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_cli.batch.plan import loss_tokens
+from grpo_cli.batch.rollout_data import RolloutData
 from grpo_cli.core import LossSettings, compute_importance_weights
 from grpo_cli.distributed import parallel
-from grpo_cli.scoring.batch import RolloutData
-from grpo_cli.scoring.plan import loss_tokens
 
 # The train step's diagnostics logged as train/<name> (means over microbatches and steps; *_max the largest).
 # train/kl is apart: the mean over every response in the loss (`kl_over_responses`).
@@ -74,7 +74,7 @@ def optimizer_step_totals(
     return sequences / ranks, max(tokens, 1.0) / ranks
 
 
-# The empty-step rule (docs/algorithm.md#a-step-with-nothing-to-train; decided by scoring.plan.UpdatePlan.settle,
+# The empty-step rule (docs/algorithm.md#a-step-with-nothing-to-train; decided by batch.plan.UpdatePlan.settle,
 # one sum over the ranks, so every rank skips the step or none does): an optimizer step whose rows hold no token in
 # the loss (every episode skipped under task.on_reward_error=skip, every completion left out by
 # train.mask_truncated, every token rejected by the masked correction, or no row at all) takes no optimizer step: no

@@ -27,15 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo_cli.config import BatchShape
-from grpo_cli.config.schemas import GRPOConfig
-from grpo_cli.core.loss_settings import LossSettings
-from grpo_cli.core.losses import loss_spec
-from grpo_cli.core.packing import assign_rows
-from grpo_cli.distributed import parallel
-from grpo_cli.scoring.batch import RolloutData, model_tokens
-from grpo_cli.scoring.forward import ScoringSettings, shares_in_forward, tokens_through_model
-from grpo_cli.scoring.microbatches import (
+from grpo_cli.batch.forward import ScoringSettings, shares_in_forward, tokens_through_model
+from grpo_cli.batch.microbatches import (
     StepLayout,
     TokenCounts,
     equalize,
@@ -44,6 +37,13 @@ from grpo_cli.scoring.microbatches import (
     rank_shares,
     token_microbatches,
 )
+from grpo_cli.batch.rollout_data import RolloutData, model_tokens
+from grpo_cli.config import BatchShape
+from grpo_cli.config.schemas import GRPOConfig
+from grpo_cli.core.loss_settings import LossSettings
+from grpo_cli.core.losses import loss_spec
+from grpo_cli.core.packing import assign_rows
+from grpo_cli.distributed import parallel
 
 log = logging.getLogger(__name__)
 _LAYOUTS_LOGGED: set[bool] = set()  # train.microbatch_tokens: each layout choice once per process

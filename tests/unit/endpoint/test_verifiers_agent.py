@@ -249,6 +249,9 @@ def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path, serve
         "rollout.max_tokens=6",
         "model.mixed_precision=no",
         "train.eval_every=0",
+        # every row of a step that trains is computed (rows of loss weight 0 too), so its response tokens are all
+        # the episodes' sampled tokens
+        "train.skip_zero_weight_rows=false",
         *server,
     ]
     rows = train_to_the_end(args, tmp_path, run_dir, timeout=900)
@@ -265,5 +268,8 @@ def test_grpo_run_trains_a_verifiers_taskset_for_two_steps(tmp_path: Path, serve
             assert all("<|im_start|>user\nWhat is" in e["messages"][0]["content"] for e in episodes)
         else:  # the chat messages as the eval client sent them
             assert all(any("What is" in str(m["content"]) for m in e["messages"]) for e in episodes)
-        # Every token the episodes' model turns sampled is a trained response token.
-        assert row["throughput/response_tokens"] == sum(e["model_tokens"] for e in episodes) > 0
+        # Every token the episodes' model turns sampled is a trained response token; a flat step (every group one
+        # reward) trains nothing (docs/algorithm.md#a-step-with-nothing-to-train).
+        trained = 0 if row.get("train/flat_steps", 0) else sum(e["model_tokens"] for e in episodes)
+        assert row["throughput/response_tokens"] == trained
+        assert sum(e["model_tokens"] for e in episodes) > 0

@@ -47,7 +47,10 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
         out = real(*args, **kwargs)
         return {**out, "log_probs": out["log_probs"] * float("nan")}
 
-    loop = make_trainer(tmp_path, ["train.steps=10", "train.max_nonfinite_steps=2", "train.eval_every=0"])
+    # A reward that varies: a flat step (every group one reward, as the tiny model's keyword rewards are) computes
+    # no row, so there would be nothing to poison.
+    varying = ["task=lipogram", "task.reward_weights.correctness=0", "task.reward_weights.answer=1"]
+    loop = make_trainer(tmp_path, [*varying, "train.steps=10", "train.max_nonfinite_steps=2", "train.eval_every=0"])
     model = loop.executor.learner.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     monkeypatch.setattr(learner_module, "score_microbatch", poisoned)

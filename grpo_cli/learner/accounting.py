@@ -6,6 +6,7 @@ step's metrics over microbatches, optimizer steps and ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -194,19 +195,28 @@ def record_microbatch(
 
 def step_means(totals: dict[str, list[float]]) -> dict[str, float]:
     """The update's metrics from what its microbatches and steps recorded in `totals` (popping the entropy and KL
-    sums): means over the optimizer steps (and microbatches), except maxima, which stay maxima; train/entropy and
-    train/kl over every token / response on every rank. Every rank calls it (the sums are collective)."""
-    # Means over the optimizer steps (and microbatches), except maxima, which stay maxima.
+    sums): means over the optimizer steps (and microbatches) of every rank, except maxima, which stay maxima;
+    train/entropy and train/kl over every token / response on every rank. Every rank calls it (collective) and gets
+    the same keys and values: a rank whose rows were all skipped (loss weight 0: batch/plan.py) ran only dummy
+    microbatches and recorded no train-step diagnostics, so the ranks' own keys can differ."""
+    keys = sorted({key for rank in parallel.all_gather_objects(sorted(totals)) for key in rank})
+    metrics: dict[str, float] = {}
     entropy_sum, entropy_tokens = parallel.sum_over_ranks(
         [sum(totals.pop(_ENTROPY_SUM, [])), sum(totals.pop(_ENTROPY_TOKENS, []))]
     )
     if entropy_tokens:  # the mean over every token of the model's in the update, on every rank
-        totals["train/entropy"] = [entropy_sum / entropy_tokens]
-    if _KL_RESPONSES in totals:  # the reference is measured (on every rank alike: the sums are collective)
-        kl = kl_over_responses(sum(totals.pop(_KL_SUM)), sum(totals.pop(_KL_RESPONSES)))
+        metrics["train/entropy"] = entropy_sum / entropy_tokens
+    if _KL_RESPONSES in keys:  # the reference is measured (on every rank alike: the sums are collective)
+        kl = kl_over_responses(sum(totals.pop(_KL_SUM, [])), sum(totals.pop(_KL_RESPONSES, [])))
         if kl is not None:
-            totals["train/kl"] = [kl]
-    metrics = {
-        key: max(values) if key.endswith("_max") else sum(values) / len(values) for key, values in totals.items()
-    }
+            metrics["train/kl"] = kl
+    names = [key for key in keys if key not in (_ENTROPY_SUM, _ENTROPY_TOKENS, _KL_SUM, _KL_RESPONSES)]
+    sums = parallel.sum_over_ranks(
+        [sum(totals.get(key, [])) for key in names] + [float(len(totals.get(key, []))) for key in names]
+    )
+    largest = parallel.all_gather_objects([max(totals.get(key, []), default=-math.inf) for key in names])
+    for i, key in enumerate(names):
+        count = sums[len(names) + i]
+        if count:  # a key some rank recorded
+            metrics[key] = max(rank[i] for rank in largest) if key.endswith("_max") else sums[i] / count
     return metrics

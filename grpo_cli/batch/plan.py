@@ -135,13 +135,15 @@ class UpdatePlan:
     rows: int  # rows of the update's steps (all epochs), this rank's part of them
     skipped_rows: int  # of those, not computed because their loss weight is 0
     whole_steps: bool = False  # balance_ranks: every rank holds every step's rows (totals need no collective)
+    weight: str = "advantages"  # the loss's weight (PlanSettings.weight)
+    flat_rule: bool = True  # a step whose every weight is 0 trains nothing (PlanSettings.flat_steps_train_nothing)
     settled: bool = False
 
-    def settle(self, data: RolloutData, rejected: list[int] | None, weight: str, flat_rule: bool) -> None:
+    def settle(self, data: RolloutData, rejected: list[int] | None) -> None:
         """The steps' divisors and empty/flat flags, from the tokens in the loss (`rejected`: the masked
         correction's, rejected_token_counts) summed over the ranks in one collective (skipped with balance_ranks,
         where every rank holds every step's rows). Every rank calls it."""
-        zero = zero_weight_rows(data, weight)
+        zero = zero_weight_rows(data, self.weight)
         local = []
         for step in self.steps:
             tokens = loss_tokens(data, step.rows, rejected)
@@ -156,7 +158,7 @@ class UpdatePlan:
             # its own totals), over the number of ranks (DDP / FSDP average the ranks' gradients).
             step.sequences, step.tokens = sequences / ranks, max(tokens, 1.0) / ranks
             step.empty = tokens <= 0
-            step.flat = flat_rule and not step.empty and weighted <= 0
+            step.flat = self.flat_rule and not step.empty and weighted <= 0
         self.settled = True
 
     def perf(self) -> dict[str, float]:
@@ -291,6 +293,8 @@ def build_update_plan(data: RolloutData, settings: PlanSettings, step: int, scor
         rows_total,
         skipped,
         whole_steps=s.balance_ranks,
+        weight=s.weight,
+        flat_rule=s.flat_steps_train_nothing,
     )
     if layout.world.distributed and not s.balance_ranks:
         _match_ranks(plan, s.fsdp)

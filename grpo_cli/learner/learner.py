@@ -381,9 +381,8 @@ class Learner:
         the metrics are means over the steps."""
         if plan is None:
             plan = build_update_plan(data, self.plan_settings(), step, scores_old=False)
-        settings = self.plan_settings()
         rejected = rejected_token_counts(data, self.loss)  # once: every epoch reuses the old log-probs
-        plan.settle(data, rejected, settings.weight, settings.flat_steps_train_nothing)
+        plan.settle(data, rejected)
         totals: dict[str, list[float]] = {}
         timings = {"time/optimizer_s": 0.0}  # gradient clipping + the optimizer's step
         skipped = 0  # updates skipped for non-finite loss or gradients

@@ -287,7 +287,7 @@ def test_mask_truncated_drops_exactly_the_masked_completions_from_the_gradient(t
         # every row one optimizer step, laid out by the learner's plan
         settings = replace(learner.plan_settings(), step_rows=len(data.completion_ids), epochs=1, shuffle=False)
         plan = build_update_plan(data, settings, 1, scores_old=False)
-        plan.settle(data, None, settings.weight, settings.flat_steps_train_nothing)
+        plan.settle(data, None)
         learner._optimizer_step(data, plan.steps[0], learner.loss.at_step(1), {}, {"time/optimizer_s": 0.0})
         return torch.cat([p.grad.flatten() for p in learner.trainable_parameters]).clone()
 

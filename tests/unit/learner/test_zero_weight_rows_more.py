@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 from grpo_cli.batch.rollout_data import RolloutData, select_completions
 from grpo_cli.distributed.parallel import full_tensor
-from grpo_cli.learner.accounting import FLAT_STEPS
+from grpo_cli.learner.accounting import FLAT_STEPS, rejected_token_counts
 from tests.unit.distributed.test_distributed import free_port
 from tests.unit.learner.test_zero_weight_rows import (
     OVERRIDES,
@@ -85,6 +85,14 @@ def scored_rows(data: RolloutData) -> list[int]:
     return [i for i, row in enumerate(data.old_log_probs) if not bool(torch.isnan(row).any())]
 
 
+def rejected_in_flat_rows(learner, data: RolloutData) -> int:
+    """The masked correction's rejected tokens among `data`'s rows of advantage 0 (its every row scored): where
+    there are some, the step's token divisor needs those rows' old log-probs though no step computes them."""
+    rejected = rejected_token_counts(data, learner.loss)
+    assert rejected is not None
+    return sum(count for count, advantage in zip(rejected, data.advantages.tolist(), strict=True) if advantage == 0)
+
+
 # --- LoRA: only the adapters train; skipping leaves their gradients as they were ---------------------------------
 
 
@@ -100,7 +108,7 @@ def lora(tmp_path_factory):
     [("grpo_clip", "token_mean", True, 40), ("no_baseline", "sequence_mean", False, None)],
 )
 def test_lora_skipping_leaves_the_adapters_gradients_and_parameters(lora, loss_type, normalization, masked, budget):
-    after_first = {}
+    after_first: dict[bool, tuple] = {}
     for skip in (False, True):  # each arm's own first update where it skips rows (no_baseline: rewards of 0)
         if skip and not zero_weight_share(loss_type, batch(seed=1, flat_groups=0)):
             after_first[skip] = after_first[False]
@@ -108,7 +116,7 @@ def test_lora_skipping_leaves_the_adapters_gradients_and_parameters(lora, loss_t
         configure(lora, skip, loss_type, normalization, masked, budget)
         after_first[skip] = first_update(lora, masked)
     for flat_groups in (0, 2, 4):
-        runs = {}
+        runs: dict[bool, tuple] = {}
         for skip in (False, True):
             configure(lora, skip, loss_type, normalization, masked, budget)
             runs[skip] = second_update(lora, after_first[skip], flat_groups, masked)
@@ -128,7 +136,7 @@ def test_multi_epoch_with_old_log_probs_scored_by_the_learner(tmp_path) -> None:
     for loss_type, masked in (("grpo_clip", False), ("cispo", True)):
 
         def prepare(data: RolloutData, seed: int, masked: bool = masked) -> RolloutData:
-            return with_behaviour(learner, data, seed, noise=0.5) if masked else data
+            return with_behaviour(learner, data, seed) if masked else data
 
         for flat_groups in (2, 4):
             runs = {}
@@ -142,6 +150,7 @@ def test_multi_epoch_with_old_log_probs_scored_by_the_learner(tmp_path) -> None:
             assert scored_rows(runs[False][3]) == list(range(8))
             expected = list(range(8)) if masked else [i for i in range(8) if i not in skipped]
             assert scored_rows(runs[True][3]) == expected
+            assert not masked or rejected_in_flat_rows(learner, runs[False][3]) > 0
             # 4 optimizer steps of the non-flat update, then those of the second not all flat (every one at 100%)
             steps = len(runs[False][0])
             assert 4 < steps <= 8 if flat_groups == 2 else steps == 4
@@ -175,6 +184,7 @@ def test_async_proximal_pass_and_decoupled_update(tmp_path) -> None:
             # the proximal pass scores what some step computes; every row under the masked correction
             expected = list(range(8)) if masked else list(range(2 * flat_groups, 8))
             assert scored_rows(runs[True][3]) == expected and scored_rows(runs[False][3]) == list(range(8))
+            assert not masked or rejected_in_flat_rows(learner, runs[False][3]) > 0
 
 
 # --- distributed=fsdp, 2 gloo ranks -----------------------------------------------------------------------------
@@ -208,13 +218,14 @@ def _fsdp_ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
                 metrics = []
                 for step, flat in ((1, 0), (2, 2), (3, 4)):
                     whole = batch(seed=step, flat_groups=flat)
-                    whole = with_behaviour(learner, whole, seed=10 + step, noise=0.5) if masked else whole
+                    whole = with_behaviour(learner, whole, seed=10 + step) if masked else whole
                     # rank 0 holds groups 0-1 (flat at step 2: under a baselined loss it computes only the dummy),
                     # rank 1 groups 2-3; step 3 is all flat (under no_baseline group 0 still weighs 1)
                     mine = select_completions(whole, [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7])
                     metrics.append(learner.learn(mine, step)[0])
                     if masked:
                         metrics[-1]["rows_scored"] = len(scored_rows(mine))
+                        metrics[-1]["rejected_in_flat_rows"] = rejected_in_flat_rows(learner, mine)
                 params = {n: full_tensor(p.detach()).clone() for n, p in learner.model.named_parameters()}
                 results[(name, skip, rank)] = ([dict(g) for g in learner.captured], params, metrics)
     except BaseException:
@@ -227,9 +238,9 @@ def _fsdp_ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
 @pytest.mark.machine_wide
 def test_two_fsdp_ranks_skipping_zero_weight_rows_give_the_same_parameters(tmp_path) -> None:
     with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_fsdp_ranks, args=(free_port(), str(tmp_path), results), nprocs=2)
-        results = dict(results)
+        shared = manager.dict()
+        mp.spawn(_fsdp_ranks, args=(free_port(), str(tmp_path), shared), nprocs=2)
+        results = dict(shared)
     assert not [key for key in results if key[0] == "error"], results
     for name in ("fixed", "tokens"):
         for rank in (0, 1):
@@ -245,4 +256,5 @@ def test_two_fsdp_ranks_skipping_zero_weight_rows_give_the_same_parameters(tmp_p
     assert [m[FLAT_STEPS] for m in fixed[0]] == [0, 0, 1]
     # the masked correction's old pass scores every row of the rank, flat or not
     assert all(m["rows_scored"] == 4 for rank in (0, 1) for m in fixed[rank])
+    assert fixed[0][1]["rejected_in_flat_rows"] > 0  # rank 0's divisor at step 2 needs its flat rows' old log-probs
     assert not math.isnan(fixed[0][1]["train/loss"])

@@ -62,10 +62,13 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def run_grpo_cli(steps: int, workdir: Path, extra: list[str]) -> list[dict[str, float]]:
-    """The metrics of every step of one fresh `grpo-run job=benchmark` process (rollout=hf)."""
+def run_grpo_cli(
+    steps: int, workdir: Path, extra: list[str], env: dict[str, str] | None = None
+) -> list[dict[str, float]]:
+    """The metrics of every step of one fresh `grpo-run job=benchmark` process (rollout=hf), in the environment
+    `env` (None: this one), whose PATH picks the `grpo-run` (another install's)."""
     run_dir = workdir / "grpo-cli"
-    exe = shutil.which("grpo-run")
+    exe = shutil.which("grpo-run", path=(env or os.environ).get("PATH"))
     command = [exe] if exe else [sys.executable, "-m", "grpo_cli.cli"]
     command += [
         "job=benchmark",
@@ -76,7 +79,7 @@ def run_grpo_cli(steps: int, workdir: Path, extra: list[str]) -> list[dict[str, 
         *extra,
         f"hydra.run.dir={run_dir}",
     ]
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, env=env)
     report = json.loads((run_dir / "benchmark.json").read_text())
     return list(report["engines"]["hf"]["steps"])
 
@@ -107,6 +110,19 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, [o for o in overrides.split(",") if o]
 
 
+def parse_arm_env(texts: list[str], arms: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    """`NAME=VAR=VALUE` each -> {arm: this environment with VAR set}; `$VAR` in VALUE expands from this one
+    (PATH=/venv/bin:$PATH runs another install's grpo-run; PYTHONPATH=/checkout another commit's code)."""
+    envs: dict[str, dict[str, str]] = {}
+    for text in texts:
+        name, _, assignment = text.partition("=")
+        variable, sep, value = assignment.partition("=")
+        if name not in arms or not sep or not variable:
+            raise SystemExit(f"--arm-env {text!r}: write NAME=VAR=VALUE for an arm given by --arm (NAME=...)")
+        envs.setdefault(name, dict(os.environ))[variable] = os.path.expandvars(value)
+    return envs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="steps per run (each side, each round)")
@@ -115,16 +131,24 @@ def main() -> None:
     parser.add_argument(
         "--arm", action="append", default=[], help="NAME=OVERRIDE,...: one grpo-cli run per arm and round"
     )
+    parser.add_argument(
+        "--arm-env",
+        action="append",
+        default=[],
+        help="NAME=VAR=VALUE: that arm's runs with VAR set (PATH=/venv/bin:$PATH: another install's grpo-run)",
+    )
     parser.add_argument("--out", default="compare_trl.json")
     parser.add_argument("overrides", nargs="*", help="extra grpo-run overrides for every grpo-cli arm")
     args = parser.parse_args()
     precision_override, trl_bf16 = PRECISIONS[args.precision]
     arms = dict(parse_arm(a) for a in args.arm) or {"grpo-cli": []}
+    envs = parse_arm_env(args.arm_env, arms)
 
     started = datetime.datetime.now().astimezone()
     rows: list[dict] = []
     seconds: dict[str, list[float]] = {name: [] for name in [*arms, "TRL"]}
     flat: dict[str, list[float]] = {name: [] for name in arms}
+    padding: dict[str, list[float]] = {name: [] for name in arms}
     with tempfile.TemporaryDirectory(prefix="grpo-cli-vs-trl-") as tmp:
         for round_index in range(args.rounds):
             for side in [*arms, "TRL"]:
@@ -134,9 +158,11 @@ def main() -> None:
                 if side == "TRL":
                     steps = run_trl(args.steps, workdir, trl_bf16)
                 else:
-                    metrics = run_grpo_cli(args.steps, workdir, [*precision_override, *args.overrides, *arms[side]])
+                    overrides = [*precision_override, *args.overrides, *arms[side]]
+                    metrics = run_grpo_cli(args.steps, workdir, overrides, envs.get(side))
                     steps = [m["time/step_s"] for m in metrics]
                     flat[side] += [m.get("train/frac_zero_std_groups", float("nan")) for m in metrics]
+                    padding[side] += [m.get("perf/padding_frac", float("nan")) for m in metrics]
                 rows.append(
                     {
                         "round": round_index + 1,
@@ -162,6 +188,8 @@ def main() -> None:
                 "median_s": statistics.median(seconds[name]),
                 "ratio": statistics.median(seconds[name]) / trl_median,
                 "flat_group_share": statistics.fmean(flat[name]) if flat[name] else None,
+                "padding_frac": statistics.fmean(padding[name]) if padding[name] else None,
+                "env": {k: v for k, v in envs.get(name, {}).items() if os.environ.get(k) != v},
             }
             for name, overrides in arms.items()
         },
@@ -178,7 +206,8 @@ def main() -> None:
     for name, arm in result["arms"].items():
         print(
             f"{name}: {arm['median_s']:.2f}s vs TRL {trl_median:.2f}s per step (medians): ratio {arm['ratio']:.2f} "
-            f"({1 / arm['ratio']:.1f}x faster); flat groups {arm['flat_group_share']} of its steps' groups"
+            f"({1 / arm['ratio']:.1f}x faster); flat groups {arm['flat_group_share']:.2f} of its steps' groups, "
+            f"padding {arm['padding_frac']:.2f} of the positions its forwards computed"
         )
     print(f"wrote {args.out}")
 

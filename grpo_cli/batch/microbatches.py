@@ -32,8 +32,6 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from grpo_cli.core.prompt_sharing import completion_positions
-
 
 @dataclass(frozen=True)
 class TokenCounts:
@@ -63,6 +61,7 @@ class _Fill:
     rows: list[int] = field(default_factory=list)
     longest_row: int = 0
     longest_prompt: int = 0
+    longest_completion: int = 0
     prompts: set[Hashable] = field(default_factory=set)
     real: int = 0
 
@@ -71,6 +70,7 @@ class _Fill:
         self.rows.append(row)
         self.longest_row = max(self.longest_row, c.row_tokens(row))
         self.longest_prompt = max(self.longest_prompt, c.prompt_lengths[row])
+        self.longest_completion = max(self.longest_completion, c.completion_lengths[row])
         self.prompts.add(c.prompt_keys[row])
         self.real += c.row_tokens(row)
 
@@ -87,10 +87,9 @@ class _Fill:
             return self.real
         rows = len(self.rows)
         if self.share_prompts and len(self.prompts) < rows:
-            # core.prompt_sharing: each distinct prompt once, left-padded to the longest, then the completions
-            # but their last token, in passes of alike lengths (each right-padded to its longest).
-            lengths = [self.counts.completion_lengths[row] for row in self.rows]
-            return len(self.prompts) * self.longest_prompt + completion_positions(lengths)
+            # core.prompt_sharing: each distinct prompt once, left-padded to the longest, then every completion
+            # but its last token, right-padded to the longest.
+            return len(self.prompts) * self.longest_prompt + rows * max(self.longest_completion - 1, 0)
         return rows * self.longest_row  # right-padded to the longest prompt + completion
 
 

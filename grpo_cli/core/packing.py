@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 
 from grpo_cli.core.causal_lm import as_causal_lm
-from grpo_cli.core.prompt_sharing import shared_positions
 
 
 @dataclass(frozen=True)
@@ -179,13 +178,15 @@ def packing_beats_sharing(
     """Whether a microbatch processes fewer positions packed than through the shared-prompt forward, the two
     layouts that cannot be combined (transformers' packed detection has no "attend to my prompt and to myself"):
     packed, every sequence once without padding (sum of prompt + completion - 1); shared, each distinct prompt
-    once, left-padded to the longest, then the completions in passes of alike lengths, each padded to its longest
-    (core.prompt_sharing.shared_positions).
+    once, left-padded to the longest, then every completion padded to the longest (core/prompt_sharing.py).
     Long-tailed completions make the shared layout mostly padding; equal ones with long prompts make it cheaper.
 
     Args: per row, its prompt's and completion's lengths; the lengths of the distinct prompts."""
     packed = sum(p + c - 1 for p, c in zip(prompt_lengths, completion_lengths, strict=True) if c > 0)
-    return packed < shared_positions(distinct_prompt_lengths, completion_lengths)
+    shared = len(distinct_prompt_lengths) * max(distinct_prompt_lengths, default=0) + len(completion_lengths) * max(
+        max(completion_lengths, default=0) - 1, 0
+    )
+    return packed < shared
 
 
 # The probe's longest window: a model whose attention declares a longer sliding window or chunk is not packed

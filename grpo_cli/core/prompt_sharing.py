@@ -10,11 +10,7 @@ completions that is ~40% of the step's training compute.
 
 Layout: prompts are left-padded to the longest distinct prompt, with an attention mask hiding the padding and
 position ids counting each prompt's own tokens; the completions follow in the same columns for every row, their
-position ids continuing from each prompt's real length. The completions run in one pass, or in a few
-(:func:`completion_passes`): rows sorted by length and cut where a pass of shorter rows saves enough of the
-padding a single pass would compute (a group whose completions range from 5 to 48 tokens pads the short ones to
-47 positions otherwise). Every pass reads the same prompt keys and values, so the gradients of all of them flow
-back into the one prompt pass. So every completion sees exactly its own prompt, at the
+position ids continuing from each prompt's real length. So every completion sees exactly its own prompt, at the
 positions the plain forward would give it, and the distance between two real tokens in the cache is their true
 distance. Sliding-window attention (Mistral, Qwen2/3 with `use_sliding_window`, Gemma-2/3, Phi-3, GPT-OSS, ...)
 measures distance in cache columns: right-padded prompts put padding inside the window, and a sliding cache
@@ -30,10 +26,6 @@ models get the plain forward, whose right padding comes after every real token.
 """
 
 from __future__ import annotations
-
-import copy
-from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -96,59 +88,6 @@ def distinct_prompts(
     return prompts, row_to_prompt, lengths
 
 
-# A completion pass is split in two only where the rows split off save at least this share of the positions the
-# pass would compute, and at least MIN_SPLIT_POSITIONS: a pass has a fixed cost (each layer's calls, smaller
-# matrix products), so a few padded positions are cheaper than another pass. At most MAX_COMPLETION_PASSES passes.
-MIN_SPLIT_SAVING = 0.125
-MIN_SPLIT_POSITIONS = 32
-MAX_COMPLETION_PASSES = 4
-
-
-def completion_passes(completion_lengths: Sequence[int]) -> list[list[int]]:
-    """The rows of each completion pass of the shared forward, each pass's rows in ascending order, passes from
-    the longest completions to the shortest. A pass computes its rows' completions but their last token, padded
-    to its longest; starting from one pass of every row (sorted by length), the cut that saves the most padding is
-    taken while it saves at least MIN_SPLIT_SAVING of its pass's positions and MIN_SPLIT_POSITIONS, up to
-    MAX_COMPLETION_PASSES passes.
-
-    Args: each row's completion length (response tokens)."""
-    inputs = [max(n - 1, 0) for n in completion_lengths]
-    if not inputs:
-        return []
-    passes = [sorted(range(len(inputs)), key=lambda row: -inputs[row])]  # stable: equal lengths keep row order
-    while len(passes) < MAX_COMPLETION_PASSES:
-        best: tuple[int, int, int] | None = None  # (positions saved, pass, cut)
-        for index, rows in enumerate(passes):
-            longest = inputs[rows[0]]
-            for cut in range(1, len(rows)):
-                saved = (len(rows) - cut) * (longest - inputs[rows[cut]])
-                enough = saved >= max(MIN_SPLIT_SAVING * len(rows) * longest, MIN_SPLIT_POSITIONS)
-                if enough and (best is None or saved > best[0]):
-                    best = (saved, index, cut)
-        if best is None:
-            break
-        _, index, cut = best
-        passes[index : index + 1] = [passes[index][:cut], passes[index][cut:]]
-    return [sorted(rows) for rows in passes]
-
-
-def shared_positions(distinct_prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
-    """Positions the shared-prompt forward processes, padding included: each distinct prompt once, left-padded to
-    the longest, then each completion pass's rows (completion_passes) padded to its longest completion but the
-    last token. The planner's and the packing decision's count of this forward (one formula, here)."""
-    return len(distinct_prompt_lengths) * max(distinct_prompt_lengths, default=0) + completion_positions(
-        completion_lengths
-    )
-
-
-def completion_positions(completion_lengths: Sequence[int]) -> int:
-    """Positions the completion passes of the shared-prompt forward process, padding included."""
-    return sum(
-        len(rows) * max(max(completion_lengths[row] for row in rows) - 1, 0)
-        for rows in completion_passes(completion_lengths)
-    )
-
-
 def worth_sharing(input_ids: torch.Tensor, response_mask: torch.Tensor) -> bool:
     """True when some prompt occurs more than once in the batch (otherwise sharing saves nothing)."""
     prompts, _, _ = distinct_prompts(input_ids, response_mask)
@@ -191,79 +130,28 @@ def shared_prompt_response_hidden(
         use_cache=True,
         **cache_argument,
     )
-    last_prompt_hidden = prefix.last_hidden_state[:, width - 1]  # (P, H)
+    rows = torch.tensor(row_to_prompt, device=device)
+    cache.batch_select_indices(rows)  # (distinct, ...) -> (batch, ...): differentiable indexing
     # 2. The completions on top, in columns width.. for every row. The first response token is predicted from
-    #    the prompt's last position, so a completion pass only needs the response tokens except the last.
-    passes = completion_passes(completion_lengths) if hasattr(cache, "layers") else [list(range(batch))]
-    pieces: list[torch.Tensor] = []  # each pass's hidden states, (N_pass, H), row-major within the pass
-    order: list[int] = []  # the row of each of their positions, in the order of `pieces`
-    for number, rows in enumerate(passes):
-        prompt_rows = torch.tensor([row_to_prompt[row] for row in rows], device=device)
-        # The last pass takes the prompt cache itself; the others a shallow copy: batch_select_indices replaces a
-        # layer's tensors by an indexed (differentiable) copy, leaving the shared prompt keys/values as they are.
-        pass_cache = cache if number == len(passes) - 1 else _shallow_copy(cache)
-        pass_cache.batch_select_indices(prompt_rows)  # (distinct, ...) -> (rows, ...)
-        lengths = [completion_lengths[row] for row in rows]
-        pieces.append(
-            _completion_pass(
-                decoder,
-                cache_keyword(decoder),
-                pass_cache,
-                last_prompt_hidden[prompt_rows],
-                prompt_mask[prompt_rows],
-                [labels[row][response_mask[row]] for row in rows],
-                lengths,
-                [prompt_lengths[row] for row in rows],
-                pad_id,
-            )
-        )
-        order += [row for row, length in zip(rows, lengths, strict=True) for _ in range(length)]
-    hidden = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    if len(passes) == 1:
-        return hidden
-    # Back to the row-major order of `response_mask`: a stable sort of the positions by their row.
-    return hidden[torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=device)]
-
-
-def _shallow_copy(cache: Any) -> Any:
-    """A cache sharing `cache`'s key/value tensors in new layer objects: indexing one leaves the other's as they are."""
-    copied = copy.copy(cache)
-    copied.layers = [copy.copy(layer) for layer in cache.layers]
-    return copied
-
-
-def _completion_pass(
-    decoder: torch.nn.Module,
-    keyword: str,
-    cache: Any,
-    last_prompt_hidden: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    responses: list[torch.Tensor],
-    completion_lengths: list[int],
-    prompt_lengths: list[int],
-    pad_id: int,
-) -> torch.Tensor:
-    """One pass of completions over their prompts' cache (one row each): the hidden states predicting every
-    response token, (N, H) row-major. `responses[i]` holds row i's response tokens; the pass inputs all but the
-    last, right-padded to the longest."""
-    device = last_prompt_hidden.device
-    batch, width = prompt_mask.shape
+    #    the prompt's last position, so the completion pass only needs the response tokens except the last.
     suffix_len = max(max(completion_lengths) - 1, 0)
-    if suffix_len == 0:  # one response token at most: predicted from the prompt's last position
-        return last_prompt_hidden[torch.tensor(completion_lengths, device=device) > 0]
+    last_prompt_hidden = prefix.last_hidden_state[rows, width - 1]  # (B, H)
+    if suffix_len == 0:
+        return last_prompt_hidden
     completion_ids = torch.full((batch, suffix_len), pad_id, dtype=torch.long, device=device)
     attention_mask = torch.cat(
-        [prompt_mask, torch.zeros((batch, suffix_len), dtype=torch.long, device=device)], dim=1
+        [prompt_mask[rows], torch.zeros((batch, suffix_len), dtype=torch.long, device=device)], dim=1
     )  # (B, width + S)
     positions = torch.zeros((batch, suffix_len), dtype=torch.long, device=device)
     for row in range(batch):
         n_inputs = max(completion_lengths[row] - 1, 0)  # an empty completion has no inputs (and no scores)
-        completion_ids[row, :n_inputs] = responses[row][:n_inputs]
+        tokens = labels[row][response_mask[row]][:n_inputs]
+        completion_ids[row, :n_inputs] = tokens
         attention_mask[row, width : width + n_inputs] = 1
         # Padding rows continue counting too: harmless, and it keeps positions inside the model's range.
         positions[row] = prompt_lengths[row] + torch.arange(suffix_len, device=device)
     suffix = decoder(
-        input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions, **{keyword: cache}
+        input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions, **cache_argument
     ).last_hidden_state  # (B, S, H)
     # Hidden state predicting response token k: the prompt's last position for k = 0, else suffix[k - 1].
     per_row = torch.cat([last_prompt_hidden[:, None, :], suffix], dim=1)  # (B, S + 1, H)

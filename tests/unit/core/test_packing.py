@@ -339,12 +339,8 @@ def test_a_device_that_does_not_repeat_itself_cannot_pass_the_leak_test(before):
 
 
 def test_packing_beats_sharing_by_the_positions_each_layout_computes():
-    # Completions of near lengths under a short prompt, one completion pass (no cut saves 1/8 of it): shared =
-    # 2 + 4 x 59 = 238 positions, packed = 4 x 2 + 59 + 49 + 54 + 44 = 214.
-    assert packing_beats_sharing([2] * 4, [60, 50, 55, 45], [2])
-    # Long-tailed completions under one prompt: the short ones get a pass of their own, shared = 40 + 59 + 3 x 2
-    # = 105 positions (276 in one pass), packed = 4 x 40 + 59 + 1 + 2 + 1 = 223.
-    assert not packing_beats_sharing([40] * 4, [60, 2, 3, 2], [40])
+    # Long-tailed completions under one prompt: shared = 40 + 4 x 59 = 276 positions, packed = 4 x 40 + 63 = 223.
+    assert packing_beats_sharing([40] * 4, [60, 2, 3, 2], [40])
     # Equal completions under a long prompt: shared = 40 + 4 x 5 = 60, packed = 4 x 45 = 180.
     assert not packing_beats_sharing([40] * 4, [6] * 4, [40])
 
@@ -352,14 +348,13 @@ def test_packing_beats_sharing_by_the_positions_each_layout_computes():
 @pytest.mark.parametrize("architecture", ["llama", "mistral"])
 def test_pack_and_share_together_score_like_one_unpadded_forward_per_sequence(architecture):
     """Both asked for: each batch takes one of the two layouts, and either scores exactly: group_batch shares
-    (54 positions against 61 packed), a batch of near lengths under a short prompt packs (58 positions against 60
-    shared: one completion pass)."""
+    (54 positions against 61 packed), a long-tailed batch packs (29 positions against 60 shared)."""
     model = build_tiny(*MODELS[architecture])
     assert_scored_like_one_unpadded_forward_per_sequence(model, share_prompts=True, pack_sequences=True)
-    prompt_ids, completions = [[5, 6, 7]] * 3, [list(range(8, 22)), list(range(22, 40)), list(range(40, 60))]
+    prompt_ids, completions = [[5, 6, 7]] * 3, [[8], [9, 10], list(range(11, 31))]
     batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
     mask = batch["response_mask"].bool()
-    assert packing_beats_sharing([3] * 3, [14, 18, 20], [3])
+    assert packing_beats_sharing([3] * 3, [1, 2, 20], [3])
     with torch.no_grad():
         scored = response_log_probs(
             model, batch["input_ids"], batch["labels"], mask, share_prompts=True, pack_sequences=True

@@ -133,7 +133,7 @@ def test_the_shared_forward_passes_the_cache_by_the_keyword_the_installed_releas
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         shared, plain = shared_and_plain_hidden(renamed, decoder)
-    assert renamed.passed == ["cache", "cache"]  # the prompts' pass and the completions' (one: alike lengths)
+    assert renamed.passed == ["cache", "cache"]  # the prompts' pass and the completions' pass
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
 
 
@@ -149,69 +149,3 @@ def test_a_cache_keyword_the_forward_ignores_fails_the_equality(monkeypatch):
     except (RuntimeError, ValueError, IndexError):
         return  # the completions' mask is wider than their input without the cache: an error fails the test too
     assert (shared - plain).abs().max() > 1e-2  # the completions scored without their prompt
-
-
-def test_completion_passes_cut_where_a_pass_of_shorter_rows_saves_enough_padding():
-    passes = prompt_sharing.completion_passes
-    assert passes([48, 48, 47, 48]) == [[0, 1, 2, 3]]  # alike: one pass
-    assert passes([48, 48, 10, 12]) == [[0, 1], [2, 3]]  # 2 rows save 36 positions each of 4 x 47
-    assert passes([]) == [] and passes([5]) == [[0]]
-    lengths = [3, 1, 5, 2, 4, 1, 30, 30, 2, 9, 17, 1]
-    cut = passes(lengths)
-    assert sorted(row for rows in cut for row in rows) == list(range(len(lengths)))  # each row once
-    assert 1 < len(cut) <= prompt_sharing.MAX_COMPLETION_PASSES
-    # every cut saved its share: no row of a later pass is longer than a row of an earlier one
-    for earlier, later in zip(cut, cut[1:], strict=False):
-        assert max(lengths[r] for r in later) <= min(lengths[r] for r in earlier)
-
-
-class CountingDecoder(torch.nn.Module):
-    """A decoder that counts the positions each call computes (rows x columns of its input_ids)."""
-
-    def __init__(self, inner: torch.nn.Module):
-        super().__init__()
-        self.inner = inner
-        self.positions = 0
-
-    def forward(self, input_ids, **kwargs):
-        self.positions += input_ids.numel()
-        return self.inner(input_ids=input_ids, **kwargs)
-
-
-def test_several_completion_passes_give_the_plain_forward_and_the_planner_counts_their_positions():
-    """Long-tailed completions take several completion passes: their hidden states and every gradient equal the
-    plain forward's, and batch.microbatches.positions_processed (perf/padding_frac, token budgets, the packing
-    decision) counts the positions the passes really run: the prompts once, each pass to its longest."""
-    from grpo_cli.batch.microbatches import TokenCounts, positions_processed
-
-    model, _ = load_policy(TINY_RANDOM, torch.device("cpu"), torch.float32, seed=0)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [14, 15, 16, 17]]
-    completion_lengths = [3, 1, 5, 2, 4, 1, 30, 30, 2, 9, 17, 1]
-    prompt_ids = [prompts[i // 4] for i in range(12)]
-    completions = [torch.randint(20, 90, (n,), generator=generator).tolist() for n in completion_lengths]
-    batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
-    mask = batch["response_mask"].bool()
-    decoder = model.get_decoder()
-    counting = CountingDecoder(decoder)
-    assert len(prompt_sharing.completion_passes(completion_lengths)) > 1  # the batch takes several passes
-    gradients = []
-    for forward in (counting, None):  # the shared passes, then the plain forward; the same weights on both
-        model.zero_grad(set_to_none=True)
-        if forward is None:
-            hidden = decoder(input_ids=batch["input_ids"]).last_hidden_state[mask]
-        else:
-            hidden = shared_prompt_response_hidden(forward, batch["input_ids"], batch["labels"], mask, pad_id=0)
-        (hidden * torch.linspace(-1, 1, hidden.shape[-1])).sum().backward()
-        gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        gradients[-1]["hidden"] = hidden.detach()
-    shared, plain = gradients
-    assert shared.keys() == plain.keys()
-    for name, value in plain.items():  # the values, and the gradients through every pass into the prompt pass
-        torch.testing.assert_close(shared[name], value, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
-    counts = TokenCounts.of(prompt_ids, completions)
-    planned, real = positions_processed(counts, list(range(12)), share_prompts=True)
-    assert counting.positions == planned
-    assert real == 5 + 3 + 4 + sum(n - 1 for n in completion_lengths)
-    one_pass = 3 * 5 + 12 * 29  # what a single completion pass would compute
-    assert planned < one_pass

@@ -63,18 +63,17 @@ def test_the_learner_packs_where_the_probe_passes_and_says_why_not(architecture,
 
 
 def test_pack_and_share_count_the_layout_each_microbatch_takes():
-    """With both on, a microbatch of completions of near lengths under a short prompt is packed (every prompt
-    counted), one of equal completions under a long prompt shares it (the prompt counted once)."""
+    """With both on, a microbatch of long-tailed completions is packed (every prompt counted), one of equal
+    completions under a long prompt shares it (the prompt counted once)."""
     prompt = list(range(1, 41))
-    lengths = [60, 50, 55, 45]  # one completion pass: 4 x 59 positions shared, 210 real packed
-    near = RolloutData([[1, 2]] * 4, [[5] * n for n in lengths], torch.zeros(4), torch.zeros(4))
+    long_tail = RolloutData([prompt] * 4, [[5] * 60, [5] * 2, [5] * 3, [5] * 2], torch.zeros(4), torch.zeros(4))
     equal = RolloutData([prompt] * 4, [[5] * 6] * 4, torch.zeros(4), torch.zeros(4))
     rows = [0, 1, 2, 3]
-    assert tokens_through_model(near, rows, share_prompts=True, pack_sequences=True) == 4 * 2 + 210
-    assert tokens_through_model(near, rows, share_prompts=True, pack_sequences=False) == 2 + 210
+    assert tokens_through_model(long_tail, rows, share_prompts=True, pack_sequences=True) == 4 * 40 + 67
+    assert tokens_through_model(long_tail, rows, share_prompts=True, pack_sequences=False) == 40 + 67
     assert tokens_through_model(equal, rows, share_prompts=True, pack_sequences=True) == 40 + 24
     # The layout each one takes, as perf/padding_frac counts it (packed rows or the shared-prompt forward).
-    assert not shares_in_forward(near, rows, share_prompts=True, pack_sequences=True)
-    assert shares_in_forward(near, rows, share_prompts=True, pack_sequences=False)
+    assert not shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=True)
+    assert shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=False)
     assert shares_in_forward(equal, rows, share_prompts=True, pack_sequences=True)
     assert not shares_in_forward(equal, [0], share_prompts=True, pack_sequences=False)  # no prompt repeats

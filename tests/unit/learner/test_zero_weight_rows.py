@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import os
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -287,29 +288,11 @@ def test_a_kl_term_computes_every_row_and_kl_monitor_scores_every_reference_row(
 # --- 2 gloo DDP ranks: each rank its own rows (fixed layout), or the step spread over the ranks by tokens ------
 
 
-def _ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
+def _rank_main(rank: int, port: int, output_dir: str, results: dict, body: Callable) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
     try:
-        from grpo_cli.batch.rollout_data import select_completions
-
-        ddp = [*OVERRIDES, "distributed=ddp", "distributed.nproc_per_node=2"]
-        for name, overrides, budget, loss_type, masked in (
-            ("fixed", ddp, None, "grpo_clip", True),
-            ("tokens", [*ddp, "train.microbatch_tokens=40"], 40, "no_baseline", False),
-        ):
-            learner = make_learner(overrides, Path(output_dir) / f"{name}{rank}")
-            for skip in (False, True):
-                configure(learner, skip, loss_type, "token_mean", masked, budget)
-                for step, flat in ((1, 0), (2, 2)):
-                    whole = with_old(learner, batch(seed=step, flat_groups=flat), seed=10 + step, masked=masked)
-                    # rank 0 holds groups 0-1 (flat at step 2), rank 1 groups 2-3: rank 0 computes nothing at step 2
-                    # under reinforce-like weights, and joins with dummies
-                    metrics, _ = learner.learn(
-                        select_completions(whole, [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7]), step
-                    )
-                params = {n: full_tensor(p.detach()).clone() for n, p in learner.model.named_parameters()}
-                results[(name, skip, rank)] = ([dict(g) for g in learner.captured], params, metrics)
+        body(rank, output_dir, results)
     except BaseException:
         results[("error", rank)] = traceback.format_exc()
         raise
@@ -317,13 +300,40 @@ def _ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
+def two_gloo_ranks(body: Callable, output_dir: Path) -> dict:
+    """`body(rank, output_dir, results)` (a module-level function) on 2 spawned gloo ranks: what they put in
+    `results`, none of it an error."""
+    with mp.Manager() as manager:
+        shared = manager.dict()
+        mp.spawn(_rank_main, args=(free_port(), str(output_dir), shared, body), nprocs=2)
+        results = dict(shared)
+    assert not [key for key in results if key[0] == "error"], results
+    return results
+
+
+def _ranks(rank: int, output_dir: str, results: dict) -> None:
+    from grpo_cli.batch.rollout_data import select_completions
+
+    ddp = [*OVERRIDES, "distributed=ddp", "distributed.nproc_per_node=2"]
+    for name, overrides, budget, loss_type, masked in (
+        ("fixed", ddp, None, "grpo_clip", True),
+        ("tokens", [*ddp, "train.microbatch_tokens=40"], 40, "no_baseline", False),
+    ):
+        learner = make_learner(overrides, Path(output_dir) / f"{name}{rank}")
+        for skip in (False, True):
+            configure(learner, skip, loss_type, "token_mean", masked, budget)
+            for step, flat in ((1, 0), (2, 2)):
+                whole = with_old(learner, batch(seed=step, flat_groups=flat), seed=10 + step, masked=masked)
+                # rank 0 holds groups 0-1 (flat at step 2), rank 1 groups 2-3: rank 0 computes nothing at step 2
+                # under reinforce-like weights, and joins with dummies
+                metrics, _ = learner.learn(select_completions(whole, [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7]), step)
+            params = {n: full_tensor(p.detach()).clone() for n, p in learner.model.named_parameters()}
+            results[(name, skip, rank)] = ([dict(g) for g in learner.captured], params, metrics)
+
+
 @pytest.mark.machine_wide
 def test_two_ddp_ranks_skipping_zero_weight_rows_give_the_same_parameters(tmp_path) -> None:
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_ranks, args=(free_port(), str(tmp_path), results), nprocs=2)
-        results = dict(results)
-    assert not [key for key in results if key[0] == "error"], results
+    results = two_gloo_ranks(_ranks, tmp_path)
     for name in ("fixed", "tokens"):
         for rank in (0, 1):
             assert_same(results[(name, True, rank)], results[(name, False, rank)])

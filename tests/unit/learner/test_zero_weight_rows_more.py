@@ -10,21 +10,15 @@ rows out (NaN), except under the masked correction, whose token divisor counts e
 from __future__ import annotations
 
 import math
-import os
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from grpo_cli.batch.rollout_data import RolloutData, select_completions
 from grpo_cli.distributed.parallel import full_tensor
 from grpo_cli.learner.accounting import FLAT_STEPS, rejected_token_counts
-from tests.unit.distributed.test_distributed import free_port
 from tests.unit.learner.test_zero_weight_rows import (
     OVERRIDES,
     assert_same,
@@ -33,6 +27,7 @@ from tests.unit.learner.test_zero_weight_rows import (
     first_update,
     make_learner,
     second_update,
+    two_gloo_ranks,
     zero_weight_share,
 )
 
@@ -201,47 +196,35 @@ def sharded_scoring(learner) -> None:
     learner.log_probs_under = log_probs_under
 
 
-def _fsdp_ranks(rank: int, port: int, output_dir: str, results: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+def _fsdp_ranks(rank: int, output_dir: str, results: dict) -> None:
     torch.set_num_threads(1)  # two ranks on two shared cores
-    try:
-        fsdp = [*OVERRIDES, "distributed=fsdp", "distributed.nproc_per_node=2", "sync.old_log_probs=true"]
-        for name, overrides, budget, loss_type, masked in (
-            ("fixed", fsdp, None, "grpo_clip", True),
-            ("tokens", [*fsdp, "train.microbatch_tokens=40"], 40, "no_baseline", False),
-        ):
-            learner = make_learner(overrides, Path(output_dir) / f"{name}{rank}")
-            sharded_scoring(learner)
-            for skip in (False, True):
-                configure(learner, skip, loss_type, "token_mean", masked, budget)
-                metrics = []
-                for step, flat in ((1, 0), (2, 2), (3, 4)):
-                    whole = batch(seed=step, flat_groups=flat)
-                    whole = with_behaviour(learner, whole, seed=10 + step) if masked else whole
-                    # rank 0 holds groups 0-1 (flat at step 2: under a baselined loss it computes only the dummy),
-                    # rank 1 groups 2-3; step 3 is all flat (under no_baseline group 0 still weighs 1)
-                    mine = select_completions(whole, [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7])
-                    metrics.append(learner.learn(mine, step)[0])
-                    if masked:
-                        metrics[-1]["rows_scored"] = len(scored_rows(mine))
-                        metrics[-1]["rejected_in_flat_rows"] = rejected_in_flat_rows(learner, mine)
-                params = {n: full_tensor(p.detach()).clone() for n, p in learner.model.named_parameters()}
-                results[(name, skip, rank)] = ([dict(g) for g in learner.captured], params, metrics)
-    except BaseException:
-        results[("error", rank)] = traceback.format_exc()
-        raise
-    finally:
-        dist.destroy_process_group()
+    fsdp = [*OVERRIDES, "distributed=fsdp", "distributed.nproc_per_node=2", "sync.old_log_probs=true"]
+    for name, overrides, budget, loss_type, masked in (
+        ("fixed", fsdp, None, "grpo_clip", True),
+        ("tokens", [*fsdp, "train.microbatch_tokens=40"], 40, "no_baseline", False),
+    ):
+        learner = make_learner(overrides, Path(output_dir) / f"{name}{rank}")
+        sharded_scoring(learner)
+        for skip in (False, True):
+            configure(learner, skip, loss_type, "token_mean", masked, budget)
+            metrics = []
+            for step, flat in ((1, 0), (2, 2), (3, 4)):
+                whole = batch(seed=step, flat_groups=flat)
+                whole = with_behaviour(learner, whole, seed=10 + step) if masked else whole
+                # rank 0 holds groups 0-1 (flat at step 2: under a baselined loss it computes only the dummy),
+                # rank 1 groups 2-3; step 3 is all flat (under no_baseline group 0 still weighs 1)
+                mine = select_completions(whole, [0, 1, 2, 3] if rank == 0 else [4, 5, 6, 7])
+                metrics.append(learner.learn(mine, step)[0])
+                if masked:
+                    metrics[-1]["rows_scored"] = len(scored_rows(mine))
+                    metrics[-1]["rejected_in_flat_rows"] = rejected_in_flat_rows(learner, mine)
+            params = {n: full_tensor(p.detach()).clone() for n, p in learner.model.named_parameters()}
+            results[(name, skip, rank)] = ([dict(g) for g in learner.captured], params, metrics)
 
 
 @pytest.mark.machine_wide
 def test_two_fsdp_ranks_skipping_zero_weight_rows_give_the_same_parameters(tmp_path) -> None:
-    with mp.Manager() as manager:
-        shared = manager.dict()
-        mp.spawn(_fsdp_ranks, args=(free_port(), str(tmp_path), shared), nprocs=2)
-        results = dict(shared)
-    assert not [key for key in results if key[0] == "error"], results
+    results = two_gloo_ranks(_fsdp_ranks, tmp_path)
     for name in ("fixed", "tokens"):
         for rank in (0, 1):
             assert_same(results[(name, True, rank)], results[(name, False, rank)])

@@ -212,6 +212,10 @@ def ray_installed(monkeypatch) -> Iterator[str]:
 #   engine): one worker builds it once, as a plain run does, instead of each worker building its own.
 # A test marked `alone` asserts a wall-clock bound: no other test runs while it does (OneAtATime below), so the
 # bound holds whatever the other worker is doing.
+# The tests of the three machine-wide groups are the integration tests (Ray, vLLM, several ranks): each is also
+# marked `integration`, which the README's test command leaves out (`-m "not integration"`) and `.ci/run` then
+# runs on its own (`-m integration`); a developer runs them with the same `-m integration`.
+MACHINE_WIDE = ("ray", "vllm", "ports")
 # Tests marked here by node id, not at the test: the files other work was changing at the time (issue #49).
 ALONE = (
     "tests/unit/endpoint/test_agent_endpoint.py::"
@@ -244,6 +248,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.alone)
         if not any(item.iter_markers("xdist_group")) and (group := xdist_group_of(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+            if group in MACHINE_WIDE:  # read by `-m`, whose deselection runs after this hook
+                item.add_marker(pytest.mark.integration)
         if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
             keep_group_in_node_id(item)
 

@@ -79,14 +79,37 @@ def register_configs() -> None:
 
     require_tasks()  # the task schemas the tasks package registers (conf/task/*.yaml extend them)
     cs = ConfigStore.instance()
-    cs.store(name="grpo_config_schema", node=GRPOConfig)
+    _store_once(cs, None, "grpo_config_schema", GRPOConfig)
     for group, schemas in GROUP_SCHEMAS.items():
         for choice_name, schema in schemas.items():
-            cs.store(group=group, name=f"{choice_name}_schema", node=schema_node(schema))
+            _store_once(cs, group, f"{choice_name}_schema", schema)
     OmegaConf.register_new_resolver("grpo_allowed_values", _help_allowed_values, replace=True)
     OmegaConf.register_new_resolver("grpo_config_groups", _help_config_groups, replace=True)
     OmegaConf.register_new_resolver("grpo_help", _help_body, replace=True)
     register_sweep_plugins()
+
+
+# What register_configs stored, by (group, name): the schema and the ConfigStore's entry made of it.
+_STORED: dict[tuple[str | None, str], tuple[type, Any]] = {}
+
+
+def _store_once(cs: Any, group: str | None, name: str, schema: type) -> None:
+    """cs.store(group, name, schema_node(schema)), unless the store still holds the entry this process made of
+    this same schema: storing builds the structured config anew (about half of a compose), and a process that
+    composes many times (the tests; a sweep's jobs in one process) would rebuild every schema each time."""
+    stored = _STORED.get((group, name))
+    if stored is not None and stored[0] is schema and stored[1] is _held(cs, group, name):
+        return
+    cs.store(group=group, name=name, node=schema_node(schema))
+    _STORED[(group, name)] = (schema, _held(cs, group, name))
+
+
+def _held(cs: Any, group: str | None, name: str) -> Any:
+    """The ConfigStore's entry (a ConfigNode) for `group/name`, or None."""
+    entry: Any = cs.repo
+    for part in [*(group.split("/") if group else []), f"{name}.yaml"]:
+        entry = entry.get(part) if isinstance(entry, dict) else None
+    return entry
 
 
 def schema_node(schema: type) -> Any:

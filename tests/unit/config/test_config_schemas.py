@@ -347,3 +347,26 @@ def test_a_config_saved_before_the_task_schemas_still_resumes(tmp_path):
     cfg = OmegaConf.to_object(load_saved_config(run_dir / "config.yaml"))
     assert type(cfg.task).__name__ == "KeywordTaskConfig" and type(cfg.rollout) is HFRolloutConfig
     assert cfg.task.keywords_per_prompt == 2
+
+
+def test_registering_again_keeps_each_stored_schema_and_a_replaced_schema_is_stored_anew(monkeypatch):
+    from hydra.core.config_store import ConfigStore
+
+    from grpo_cli.config.registry import register_configs
+    from grpo_cli.config.task_registry import TASK_SCHEMAS
+
+    register_configs()
+    repo = ConfigStore.instance().repo
+    held = repo["task"]["gsm8k_schema.yaml"]
+    register_configs()  # the same schemas: nothing is built again
+    assert repo["task"]["gsm8k_schema.yaml"] is held
+
+    @dataclasses.dataclass
+    class Wider(TASK_SCHEMAS["gsm8k"]):
+        extra_key: int = 7
+
+    monkeypatch.setitem(TASK_SCHEMAS, "gsm8k", Wider)  # a schema replaced under its name is stored again...
+    assert compose_config(["task=gsm8k"]).task.extra_key == 7  # ...and composed from
+    assert repo["task"]["gsm8k_schema.yaml"] is not held
+    monkeypatch.undo()
+    assert not hasattr(compose_config(["task=gsm8k"]).task, "extra_key")  # and the original back again

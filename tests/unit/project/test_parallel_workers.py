@@ -104,3 +104,20 @@ def test_alone_tests_run_alone_and_each_group_on_one_worker(tmp_path: Path) -> N
         assert beside == [alone], (name, beside)
     for group in ("ports", "ray", "vllm", "module"):
         assert len({run["worker"] for name, run in runs.items() if name.startswith(group)}) == 1, group
+
+
+def test_the_integration_mark_is_exactly_the_machine_wide_groups(tmp_path: Path) -> None:
+    """The README's test command leaves out `-m integration`, which .ci/run then runs: the Ray, vLLM and ranks
+    tests, however each joined its group, and nothing else."""
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "pytest.ini").write_text(MARKERS + "    integration: x\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    selected = {}
+    for expression in ("integration", "not integration"):
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression]
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        selected[expression] = {line.split("::")[1].split("[")[0] for line in result.stdout.splitlines() if "::" in line}
+    assert selected["integration"] == {"test_ranks", "test_ray_without_its_fixture", "test_ray", "test_engine"}
+    assert selected["not integration"] == {"test_free", "test_alone", "test_shares_a_module_fixture"}

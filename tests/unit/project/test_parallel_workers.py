@@ -118,6 +118,7 @@ def test_the_integration_mark_is_exactly_the_machine_wide_groups(tmp_path: Path)
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression]
         result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        selected[expression] = {line.split("::")[1].split("[")[0] for line in result.stdout.splitlines() if "::" in line}
+        ids = [line for line in result.stdout.splitlines() if "::" in line]
+        selected[expression] = {line.split("::")[1].split("[")[0] for line in ids}
     assert selected["integration"] == {"test_ranks", "test_ray_without_its_fixture", "test_ray", "test_engine"}
     assert selected["not integration"] == {"test_free", "test_alone", "test_shares_a_module_fixture"}

@@ -177,6 +177,23 @@ def one_process_rows(tmp_path_factory) -> list[dict]:
     return run_setting(tmp_path_factory.mktemp("one_process"), "single", [])
 
 
+# The FSDP run of the same setting, checkpointing at step 2 and 3: trained once for the comparison with one
+# process and for the resume from its step-2 checkpoint.
+FSDP_CHECKPOINTS = ["distributed=fsdp", "train.checkpoint_every=2", "train.keep_checkpoints=2"]
+
+
+@pytest.fixture(scope="session")
+def fsdp_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """`grpo-run <SETTING> <FSDP_CHECKPOINTS>` on two ranks: its run directory (a test may change it, the rows are
+    read first) and its training steps' metrics (xdist group "ports", as its tests)."""
+    from tests.e2e.test_distributed_e2e import run_setting
+    from tests.unit.distributed.test_distributed import free_port
+
+    folder = tmp_path_factory.mktemp("fsdp_run")
+    rows = run_setting(folder, "fsdp", [*FSDP_CHECKPOINTS, f"distributed.master_port={free_port()}"])
+    return folder / "fsdp", rows
+
+
 # Ray processes: the tests of the Ray strategies check that a run leaves none behind, however it ends, looking only
 # at the processes of the test's own run (tests/ray_processes.py), so that other Ray work on the machine cannot fail
 # them.
@@ -216,6 +233,10 @@ def ray_installed(monkeypatch) -> Iterator[str]:
 # marked `integration`, which the README's test command leaves out (`-m "not integration"`) and `.ci/run` then
 # runs on its own (`-m integration`); a developer runs them with the same `-m integration`.
 MACHINE_WIDE = ("ray", "vllm", "ports")
+# vLLM's tests and the ranks' share one xdist group: under `-m integration` that leaves two groups, Ray's and this
+# one, one per worker. As three, xdist (which gives a worker its next group when its current one is nearly done)
+# handed Ray's, the longest, to whichever worker finished first: one ran two groups while the other idled.
+XDIST_GROUP = {"vllm": "vllm_and_ports", "ports": "vllm_and_ports"}
 # Tests marked here by node id, not at the test: the files other work was changing at the time (issue #49).
 ALONE = (
     "tests/unit/endpoint/test_agent_endpoint.py::"
@@ -247,7 +268,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.split("[")[0] in ALONE:
             item.add_marker(pytest.mark.alone)
         if not any(item.iter_markers("xdist_group")) and (group := xdist_group_of(item)):
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP.get(group, group)))
             if group in MACHINE_WIDE:  # read by `-m`, whose deselection runs after this hook
                 item.add_marker(pytest.mark.integration)
         if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup

@@ -31,12 +31,12 @@ def test_rollout_vllm_without_vllm_is_one_line(tmp_path, monkeypatch):
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_grpo_run_with_vllm_end_to_end(tmp_path, lora):
-    # With LoRA the engine receives the merged weights (base + B @ A * scale) at every sync.
+def test_grpo_run_with_vllm_and_lora_end_to_end(tmp_path):
+    # With LoRA the engine receives the merged weights (base + B @ A * scale) at every sync. (Full weights: the
+    # one-process run of test_one_vllm_engine_per_rank_takes_the_steps_one_process_takes, below.)
     result = run_grpo(
         [
-            f"model.lora.enabled={str(lora).lower()}",
+            "model.lora.enabled=true",
             "model=tiny_random",
             # fp32 on every CPU: where mixed_precision=auto picks bf16 (AVX-512 BF16), 1e-3 is not the bound.
             "model.mixed_precision=no",
@@ -50,11 +50,16 @@ def test_grpo_run_with_vllm_end_to_end(tmp_path, lora):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [row for row in rows if "time/sync_s" in row]
-    assert len(steps) == 2
-    for row in steps:
-        assert row["time/sync_s"] > 0 and row["sync/logprob_max_diff"] < 1e-3
+    assert_each_step_synced(rows, steps=2)
     assert "Traceback" not in result.stderr
+
+
+def assert_each_step_synced(rows: list[dict], steps: int) -> None:
+    """Each of the `steps` training steps pushed the weights to the engine, whose log-probs then matched (fp32)."""
+    synced = [row for row in rows if "time/sync_s" in row]
+    assert len(synced) == steps
+    for row in synced:
+        assert row["time/sync_s"] > 0 and row["sync/logprob_max_diff"] < 1e-3, row
 
 
 @needs_vllm
@@ -68,6 +73,8 @@ def test_one_vllm_engine_per_rank_takes_the_steps_one_process_takes(tmp_path):
     single = run_setting(tmp_path, "single", vllm_setting)
     ranks = run_setting(tmp_path, "ddp", [*vllm_setting, "distributed=ddp", f"distributed.master_port={free_port()}"])
     assert [r["step"] for r in ranks] == [1, 2]
+    for rows in (single, ranks):  # full weights pushed to each engine (the LoRA case: the test above)
+        assert_each_step_synced(rows, steps=2)
     for one, many in zip(single, ranks, strict=True):
         for key in COMPARED:
             assert many[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), (one["step"], key)

@@ -152,26 +152,6 @@ def test_tiny_model_greedy_parity_and_sampling_contract(monkeypatch):
 
 @needs_vllm
 @pytest.mark.vllm
-def test_smollm2_greedy_parity_with_stop_strings(smollm2):
-    model, tokenizer = smollm2
-    engine = start_engine(model, tokenizer)
-    try:
-        prompts = chat_prompts(tokenizer)
-        for stop in ((), (".",)):
-            greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=32, stop=stop)
-            ours = engine.generate(prompts, greedy)
-            theirs = HFRolloutEngine(model, tokenizer).generate(prompts, greedy)
-            assert ours.completion_ids == theirs.completion_ids, stop
-            assert ours.truncated == theirs.truncated
-            if stop:  # the stop string is kept, and nothing follows it
-                assert any("." in text for text in ours.texts)
-                assert all(text.find(".") in (-1, len(text) - 1) for text in ours.texts), ours.texts
-    finally:
-        engine.close()
-
-
-@needs_vllm
-@pytest.mark.vllm
 def test_a_stop_string_ends_a_completion_only_past_min_tokens_on_both_engines():
     """The tiny random model's greedy text is newlines only, so with min_tokens=10 vLLM's rule is plain to see:
     "\\n" first counts as the 11th token; "\\n\\n\\n" straddling the boundary (begun in the first 10 tokens) counts
@@ -243,12 +223,22 @@ def test_the_stop_rule_is_vllms_own_detokenizers():
 
 @needs_vllm
 @pytest.mark.vllm
-def test_smollm2_weight_sync_after_a_large_learning_rate_step(smollm2):
+def test_smollm2_greedy_parity_with_stop_strings_then_weight_sync_after_a_large_learning_rate_step(smollm2):
     model, tokenizer = smollm2
     model = _copy(model)
-    engine = start_engine(model, tokenizer)
+    engine = start_engine(model, tokenizer)  # one engine, started once, for both halves
     try:
         prompts = chat_prompts(tokenizer)
+        for stop in ((), (".",)):
+            greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=32, stop=stop)
+            ours = engine.generate(prompts, greedy)
+            theirs = HFRolloutEngine(model, tokenizer).generate(prompts, greedy)
+            assert ours.completion_ids == theirs.completion_ids, stop
+            assert ours.truncated == theirs.truncated
+            if stop:  # the stop string is kept, and nothing follows it
+                assert any("." in text for text in ours.texts)
+                assert all(text.find(".") in (-1, len(text) - 1) for text in ours.texts), ours.texts
+
         greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=16)
         before = engine.generate(prompts, greedy).completion_ids
         before_log_probs = [engine.trainer_log_probs(p, c) for p, c in zip(prompts, before, strict=True)]

@@ -171,7 +171,7 @@ def tiny_head_lm(architecture: str):
 def one_process_rows(tmp_path_factory) -> list[dict]:
     """The training steps' metrics of `grpo-run <SETTING>` (tests/unit/distributed/test_distributed.py) in one
     process, which DDP and FSDP ranks and two nodes must each reproduce: trained once for all the tests that compare
-    with it (all in xdist group "ports", so on one worker)."""
+    with it (all hold the "ports" resource, so they run on one worker)."""
     from tests.e2e.test_distributed_e2e import run_setting
 
     return run_setting(tmp_path_factory.mktemp("one_process"), "single", [])
@@ -184,8 +184,8 @@ FSDP_CHECKPOINTS = ["distributed=fsdp", "train.checkpoint_every=2", "train.keep_
 
 @pytest.fixture(scope="session")
 def fsdp_run(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """`grpo-run <SETTING> <FSDP_CHECKPOINTS>` on two ranks: its run directory (a test may change it, the rows are
-    read first) and its training steps' metrics (xdist group "ports", as its tests)."""
+    """`grpo-run <SETTING> <FSDP_CHECKPOINTS>` on two ranks: its run directory (a test copies it before changing
+    it) and its training steps' metrics (its tests hold the "ports" resource, so they run on one worker)."""
     from tests.e2e.test_distributed_e2e import run_setting
     from tests.unit.distributed.test_distributed import free_port
 
@@ -234,8 +234,9 @@ def ray_installed(monkeypatch) -> Iterator[str]:
 # runs on its own (`-m integration`); a developer runs them with the same `-m integration`.
 MACHINE_WIDE = ("ray", "vllm", "ports")
 # vLLM's tests and the ranks' share one xdist group: under `-m integration` that leaves two groups, Ray's and this
-# one, one per worker. As three, xdist (which gives a worker its next group when its current one is nearly done)
-# handed Ray's, the longest, to whichever worker finished first: one ran two groups while the other idled.
+# one, one per worker. As three, xdist (which gives a worker its next group when its current one is nearly done,
+# largest groups first) would hand the third to whichever worker finished first: one would run two groups while
+# the other idled.
 XDIST_GROUP = {"vllm": "vllm_and_ports", "ports": "vllm_and_ports"}
 # Tests marked here by node id, not at the test: the files other work was changing at the time (issue #49).
 ALONE = (

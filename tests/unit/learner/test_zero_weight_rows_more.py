@@ -1,11 +1,12 @@
 """train.skip_zero_weight_rows beyond tests/unit/learner/test_zero_weight_rows.py's setups: LoRA adapters, several
 optimizer steps per rollout batch with old log-probs the learner scores itself (sync=multi_epoch), sync=async's
 decoupled PPO (a behaviour log-prob per sampled token, the proximal log-probs recomputed by the learner), and
-distributed=fsdp on 2 gloo ranks (one rank's rows all flat, so it computes only the dummy microbatch; a 100%-flat
-step). In each, the gradients of every optimizer step and the parameters after them with skipping equal those of
-the same learner computing every row (fp32; the comparison of the first file: gradients to 5e-5 of their scale,
-parameters to 1e-6), and the update logs the same metric names either way. The old/proximal pass leaves the skipped
-rows out (NaN), except under the masked correction, whose token divisor counts every row's rejected tokens."""
+distributed=fsdp on 2 gloo ranks, full weights and LoRA (one rank's rows all flat, so it computes only the dummy
+microbatch; a 100%-flat step). In each, the gradients of every optimizer step and the parameters after them with
+skipping equal those of the same learner computing every row (fp32; the comparison of the first file: gradients to
+5e-5 of their scale, parameters to 1e-6), and the update logs the same metric names either way. The old/proximal
+pass leaves the skipped rows out (NaN), except under the masked correction, whose token divisor counts every row's
+rejected tokens."""
 
 from __future__ import annotations
 
@@ -202,6 +203,9 @@ def _fsdp_ranks(rank: int, output_dir: str, results: dict) -> None:
     for name, overrides, budget, loss_type, masked in (
         ("fixed", fsdp, None, "grpo_clip", True),
         ("tokens", [*fsdp, "train.microbatch_tokens=40"], 40, "no_baseline", False),
+        # FSDP over a LoRA model: the sharded adapters are all that trains, and a rank whose rows are all flat
+        # must still take part in their gradients' reduce-scatter through its dummy microbatch.
+        ("lora", [*fsdp, *LORA], None, "grpo_clip", False),
     ):
         learner = make_learner(overrides, Path(output_dir) / f"{name}{rank}")
         sharded_scoring(learner)
@@ -225,13 +229,17 @@ def _fsdp_ranks(rank: int, output_dir: str, results: dict) -> None:
 @pytest.mark.machine_wide
 def test_two_fsdp_ranks_skipping_zero_weight_rows_give_the_same_parameters(tmp_path) -> None:
     results = two_gloo_ranks(_fsdp_ranks, tmp_path)
-    for name in ("fixed", "tokens"):
+    for name in ("fixed", "tokens", "lora"):
         for rank in (0, 1):
             assert_same(results[(name, True, rank)], results[(name, False, rank)])
         for step in range(3):  # the same metric names with skipping on and off, on every rank
             names = {frozenset(results[(name, skip, rank)][2][step]) for skip in (False, True) for rank in (0, 1)}
             assert len(names) == 1, (name, step, names)
         assert_same(results[(name, True, 1)], results[(name, True, 0)])  # the ranks agree
+    lora_grads, _, lora_metrics = results[("lora", True, 0)]
+    assert all("lora_" in name for grads in lora_grads for name in grads)  # only the adapters have gradients
+    assert any(float(value.abs().max()) > 0 for grads in lora_grads for value in grads.values())
+    assert [m["perf/zero_weight_skipped_frac"] for m in lora_metrics] == [0.0, 0.5, 1.0]
     fixed = {rank: results[("fixed", True, rank)][2] for rank in (0, 1)}
     # step 2: rank 0's rows all flat (only the dummy computed), rank 1's not; the step trains on both ranks
     assert [m["perf/zero_weight_skipped_frac"] for m in fixed[0]] == [0.0, 0.5, 1.0]

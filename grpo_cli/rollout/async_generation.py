@@ -334,6 +334,10 @@ class AsyncGeneration:
             self._wait("paced_s")
             return
         with self.cond:
+            if self.orders[0] is not order:
+                # An earlier batch's submit landed ahead of it meanwhile (the actor takes calls on several threads):
+                # that one goes first, next turn. Taking the front here would drop it and sample `order` twice.
+                return
             self.orders.popleft()
         self._sample_batch(order)
 

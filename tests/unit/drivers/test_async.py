@@ -191,6 +191,44 @@ def test_an_episodes_turns_carry_the_version_of_the_weights_that_sampled_them_an
     assert checked > 10
 
 
+def test_an_earlier_batch_submitted_while_the_loop_picks_a_later_one_is_sampled_once_and_first(tmp_path):
+    """The actor takes submits on several threads, so batch 1's may land after batch 3's, while the loop has picked
+    batch 3 and not yet taken it. It used to take the deque's front then, which by then was batch 1: batch 1 was
+    never sampled and batch 3 twice, and the driver waited for batch 1 for ever (seen as a resumed async run that
+    hung in tests/e2e/test_async_e2e.py)."""
+    (tmp_path / "parity_env.py").write_text(ENVIRONMENT)
+    overrides = [f"task.environment={tmp_path / 'parity_env.py'}:Parity", "task.max_turns=2", "rollout.max_tokens=4"]
+    cfg = compose_config([*ASYNC, "task=guess_number", "sync.max_staleness=2", *overrides])
+    generation = AsyncGeneration(cfg)
+    sampler = PromptSampler(load_examples(cfg.task, "train"), seed=0)
+    orders = [BatchOrder(b, sampler.next_batch(2)) for b in (1, 2, 3)]
+    real = generation._take_update
+    late_submits = []
+
+    def take_update_while_batches_1_and_2_arrive(newest_allowed=None):
+        # Called by the loop between picking orders[0] and taking it: the late submits land exactly there.
+        if not late_submits and generation.orders and generation.orders[0].batch_number == 3:
+            late_submits.append(True)
+            generation.submit(orders[0])
+            generation.submit(orders[1])
+        return real(newest_allowed)
+
+    generation._take_update = take_update_while_batches_1_and_2_arrive
+    sampled: list[int] = []
+    try:
+        assert generation.whole_batches
+        generation.offer_weights(weights_of(generation, 0), 0)
+        generation.submit(orders[2])
+        deadline = time.monotonic() + 120
+        while len(sampled) < 6 and time.monotonic() < deadline:
+            sampled += [g.batch_number for g in generation.collect(1.0)[0]]
+        sampled += [g.batch_number for g in generation.collect(2.0)[0]]  # a batch sampled twice shows here
+    finally:
+        generation.close()
+    assert late_submits
+    assert sampled == [1, 1, 2, 2, 3, 3]  # each batch's two groups once, in batch order
+
+
 # --- the config ---------------------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from grpo_cli.batch.rollout_data import RolloutData, make_microbatch
 from grpo_cli.core import response_log_probs
 from grpo_cli.core.packing import packing_beats_sharing, packing_problem
 from grpo_cli.core.prompt_sharing import prompt_sharing_problem
+from grpo_cli.core.prompt_tree import prompt_tree_problem
 
 log = logging.getLogger(__name__)
 _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
@@ -42,6 +43,9 @@ class ScoringSettings:
     # Run a microbatch's sequences packed into a few rows, without padding (train.pack_sequences, where the
     # model's probe passed: packs_sequences).
     pack_sequences: bool = False
+    # Run the shared-prompt forward as packed rows of each prompt and its completions, without padding
+    # (core/prompt_tree.py; where share_prompts is on and the model's probe passed: uses_prompt_tree).
+    prompt_tree: bool = False
 
 
 def shares_prompts(model: torch.nn.Module, wanted: bool) -> bool:
@@ -99,28 +103,67 @@ def packs_sequences(
     return False
 
 
-def shares_in_forward(data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool) -> bool:
+def uses_prompt_tree(
+    model: torch.nn.Module, share_prompts: bool, temperature: float = 1.0, logits_chunk_tokens: int = 0
+) -> bool:
+    """Whether the shared-prompt forward runs as a prompt tree (core/prompt_tree.py: each prompt and its
+    completions in one packed row, no padding): prompts are shared and the probe (core.prompt_tree.
+    prompt_tree_problem: the tree against the plain forward, through response_log_probs as scored here) passed on
+    `model`; a model it fails keeps the two-pass shared forward, said in one log line."""
+    if not share_prompts:
+        return False
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, layout: str) -> torch.Tensor:
+        return response_log_probs(
+            model,
+            input_ids,
+            labels,
+            mask,
+            temperature=temperature,
+            logits_chunk_tokens=logits_chunk_tokens,
+            share_prompts=layout != "plain",
+            prompt_tree=layout == "tree",
+        )["log_probs"][mask]
+
+    problem = prompt_tree_problem(model, score)
+    if problem is None:
+        return True
+    _say_refusal_once(
+        problem,
+        "train: no prompt tree for this model (%s); the shared-prompt forward pads the completions instead "
+        "(same log-probs, more compute)",
+    )
+    return False
+
+
+def shares_in_forward(
+    data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool, prompt_tree: bool = False
+) -> bool:
     """Whether the forward over the microbatch `indices` takes the shared-prompt layout, as response_log_probs
-    decides: some prompt repeats, and packing (when on) would not process fewer positions
-    (core.packing.packing_beats_sharing)."""
+    decides: some prompt repeats, and it runs as a prompt tree or packing (when on) would not process fewer
+    positions (core.packing.packing_beats_sharing)."""
     if not share_prompts:
         return False
     distinct = {tuple(data.prompt_ids[i]) for i in indices}
-    packs = pack_sequences and packing_beats_sharing(
-        [len(data.prompt_ids[i]) for i in indices],
-        [len(data.completion_ids[i]) for i in indices],
-        [len(p) for p in distinct],
+    packs = (
+        not prompt_tree
+        and pack_sequences
+        and packing_beats_sharing(
+            [len(data.prompt_ids[i]) for i in indices],
+            [len(data.completion_ids[i]) for i in indices],
+            [len(p) for p in distinct],
+        )
     )
     return len(distinct) < len(indices) and not packs
 
 
 def tokens_through_model(
-    data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool = False
+    data: RolloutData, indices: list[int], share_prompts: bool, pack_sequences: bool = False, prompt_tree: bool = False
 ) -> int:
     """Tokens one forward pass over the microbatch `indices` processes (without padding): a shared prompt once,
     unless packing processes fewer positions (shares_in_forward)."""
     completions = sum(len(data.completion_ids[i]) for i in indices)
-    if shares_in_forward(data, indices, share_prompts, pack_sequences):
+    if shares_in_forward(data, indices, share_prompts, pack_sequences, prompt_tree):
         return completions + sum(len(p) for p in {tuple(data.prompt_ids[i]) for i in indices})
     return completions + sum(len(data.prompt_ids[i]) for i in indices)
 
@@ -181,6 +224,7 @@ def score_microbatch(
         share_prompts=scoring.share_prompts,
         logits_chunk_tokens=scoring.logits_chunk_tokens,
         pack_sequences=scoring.pack_sequences,
+        prompt_tree=scoring.prompt_tree,
     )
 
 

@@ -42,7 +42,8 @@ from grpo_cli.config import BatchShape
 from grpo_cli.config.schemas import GRPOConfig
 from grpo_cli.core.loss_settings import LossSettings
 from grpo_cli.core.losses import loss_spec
-from grpo_cli.core.packing import assign_rows
+from grpo_cli.core.packing import assign_rows, packed_positions
+from grpo_cli.core.prompt_tree import segment_lengths
 from grpo_cli.distributed import parallel
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class PlanSettings:
     microbatch_tokens: int | None
     share_prompts: bool
     pack_sequences: bool
+    # The shared-prompt forward runs as a prompt tree (core/prompt_tree.py: no completion padding).
+    prompt_tree: bool
     # train.microbatch_tokens under data parallelism: every rank holds the whole batch and each step's rows are
     # spread over the ranks by tokens; otherwise each rank holds its own rows.
     balance_ranks: bool
@@ -229,10 +232,22 @@ class _Layout:
 
     def positions(self, rows: list[int]) -> tuple[int, int]:
         """(positions processed, real tokens among them) of the training forward over the microbatch `rows`, in the
-        layout it takes: packed rows (train.pack_sequences, where packing beats the shared prompt: the rows
+        layout it takes: a prompt tree (core.prompt_tree: each group's segment, packed into rows as wide as the
+        widest), packed rows (train.pack_sequences, where packing beats the shared prompt: the rows
         core.packing.assign_rows builds, as wide as the widest) or padded (microbatches.positions_processed)."""
-        share = self.settings.share_prompts
-        if self.settings.pack_sequences and not shares_in_forward(self.data, rows, share, True):
+        s = self.settings
+        share = s.share_prompts
+        if s.prompt_tree and shares_in_forward(self.data, rows, share, s.pack_sequences, prompt_tree=True):
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i in rows:
+                groups.setdefault(self.counts.prompt_keys[i], []).append(i)
+            segments = segment_lengths(
+                [self.counts.prompt_lengths[g[0]] for g in groups.values()],
+                [[self.counts.completion_lengths[i] for i in g] for g in groups.values()],
+            )
+            tree_rows, width = packed_positions(segments, s.packed_row_width(segments))
+            return tree_rows * width, sum(segments)
+        if s.pack_sequences and not shares_in_forward(self.data, rows, share, True):
             lengths = [self.counts.row_tokens(i) for i in rows]
             packed = assign_rows(lengths, self.settings.packed_row_width(lengths))
             width = max((sum(lengths[j] for j in row) for row in packed), default=0)
@@ -245,7 +260,10 @@ class _Layout:
         positions, real = self.positions(rows)
         s = self.settings
         return Microbatch(
-            rows, positions, real, tokens_through_model(self.data, rows, s.share_prompts, s.pack_sequences)
+            rows,
+            positions,
+            real,
+            tokens_through_model(self.data, rows, s.share_prompts, s.pack_sequences, s.prompt_tree),
         )
 
 
@@ -360,6 +378,7 @@ def plan_settings(
         microbatch_tokens=shape.microbatch_tokens,
         share_prompts=scoring.share_prompts,
         pack_sequences=scoring.pack_sequences,
+        prompt_tree=scoring.prompt_tree,
         balance_ranks=balance_ranks,
         fsdp=fsdp,
         skip_zero_weight=cfg.train.skip_zero_weight_rows and no_other_term,

@@ -7,6 +7,7 @@ than building a whole log_softmax.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,7 @@ from grpo_cli.core.prompt_sharing import (
     shared_prompt_response_hidden,
     worth_sharing,
 )
+from grpo_cli.core.prompt_tree import prompt_tree_hidden
 
 
 def _in_float32(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_row: torch.Tensor) -> torch.Tensor:
@@ -148,6 +150,7 @@ def response_log_probs(
     attention_mask: torch.Tensor | None = None,
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
     pack_sequences: bool = False,
+    prompt_tree: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The one log-prob computation of the project: training, old and reference log-probs, evaluation and the
     vLLM sync probe all call it, so what the probe checks is what the trainer optimizes.
@@ -173,6 +176,9 @@ def response_log_probs(
             (grpo_cli/core/packing.py: same numbers where the model packs, which core.packing.packing_problem
             checks; the caller's decision). With share_prompts too, each batch takes the layout that processes
             fewer positions (core.packing.packing_beats_sharing): the two do not combine.
+        prompt_tree (bool): with share_prompts, run the shared-prompt forward as one packed row of each prompt and
+            its completions (grpo_cli/core/prompt_tree.py: no completion padding; where the model's probe passed,
+            core.prompt_tree.prompt_tree_problem, the caller's decision). It beats packing, so it takes its place.
 
     Returns:
         dict[str, torch.Tensor]: "log_probs" (batch, seq) and, when asked, "token_entropy" (batch, seq).
@@ -187,7 +193,7 @@ def response_log_probs(
         return get_response_log_probs_from_logits(logits, labels, return_token_entropy=return_token_entropy)
 
     mask = response_mask.bool()
-    hidden = _hidden_at(model, input_ids, labels, mask, share_prompts, pack_sequences)  # (N, H), N = response tokens
+    hidden = _hidden_at(model, input_ids, labels, mask, share_prompts, pack_sequences, prompt_tree)  # (N, H)
     labels_at = labels[mask]  # (N,)
     plain_head = linear_head(model)
     if logits_chunk_tokens > 0 and plain_head is not None:
@@ -244,20 +250,25 @@ def _hidden_at(
     mask: torch.Tensor,
     share_prompts: bool,
     pack_sequences: bool = False,
+    prompt_tree: bool = False,
 ) -> torch.Tensor:
     """Last hidden states at the masked positions only, (N, H), in the row-major order of `mask`. Right padding
-    needs no attention mask: causal attention never lets a real token see the padding after it. Packed, the
-    padding is not computed at all."""
+    needs no attention mask: causal attention never lets a real token see the padding after it. Packed or as a
+    prompt tree, the padding is not computed at all."""
     decoder = _decoder(model)
-    # Gradient checkpointing turns the KV cache off, and the shared pass needs it. The model check is the
-    # learner's too (`shares_prompts`), so a model the shared pass cannot serve gets the plain one from any caller.
+    # Gradient checkpointing turns the KV cache off, and the two-pass shared forward needs it (the prompt tree
+    # does not: one forward, no cache). The model check is the learner's too (`shares_prompts`), so a model the
+    # shared pass cannot serve gets the plain one from any caller.
     if (
         share_prompts
-        and not _recomputes_activations(model)
+        and (prompt_tree or not _recomputes_activations(model))
         and prompt_sharing_problem(model) is None
         and worth_sharing(input_ids, mask)
-        and not (pack_sequences and _packing_beats_sharing(input_ids, mask))
+        and (prompt_tree or not (pack_sequences and _packing_beats_sharing(input_ids, mask)))
     ):
+        if prompt_tree:
+            row_tokens = functools.partial(packed_row_tokens, model)
+            return prompt_tree_hidden(model, decoder, input_ids, labels, mask, row_tokens)  # (N, H)
         return shared_prompt_response_hidden(decoder, input_ids, labels, mask, pad_id=0)  # (N, H)
     if pack_sequences:
         # Exactly attention_mask=None and use_cache=False: only then does transformers build each sequence's own

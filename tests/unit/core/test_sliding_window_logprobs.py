@@ -136,10 +136,11 @@ def test_response_log_probs_equal_one_unpadded_forward_per_sequence(architecture
 
 
 def assert_scored_like_one_unpadded_forward_per_sequence(
-    model: torch.nn.Module, share_prompts: bool, pack_sequences: bool = False
+    model: torch.nn.Module, share_prompts: bool, pack_sequences: bool = False, prompt_tree: bool = False
 ) -> None:
     """The trainer's scoring of `group_batch` (response log-probs, and the gradients of a non-uniform loss of
-    them) equals one unpadded forward per sequence; `pack_sequences`: through packed rows (core/packing.py)."""
+    them) equals one unpadded forward per sequence; `pack_sequences`: through packed rows (core/packing.py);
+    `prompt_tree`: the shared prompt as a prompt tree (core/prompt_tree.py)."""
     prompt_ids, completions = group_batch()
     batch = tokenize_prompt_and_output_ids(prompt_ids, completions, pad_token_id=0)
     mask = batch["response_mask"].bool()
@@ -153,7 +154,13 @@ def assert_scored_like_one_unpadded_forward_per_sequence(
 
     # The trainer's call (grpo_cli/learner/learner.py): response-masked, chunked head, prompts shared when they repeat.
     trained = response_log_probs(
-        model, batch["input_ids"], batch["labels"], mask, share_prompts=share_prompts, pack_sequences=pack_sequences
+        model,
+        batch["input_ids"],
+        batch["labels"],
+        mask,
+        share_prompts=share_prompts,
+        pack_sequences=pack_sequences,
+        prompt_tree=prompt_tree,
     )
     scored = trained["log_probs"][mask]  # row-major order == the rows' completions concatenated
     scored_grads = gradients(scored)

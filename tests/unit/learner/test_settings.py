@@ -30,6 +30,7 @@ def test_the_generator_scores_with_the_learners_scoring_settings(tmp_path):
         logits_chunk_tokens=3,
         microbatch_size=2,  # train_batch_size 4 / gradient_accumulation_steps 2
         pad_token_id=learner.tokenizer.pad_token_id,
+        prompt_tree=True,  # the tiny Llama's probe passes (core/prompt_tree.py)
     )
     assert learner.scoring == expected and worker.scoring == expected
     assert learner.scorer.scoring is learner.scoring  # the training forward's

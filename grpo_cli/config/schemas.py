@@ -213,9 +213,13 @@ class TrainConfig:
     max_grad_norm: float = positive(1.0, help="Clip the gradients' global norm to this before each optimizer step.")
     share_prompt_forward: bool = flag(
         True,
-        help="Run each distinct prompt of a microbatch through the model once and share its keys/values among its G "
-        "completions (same numbers, ~G x fewer prompt FLOPs). Off with gradient checkpointing (no KV cache then) "
-        "and for models with layers other than attention (linear attention, convolutions, SSMs; one log line).",
+        help="Run each distinct prompt of a microbatch through the model once for its G completions (same numbers, "
+        "~G x fewer prompt FLOPs). With sdpa or eager attention and full attention in every layer (a probe at start "
+        "checks the model), as one packed row of the prompt and all its completions, each seeing its prompt and "
+        "itself (no padding: docs/performance.md#the-prompt-tree); otherwise the prompt's keys/values are shared "
+        "and the completions padded to the longest. Off for models with layers other than attention (linear "
+        "attention, convolutions, SSMs; one log line), and with gradient checkpointing where the model's probe "
+        "fails (the padded way needs a KV cache).",
     )
     pack_sequences: bool = flag(
         False,
@@ -223,8 +227,9 @@ class TrainConfig:
         "restarting per sequence and attention within each, so the forward computes no padding (same log-probs; "
         "one row on flash-attention's variable-length path). A probe at start checks the model scores packed rows "
         "like separate sequences; one that does not (recurrent or chunked layers, ...) stays padded, said in one "
-        "log line. With share_prompt_forward on too, each microbatch takes whichever of the two layouts computes "
-        "fewer positions: they do not combine (docs/performance.md#packed-rows).",
+        "log line. With share_prompt_forward on too, the prompt tree packs and shares at once where the model takes "
+        "it; elsewhere each microbatch takes whichever of packing and sharing computes fewer positions "
+        "(docs/performance.md#packed-rows).",
     )
     logits_chunk_tokens: int = non_negative(
         1024,

@@ -3,7 +3,7 @@ one of its completions, a mask letting each completion see its prompt and its ow
 
 The two-pass shared forward (core/prompt_sharing.py) runs the completions as a (rows x longest completion) batch on
 top of the prompts' cache, so every completion shorter than the longest is padded: 27-38% of the positions it
-computed on the keyword task's steps (completions of 1 to 48 tokens; docs/results/2026-12-08-prompt-tree.md). Here
+computed on the keyword task's steps (completions of 1 to 48 tokens; docs/results/2026-12-07-prompt-tree.md). Here
 a group is one segment, ``[prompt, completion 1 inputs, completion 2 inputs, ...]``, position ids restarting at the
 prompt's length for every completion, and the segments are packed into rows by core.packing's first-fit (rows as
 wide as core.packing.row_width finds cheapest for masked attention). The model gets a custom 4D mask:

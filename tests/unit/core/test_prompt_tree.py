@@ -241,3 +241,16 @@ def test_a_refused_model_keeps_the_two_pass_forward_with_one_log_line(tmp_path, 
         "train: no prompt tree for this model (mistral declares sliding_window=4); the shared-prompt forward "
         "pads the completions instead (same log-probs, more compute)"
     ]
+
+
+def test_the_tree_takes_packings_place_where_packing_would_beat_the_two_pass_forward():
+    """Long-tailed completions make the two-pass forward mostly padding, so packing wins there; the tree computes
+    packing's positions less the repeated prompts, so it is taken whether packing is on or not."""
+    from grpo_cli.batch.forward import shares_in_forward, tokens_through_model
+
+    prompt = list(range(1, 41))
+    long_tail = RolloutData([prompt] * 4, [[5] * 60, [5] * 2, [5] * 3, [5] * 2], torch.zeros(4), torch.zeros(4))
+    rows = [0, 1, 2, 3]
+    assert not shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=True)
+    assert shares_in_forward(long_tail, rows, share_prompts=True, pack_sequences=True, prompt_tree=True)
+    assert tokens_through_model(long_tail, rows, True, pack_sequences=True, prompt_tree=True) == 40 + 67

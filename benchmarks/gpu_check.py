@@ -194,6 +194,56 @@ def check_packed_rows_on_flash_attention() -> Row:
     return Row(check, "ok" if ok else "FAILED", peak_mb=_peak_mb(), detail=detail)
 
 
+def check_prompt_tree_on_cuda() -> Row:
+    check = "prompt tree on CUDA sdpa (4D mask)"
+    if not cuda():
+        reason = "needs CUDA; tests/unit/core/test_prompt_tree.py checks the tree on the CPU"
+        return Row(check, "skipped", detail=reason)
+    from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.core.prompt_tree import prompt_tree_problem
+    from grpo_cli.models import load_policy
+
+    device = _device()
+    model, _ = load_policy("embedded:smollm2-135m-instruct", device, torch.float32, attn_implementation="sdpa")
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, layout: str) -> torch.Tensor:
+        shared, tree = layout != "plain", layout == "tree"
+        return response_log_probs(model, input_ids, labels, mask, share_prompts=shared, prompt_tree=tree)["log_probs"][
+            mask
+        ]
+
+    problem = prompt_tree_problem(model, score)
+    # 2 prompts of 60 tokens x 4 completions of 16 to 512 tokens, under bf16 autocast as a run trains.
+    generator = torch.Generator().manual_seed(0)
+    lengths = [36, 19, 52, 22, 16, 27, 512, 94]
+    prompts = [torch.randint(100, 20000, (60,), generator=generator).tolist() for _ in range(2)]
+    completions = [torch.randint(100, 20000, (n,), generator=generator).tolist() for n in lengths]
+    batch = tokenize_prompt_and_output_ids([prompts[i // 4] for i in range(8)], completions, pad_token_id=0)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    mask = batch["response_mask"].bool()
+    seconds, values = {}, {}
+    model.train()
+    _reset_peak()
+    for _ in range(2):  # the second round is timed
+        for tree in (False, True):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = response_log_probs(
+                    model, batch["input_ids"], batch["labels"], mask, share_prompts=True, prompt_tree=tree
+                )
+            out["log_probs"][mask].sum().backward()
+            torch.cuda.synchronize()
+            seconds[tree], values[tree] = time.perf_counter() - started, out["log_probs"][mask].detach().float()
+            model.zero_grad(set_to_none=True)
+    difference = float((values[True] - values[False]).abs().max())
+    detail = (
+        f"probe (fp32): {problem or 'passed'}; bf16 tree vs two-pass log-probs {difference:.2g}; forward+backward "
+        f"two-pass {seconds[False]:.3f} s, tree {seconds[True]:.3f} s"
+    )
+    return Row(check, "ok" if problem is None else "FAILED", peak_mb=_peak_mb(), detail=detail)
+
+
 def _grpo_run(check: str, args: list[str], needs: Callable[[], str | None], workdir: Path) -> Row:
     """One `grpo-run` end to end in its own process; its last line is the detail."""
     reason = needs()
@@ -280,6 +330,7 @@ def run_checks(workdir: Path) -> list[Row]:
         check_master_weights_and_autocast,
         check_decode_against_generate,
         check_packed_rows_on_flash_attention,
+        check_prompt_tree_on_cuda,
     ):
         started = time.perf_counter()
         try:

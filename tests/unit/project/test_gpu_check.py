@@ -29,6 +29,11 @@ def test_gpu_check_runs_on_the_cpu_skipping_the_cuda_rows_with_a_reason(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {line.split(" | ")[0].strip("| "): line for line in out.read_text().splitlines() if line.startswith("| ")}
     assert "| ok |" in rows["decode loop (eager) vs generate"]
-    for check in ("fp32 master weights + bf16 autocast", "4-bit QLoRA step", "rollout=vllm, 2 steps, probe every push"):
+    for check in (
+        "fp32 master weights + bf16 autocast",
+        "4-bit QLoRA step",
+        "rollout=vllm, 2 steps, probe every push",
+        "prompt tree on CUDA sdpa (4D mask)",
+    ):
         assert "| skipped |" in rows[check] and rows[check].rstrip(" |").split("| ")[-1]  # with its reason
     assert out.read_text() in done.stdout

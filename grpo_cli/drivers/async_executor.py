@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 
 # How long one collect call waits on a generator before the driver looks at the others (and at their errors).
 COLLECT_WAIT_S = 0.5
-# How long every generator may sit with nothing at all to do while a step waits for groups before the run stops.
+# How long every generator may be stalled (waiting, idle or held by the staleness bound, with every call the driver
+# made on it landed and nothing done since) while a step waits for groups, before the run stops: only the driver
+# could end that wait, and it is waiting for them.
 STALL_S = 60.0
 
 
@@ -152,10 +154,10 @@ class AsyncExecutor:
         while True:
             self.run.check_loads()
             wait = 0.0 if until() else COLLECT_WAIT_S / len(self.generators)
-            idle = []
+            stalled = []
             for generator in self.generators:
-                groups, counters, _version, idle_for = self.run.get(generator.collect(wait))
-                idle.append(idle_for)
+                groups, counters, _version, stalled_for = self.run.get(generator.collect(wait))
+                stalled.append(stalled_for)
                 for key, value in counters.items():
                     self.counters[key] = self.counters.get(key, 0.0) + value
                 for group in groups:
@@ -167,12 +169,14 @@ class AsyncExecutor:
                 self._drop_stale()
             if until():
                 return time.perf_counter() - t0
-            if min(idle) > STALL_S:
-                # Nothing handed out is left to sample, yet the step's groups have not all arrived: an orchestration
-                # bug. Stop with it rather than wait forever.
+            self.run.check_loads()
+            if not self.run.loads and min(stalled) > STALL_S:
+                # Every hand-out and offer has landed, and no generator can sample anything (nothing is left, or the
+                # bound holds what is left until weights this step has not trained yet): the step's groups cannot
+                # come. An orchestration bug; stop with it rather than wait forever.
                 raise RuntimeError(
-                    f"the generators have had nothing to sample for {min(idle):.0f}s while the step waits for groups "
-                    "that never came (sync=async's bookkeeping lost them)"
+                    f"the generators have had nothing they may sample for {min(stalled):.0f}s while the step waits for "
+                    "groups that never came (sync=async's bookkeeping lost them)"
                 )
 
     # --- the step -----------------------------------------------------------------------------------------------

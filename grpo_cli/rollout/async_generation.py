@@ -108,7 +108,11 @@ class AsyncGeneration:
         self.updates: list[Update] = []  # offered, not applied (in version order)
         self.floor_version: int | None = None
         self.offered = -1  # the newest version offered so far
-        self.idle_since: float | None = None  # when the loop last ran out of everything to do
+        # Since when the loop has waited (idle, or held by the bound) with no submit, offer or evaluation arriving
+        # and no work done: only the driver can end such a wait, so the driver reads it (collect) to tell a
+        # deadlock from a wait (None: it worked, or something arrived, since it last waited).
+        self.stalled_since: float | None = None
+        self.waited_this_turn = False
         self.finished: list[FinishedGroup] = []
         self.counters = GeneratorCounters()
         self.eval_request: tuple[list[Example], float, int] | None = None
@@ -140,11 +144,13 @@ class AsyncGeneration:
             if position == 0 and self.orders and self.next_group > 0:
                 position = 1  # never ahead of the batch whose groups have started
             self.orders.insert(position, order)
+            self.stalled_since = None
             self.cond.notify_all()
 
     def offer_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """The learner's weights of `version`; applied by the loop when it may (module docstring)."""
         with self.cond:
+            self.stalled_since = None
             if self.floor_version is None:
                 self.floor_version = version  # the run's first weights (the resumed checkpoint's after a resume)
             # Offers may arrive out of order too (several threads): keep them in version order, never one older than
@@ -160,8 +166,9 @@ class AsyncGeneration:
 
     def collect(self, timeout: float) -> tuple[list[FinishedGroup], dict[str, float], int, float]:
         """Groups finished since the last call (waiting up to `timeout` seconds for one), the generator's counters
-        since then, the version it holds, and for how long it has had nothing at all to do (0 while it works or
-        waits for the bound). Raises what stopped the loop."""
+        since then, the version it holds, and for how long it has been stalled: waiting (with nothing to do, or held
+        by the staleness bound) with nothing arriving and no work done (0 while it works). Raises what stopped the
+        loop."""
         deadline = time.perf_counter() + timeout
         with self.cond:
             while not self.finished and self.error is None and not self.closed:
@@ -174,8 +181,8 @@ class AsyncGeneration:
             self._check_engine_call()
             groups, self.finished = self.finished, []
             counters, self.counters = self.counters, GeneratorCounters()
-            idle_for = 0.0 if self.idle_since is None else time.perf_counter() - self.idle_since
-            return groups, vars(counters).copy(), self.worker.version, idle_for
+            stalled_for = 0.0 if self.stalled_since is None else time.perf_counter() - self.stalled_since
+            return groups, vars(counters).copy(), self.worker.version, stalled_for
 
     def evaluate(
         self, examples: list[Example], epoch: float, version: int
@@ -185,6 +192,7 @@ class AsyncGeneration:
         first)."""
         deadline = time.perf_counter() + EVALUATE_TIMEOUT_S
         with self.cond:
+            self.stalled_since = None
             self.eval_request = (examples, epoch, version)
             self.eval_result = None
             self.cond.notify_all()
@@ -247,16 +255,16 @@ class AsyncGeneration:
                 with self.cond:
                     if self.closed:
                         return
-                    if self.orders or self.eval_request is not None or self.updates:
-                        self.idle_since = None  # something to do (or to wait for the bound over)
-                if self.stream is not None and self.stream.running():
-                    self.idle_since = None
+                self.waited_this_turn = False
                 if self.eval_request is not None and self._may_evaluate():
                     self._run_evaluation()
                 elif self.whole_batches:
                     self._whole_batch_turn()
                 else:
                     self._stream_turn()
+                if not self.waited_this_turn:
+                    with self.cond:
+                        self.stalled_since = None  # it worked (or will, next turn)
         except BaseException as error:  # noqa: BLE001 - handed to the driver, which raises it
             with self.cond:
                 self.error = error
@@ -265,9 +273,10 @@ class AsyncGeneration:
     def _wait(self, counter: str) -> None:
         """Nothing to do now: sleep until a submit, an offer or IDLE_POLL_S, the time counted under `counter`."""
         started = time.perf_counter()
-        if counter == "idle_s" and self.idle_since is None:
-            self.idle_since = started
+        self.waited_this_turn = True
         with self.cond:
+            if self.stalled_since is None:
+                self.stalled_since = started
             if not self.closed:
                 self.cond.wait(IDLE_POLL_S)
         self._count(**{counter: time.perf_counter() - started})

@@ -229,6 +229,31 @@ def test_an_earlier_batch_submitted_while_the_loop_picks_a_later_one_is_sampled_
     assert sampled == [1, 1, 2, 2, 3, 3]  # each batch's two groups once, in batch order
 
 
+def test_a_generator_held_by_the_bound_reports_itself_stalled_until_something_arrives():
+    """Held by the staleness bound (batch 3 needs version 1; it holds 0), the generator can do nothing until the
+    driver offers weights: collect says for how long (it said 0 while orders were queued, so the driver's stall
+    guard never fired for a paced generator and such a deadlock hung the run); an offer ends it."""
+    cfg = compose_config([*ASYNC, "sync.max_staleness=1", "rollout.max_tokens=4"])
+    generation = AsyncGeneration(cfg)
+    sampler = PromptSampler(load_examples(cfg.task, "train"), seed=0)
+    try:
+        generation.offer_weights(weights_of(generation, 0), 0)
+        generation.submit(BatchOrder(3, sampler.next_batch(2)))
+        time.sleep(1.5)
+        groups, counters, version, stalled_for = generation.collect(0.0)
+        assert groups == [] and version == 0 and counters["paced_s"] > 0
+        assert stalled_for >= 1.0
+        generation.offer_weights(weights_of(generation, 1), 1)
+        assert generation.collect(0.0)[3] < 0.5  # the offer arrived: not stalled, whatever it does next
+        deadline = time.monotonic() + 120
+        sampled: list[int] = []
+        while len(sampled) < 2 and time.monotonic() < deadline:
+            sampled += [g.batch_number for g in generation.collect(1.0)[0]]
+        assert sampled == [3, 3]
+    finally:
+        generation.close()
+
+
 # --- the config ---------------------------------------------------------------------------------------------------
 
 
@@ -340,3 +365,54 @@ def test_drop_resume_samples_again_exactly_the_prompts_not_trained_with_their_ba
         assert [e.prompt for e in new.examples] == [e.prompt for e in old.examples]
     left = {o.batch_number: [i for i in range(len(o.examples)) if i not in o.skip] for o in again[:2]}
     assert left == {1: [1], 2: [0]}  # exactly the prompts not trained before the kill
+
+
+# --- the driver's stall guard ---------------------------------------------------------------------------------
+
+
+class StalledGenerator(FakeActor):
+    """A generator whose every collect says it has been stalled for `stalled_for` seconds, with no groups."""
+
+    def __init__(self, stalled_for: float) -> None:
+        super().__init__()
+        self.stalled_for = stalled_for
+
+    def answer(self, method: str, *args):
+        if method == "collect":
+            return [], {}, 0, self.stalled_for
+        return super().answer(method, *args)
+
+
+class SlowLoads(FakeRay):
+    """Calls on the generators that land only after `pending` checks."""
+
+    pending = 3
+
+    @classmethod
+    def wait(cls, refs, **kwargs):
+        if cls.pending > 0:
+            cls.pending -= 1
+            return [], refs
+        return refs, []
+
+
+def test_the_step_stops_in_one_line_when_every_generator_is_stalled_and_every_call_has_landed(monkeypatch):
+    import grpo_cli.drivers.async_executor as async_executor
+
+    monkeypatch.setattr(async_executor, "COLLECT_WAIT_S", 0.0)
+    cfg = compose_config([*ASYNC, "sync.max_staleness=1"])
+    sampler = PromptSampler(load_examples(cfg.task, "train"), seed=0)
+    executor = bare_executor(cfg, sampler, {}, generators=[StalledGenerator(async_executor.STALL_S + 1)])
+    executor.run.ray = SlowLoads
+    executor.start(0)
+    executor.hand_out(1)
+    collects = lambda: sum(call[0] == "collect" for call in executor.generators[0].actor.calls)  # noqa: E731
+    with pytest.raises(RuntimeError, match="nothing they may sample for 61s while the step waits"):
+        executor.gather(lambda: False)
+    # The calls were in flight for three checks (two per round): it collected again instead of stopping, and
+    # stopped in the round they landed.
+    assert collects() == 2
+    # A generator that works (stalled 0) beside a stalled one: the step waits (until() ends it here).
+    working = bare_executor(cfg, sampler, {}, generators=[StalledGenerator(120.0), StalledGenerator(0.0)])
+    checks = []
+    assert working.gather(lambda: checks.append(1) or len(checks) > 8) >= 0  # several rounds, no stop

@@ -147,12 +147,24 @@ def check_decode_against_generate() -> list[Row]:
     return rows
 
 
+def _long_tailed_batch(device: torch.device) -> dict[str, torch.Tensor]:
+    """2 prompts of 60 tokens x 4 completions of 16 to 512 tokens, random ids: a long-tailed microbatch."""
+    from grpo_cli.core import tokenize_prompt_and_output_ids
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = [36, 19, 52, 22, 16, 27, 512, 94]
+    prompts = [torch.randint(100, 20000, (60,), generator=generator).tolist() for _ in range(2)]
+    completions = [torch.randint(100, 20000, (n,), generator=generator).tolist() for n in lengths]
+    batch = tokenize_prompt_and_output_ids([prompts[i // 4] for i in range(8)], completions, pad_token_id=0)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def check_packed_rows_on_flash_attention() -> Row:
     check = "packed rows on flash-attention (varlen)"
     if not cuda() or importlib.util.find_spec("flash_attn") is None:
         reason = "needs CUDA and flash_attn; tests/unit/core/test_packing.py checks the one-row decision on the CPU"
         return Row(check, "skipped", detail=reason)
-    from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.core import response_log_probs
     from grpo_cli.core.packing import packed_row_tokens, packing_problem, sequence_lengths
     from grpo_cli.models import load_policy
 
@@ -165,13 +177,7 @@ def check_packed_rows_on_flash_attention() -> Row:
         return response_log_probs(model, input_ids, labels, mask, pack_sequences=packed)["log_probs"][mask]
 
     problem = packing_problem(model, score)
-    # A long-tailed batch: 2 prompts of 60 tokens x 4 completions of 16 to 512 tokens.
-    generator = torch.Generator().manual_seed(0)
-    lengths = [36, 19, 52, 22, 16, 27, 512, 94]
-    prompts = [torch.randint(100, 20000, (60,), generator=generator).tolist() for _ in range(2)]
-    completions = [torch.randint(100, 20000, (n,), generator=generator).tolist() for n in lengths]
-    batch = tokenize_prompt_and_output_ids([prompts[i // 4] for i in range(8)], completions, pad_token_id=0)
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = _long_tailed_batch(device)
     mask = batch["response_mask"].bool()
     one_row = packed_row_tokens(model, sequence_lengths(mask)) is None
     seconds = {}
@@ -199,7 +205,7 @@ def check_prompt_tree_on_cuda() -> Row:
     if not cuda():
         reason = "needs CUDA; tests/unit/core/test_prompt_tree.py checks the tree on the CPU"
         return Row(check, "skipped", detail=reason)
-    from grpo_cli.core import response_log_probs, tokenize_prompt_and_output_ids
+    from grpo_cli.core import response_log_probs
     from grpo_cli.core.prompt_tree import prompt_tree_problem
     from grpo_cli.models import load_policy
 
@@ -213,13 +219,7 @@ def check_prompt_tree_on_cuda() -> Row:
         ]
 
     problem = prompt_tree_problem(model, score)
-    # 2 prompts of 60 tokens x 4 completions of 16 to 512 tokens, under bf16 autocast as a run trains.
-    generator = torch.Generator().manual_seed(0)
-    lengths = [36, 19, 52, 22, 16, 27, 512, 94]
-    prompts = [torch.randint(100, 20000, (60,), generator=generator).tolist() for _ in range(2)]
-    completions = [torch.randint(100, 20000, (n,), generator=generator).tolist() for n in lengths]
-    batch = tokenize_prompt_and_output_ids([prompts[i // 4] for i in range(8)], completions, pad_token_id=0)
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = _long_tailed_batch(device)  # under bf16 autocast below, as a run trains
     mask = batch["response_mask"].bool()
     seconds, values = {}, {}
     model.train()

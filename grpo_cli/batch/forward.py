@@ -72,6 +72,24 @@ def _say_refusal_once(problem: str, message: str) -> None:
         log.warning(message, problem)
 
 
+def _scorer(model: torch.nn.Module, temperature: float, logits_chunk_tokens: int) -> Callable[..., torch.Tensor]:
+    """The scoring path's response log-probs ((N,): at the mask's positions) of `model`, in the layout the keyword
+    arguments of response_log_probs name: what the probes compare layouts with."""
+
+    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, **layout: bool) -> torch.Tensor:
+        return response_log_probs(
+            model,
+            input_ids,
+            labels,
+            mask,
+            temperature=temperature,
+            logits_chunk_tokens=logits_chunk_tokens,
+            **layout,
+        )["log_probs"][mask]
+
+    return score
+
+
 def packs_sequences(
     model: torch.nn.Module, wanted: bool, temperature: float = 1.0, logits_chunk_tokens: int = 0
 ) -> bool:
@@ -81,18 +99,12 @@ def packs_sequences(
     if not wanted:
         return False
 
-    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, packed: bool) -> torch.Tensor:
-        return response_log_probs(
-            model,
-            input_ids,
-            labels,
-            mask,
-            temperature=temperature,
-            logits_chunk_tokens=logits_chunk_tokens,
-            pack_sequences=packed,
-        )["log_probs"][mask]
+    score = _scorer(model, temperature, logits_chunk_tokens)
 
-    problem = packing_problem(model, score)
+    def packed_or_not(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, packed: bool) -> torch.Tensor:
+        return score(input_ids, labels, mask, pack_sequences=packed)
+
+    problem = packing_problem(model, packed_or_not)
     if problem is None:
         return True
     _say_refusal_once(
@@ -113,19 +125,12 @@ def uses_prompt_tree(
     if not share_prompts:
         return False
 
-    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, layout: str) -> torch.Tensor:
-        return response_log_probs(
-            model,
-            input_ids,
-            labels,
-            mask,
-            temperature=temperature,
-            logits_chunk_tokens=logits_chunk_tokens,
-            share_prompts=layout != "plain",
-            prompt_tree=layout == "tree",
-        )["log_probs"][mask]
+    score = _scorer(model, temperature, logits_chunk_tokens)
 
-    problem = prompt_tree_problem(model, score)
+    def in_layout(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, layout: str) -> torch.Tensor:
+        return score(input_ids, labels, mask, share_prompts=layout != "plain", prompt_tree=layout == "tree")
+
+    problem = prompt_tree_problem(model, in_layout)
     if problem is None:
         return True
     _say_refusal_once(

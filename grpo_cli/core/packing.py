@@ -23,7 +23,8 @@ untouched.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -308,6 +309,41 @@ def packed_sequences_leak(
     # Each row's share of score()'s (N,) output, in its row-major order.
     ends = mask.sum(dim=1).cumsum(dim=0).tolist()
     starts = [0, *ends[:-1]]
+    with deterministic_algorithms():
+        first = score(input_ids, labels, mask, True)
+        second = score(input_ids, labels, mask, True)
+        if not torch.equal(first, second):
+            return (
+                "scores the same packed rows differently on a second run with torch's deterministic algorithms "
+                f"on (by {float((first.float() - second.float()).abs().max()):.2g}; nondeterministic kernels on "
+                f"{first.device.type}), so the packing leak test cannot run"
+            )
+        for changed, n in enumerate(lengths):
+            if n == 0:
+                continue
+            tokens = torch.cat([input_ids[changed, :n], labels[changed, n - 1 : n]])  # the sequence's n + 1 ids
+            other = tokens % (vocab - 1) + 1  # every id another one of 1..vocab-1 (k -> k + 1, the last -> 1)
+            ids, targets = input_ids.clone(), labels.clone()
+            ids[changed, :n], targets[changed, :n] = other[:-1], other[1:]
+            moved = score(ids, targets, mask, True)
+            for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                if row != changed and not torch.equal(moved[start:end], first[start:end]):
+                    by = float((moved[start:end].float() - first[start:end].float()).abs().max())
+                    # Both causes refuse: no test without a tolerance can tell them apart, and a tolerance is
+                    # what a weak leak hides in (qwen2_moe's tiny fp32 model on CPU moves by one unit in the
+                    # last place, through expert matmuls sized by the tokens routed to each expert).
+                    return (
+                        f"moved packed sequence {row}'s log-probs by {by:.2g} when sequence {changed}'s tokens "
+                        "changed (packed sequences that see each other, or rounding that follows the batch's "
+                        "other tokens, as mixture-of-experts routing does)"
+                    )
+    return None
+
+
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """torch's deterministic algorithms on (warn-only: an op without a deterministic version warns instead of
+    raising, and a leak test's control sees whether it actually repeats), the previous setting restored after."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -316,33 +352,6 @@ def packed_sequences_leak(
             # torch's notices that an op (cuBLAS without CUBLAS_WORKSPACE_CONFIG, ...) may not repeat: the control
             # measures whether it does, so the notice would only be a line the user cannot act on.
             warnings.filterwarnings("ignore", message=".*deterministic", category=UserWarning)
-            first = score(input_ids, labels, mask, True)
-            second = score(input_ids, labels, mask, True)
-            if not torch.equal(first, second):
-                return (
-                    "scores the same packed rows differently on a second run with torch's deterministic algorithms "
-                    f"on (by {float((first.float() - second.float()).abs().max()):.2g}; nondeterministic kernels on "
-                    f"{first.device.type}), so the packing leak test cannot run"
-                )
-            for changed, n in enumerate(lengths):
-                if n == 0:
-                    continue
-                tokens = torch.cat([input_ids[changed, :n], labels[changed, n - 1 : n]])  # the sequence's n + 1 ids
-                other = tokens % (vocab - 1) + 1  # every id another one of 1..vocab-1 (k -> k + 1, the last -> 1)
-                ids, targets = input_ids.clone(), labels.clone()
-                ids[changed, :n], targets[changed, :n] = other[:-1], other[1:]
-                moved = score(ids, targets, mask, True)
-                for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
-                    if row != changed and not torch.equal(moved[start:end], first[start:end]):
-                        by = float((moved[start:end].float() - first[start:end].float()).abs().max())
-                        # Both causes refuse: no test without a tolerance can tell them apart, and a tolerance is
-                        # what a weak leak hides in (qwen2_moe's tiny fp32 model on CPU moves by one unit in the
-                        # last place, through expert matmuls sized by the tokens routed to each expert).
-                        return (
-                            f"moved packed sequence {row}'s log-probs by {by:.2g} when sequence {changed}'s tokens "
-                            "changed (packed sequences that see each other, or rounding that follows the batch's "
-                            "other tokens, as mixture-of-experts routing does)"
-                        )
+            yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-    return None

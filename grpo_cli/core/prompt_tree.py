@@ -23,14 +23,13 @@ change, so a model that reads the mask otherwise is never trained on a wrong num
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from grpo_cli.core.causal_lm import as_causal_lm
-from grpo_cli.core.packing import assign_rows
+from grpo_cli.core.packing import assign_rows, deterministic_algorithms
 from grpo_cli.core.prompt_sharing import distinct_prompts, prompt_sharing_problem
 
 # The attention implementations that apply a dense 4D mask as given (a bool one for sdpa, an additive one for
@@ -153,6 +152,13 @@ def prompt_tree_hidden(
     return hidden.flatten(0, 1)[tree.index]
 
 
+def _text_config(model: torch.nn.Module) -> tuple[object, str]:
+    """The model's (text) config and the model type its messages name."""
+    config = as_causal_lm(model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text, getattr(text, "model_type", None) or type(model).__name__
+
+
 def prompt_tree_refusal(model: torch.nn.Module) -> str | None:
     """Why the tree cannot score `model` by its config alone (one clause naming the model type), or None: the
     two-pass shared forward's refusals, an attention implementation outside MASKED_ATTENTION, and any layer that
@@ -160,9 +166,7 @@ def prompt_tree_refusal(model: torch.nn.Module) -> str | None:
     problem = prompt_sharing_problem(model)
     if problem is not None:
         return problem
-    config = as_causal_lm(model).config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(text, "model_type", None) or type(model).__name__
+    text, model_type = _text_config(model)
     implementation = attention_implementation(model)
     if implementation not in MASKED_ATTENTION:
         return f"{model_type} runs {implementation} attention, which takes no dense mask"
@@ -198,9 +202,7 @@ def prompt_tree_problem(model: torch.nn.Module, score: Score, tolerance: float =
     refusal = prompt_tree_refusal(model)
     if refusal is not None:
         return refusal
-    config = as_causal_lm(model).config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(text, "model_type", None) or type(model).__name__
+    text, model_type = _text_config(model)
     parameter = next(model.parameters())
     vocab = int(getattr(text, "vocab_size", 0) or 0)
     if vocab < 3:
@@ -252,31 +254,24 @@ def _sibling_leak(
     batch scored twice must repeat)."""
     ends = mask.sum(dim=1).cumsum(dim=0).tolist()
     starts = [0, *ends[:-1]]
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*deterministic", category=UserWarning)
-            first = score(input_ids, labels, mask, "tree")
-            if not torch.equal(first, score(input_ids, labels, mask, "tree")):
-                return "scores the same prompt tree differently on a second run, so the sibling leak test cannot run"
-            for changed in range(mask.shape[0]):
-                ids, targets = input_ids.clone(), labels.clone()
-                response = mask[changed].clone()
-                targets[changed][response] = targets[changed][response] % (vocab - 1) + 1
-                inputs = response.roll(1)
-                inputs[0] = False
-                inputs &= response  # the input positions holding response tokens (all but the first)
-                ids[changed][inputs] = ids[changed][inputs] % (vocab - 1) + 1
-                moved = score(ids, targets, mask, "tree")
-                for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
-                    if row != changed and not torch.equal(moved[start:end], first[start:end]):
-                        by = float((moved[start:end].float() - first[start:end].float()).abs().max())
-                        return (
-                            f"moved completion {row}'s log-probs by {by:.2g} under the prompt tree when completion "
-                            f"{changed}'s tokens changed (completions that see each other)"
-                        )
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    with deterministic_algorithms():
+        first = score(input_ids, labels, mask, "tree")
+        if not torch.equal(first, score(input_ids, labels, mask, "tree")):
+            return "scores the same prompt tree differently on a second run, so the sibling leak test cannot run"
+        for changed in range(mask.shape[0]):
+            ids, targets = input_ids.clone(), labels.clone()
+            response = mask[changed].clone()
+            targets[changed][response] = targets[changed][response] % (vocab - 1) + 1
+            inputs = response.roll(1)
+            inputs[0] = False
+            inputs &= response  # the input positions holding response tokens (all but the first)
+            ids[changed][inputs] = ids[changed][inputs] % (vocab - 1) + 1
+            moved = score(ids, targets, mask, "tree")
+            for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                if row != changed and not torch.equal(moved[start:end], first[start:end]):
+                    by = float((moved[start:end].float() - first[start:end].float()).abs().max())
+                    return (
+                        f"moved completion {row}'s log-probs by {by:.2g} under the prompt tree when completion "
+                        f"{changed}'s tokens changed (completions that see each other)"
+                    )
     return None

@@ -82,7 +82,8 @@ def prompt_tree_rows(
     width = max(sum(lengths[g] for g in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     positions = torch.zeros((len(rows), width), dtype=torch.long)
-    # Per position: its segment (a completion's, or a padding position's own) and its group's prompt (-1: none).
+    # Per position: its segment id (a prompt's: its group; a completion's: len(prompts) + its batch row; a padding
+    # position's: one of its own) and the group whose prompt it may see (-1: none, padding).
     segment = torch.arange(len(rows) * width).view(len(rows), width) + len(prompts) + len(completion_lengths)
     prompt_of = torch.full((len(rows), width), -1, dtype=torch.long)
     predicting: dict[int, list[int]] = {}  # batch row -> flat index of the position predicting each response token
@@ -110,7 +111,7 @@ def prompt_tree_rows(
             offset = start
     causal = torch.ones((width, width), dtype=torch.bool).tril()
     same_segment = segment[:, :, None] == segment[:, None, :]  # (R, L, L)
-    own_prompt = (prompt_of[:, :, None] == segment[:, None, :]) & (prompt_of[:, None, :] >= 0)
+    own_prompt = prompt_of[:, :, None] == segment[:, None, :]  # key m is in query l's prompt (ids < len(prompts))
     attends = (same_segment | own_prompt) & causal
     index = torch.tensor([i for row in range(len(completion_lengths)) for i in predicting.get(row, [])])
     return PromptTreeRows(
@@ -127,6 +128,7 @@ def model_mask(attends: torch.Tensor, implementation: str, dtype: torch.dtype) -
 
 
 def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention implementation transformers runs `model` with (its config's; eager where it names none)."""
     config = as_causal_lm(model).config
     return str(getattr(config, "_attn_implementation", None) or "eager")
 

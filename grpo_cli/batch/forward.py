@@ -6,6 +6,7 @@ behaviour log-probs all run it, so it sits below both.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from grpo_cli.core.prompt_tree import prompt_tree_problem
 
 log = logging.getLogger(__name__)
 _REFUSALS_LOGGED: set[str] = set()  # each reason once per process
+# The prompt tree's probe result per model (it reads how the model applies a mask, which training does not change).
+_TREE_PROBED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ def uses_prompt_tree(
     `model`; a model it fails keeps the two-pass shared forward, said in one log line."""
     if not share_prompts:
         return False
+    if model in _TREE_PROBED:  # the learner's and the in-process generator's passes share one model
+        return _TREE_PROBED[model]
 
     score = _scorer(model, temperature, logits_chunk_tokens)
 
@@ -131,6 +136,7 @@ def uses_prompt_tree(
         return score(input_ids, labels, mask, share_prompts=layout != "plain", prompt_tree=layout == "tree")
 
     problem = prompt_tree_problem(model, in_layout)
+    _TREE_PROBED[model] = problem is None
     if problem is None:
         return True
     _say_refusal_once(

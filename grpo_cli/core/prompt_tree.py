@@ -240,7 +240,10 @@ def prompt_tree_problem(model: torch.nn.Module, score: Score, tolerance: float =
                     f"{model_type} scores the prompt tree {difference:.2g} off the plain forward "
                     f"(tolerance {tolerance:.1g})"
                 )
-            leak = _sibling_leak(score, input_ids, labels, mask, vocab)
+            # Each prompt's first completion: under a causal mask only later positions can see it, and every other
+            # completion of its row (its siblings, the next prompt's) comes after it.
+            firsts = [min(r for r, (p, _) in enumerate(rows) if p == prompt) for prompt in range(len(prompts))]
+            leak = _sibling_leak(score, input_ids, labels, mask, vocab, firsts)
     except Exception as error:  # noqa: BLE001 - any failure of the tree's forward means: the two-pass forward
         return f"{model_type}'s forward fails on the prompt tree ({type(error).__name__}: {str(error)[:100]})"
     finally:
@@ -249,31 +252,31 @@ def prompt_tree_problem(model: torch.nn.Module, score: Score, tolerance: float =
 
 
 def _sibling_leak(
-    score: Score, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, vocab: int
+    score: Score, input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, vocab: int, changed: list[int]
 ) -> str | None:
-    """Whether a completion's log-probs move when another completion's tokens change (every response token but
-    the prompt's to another id), bitwise, under torch's deterministic algorithms (a control first: the same
-    batch scored twice must repeat)."""
+    """Whether a completion's log-probs move when the tokens of a completion of `changed` change (every response
+    token but the prompt's to another id), bitwise, under torch's deterministic algorithms (a control first: the
+    same batch scored twice must repeat)."""
     ends = mask.sum(dim=1).cumsum(dim=0).tolist()
     starts = [0, *ends[:-1]]
     with deterministic_algorithms():
         first = score(input_ids, labels, mask, "tree")
         if not torch.equal(first, score(input_ids, labels, mask, "tree")):
             return "scores the same prompt tree differently on a second run, so the sibling leak test cannot run"
-        for changed in range(mask.shape[0]):
+        for changed_row in changed:
             ids, targets = input_ids.clone(), labels.clone()
-            response = mask[changed].clone()
-            targets[changed][response] = targets[changed][response] % (vocab - 1) + 1
+            response = mask[changed_row].clone()
+            targets[changed_row][response] = targets[changed_row][response] % (vocab - 1) + 1
             inputs = response.roll(1)
             inputs[0] = False
             inputs &= response  # the input positions holding response tokens (all but the first)
-            ids[changed][inputs] = ids[changed][inputs] % (vocab - 1) + 1
+            ids[changed_row][inputs] = ids[changed_row][inputs] % (vocab - 1) + 1
             moved = score(ids, targets, mask, "tree")
             for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
-                if row != changed and not torch.equal(moved[start:end], first[start:end]):
+                if row != changed_row and not torch.equal(moved[start:end], first[start:end]):
                     by = float((moved[start:end].float() - first[start:end].float()).abs().max())
                     return (
                         f"moved completion {row}'s log-probs by {by:.2g} under the prompt tree when completion "
-                        f"{changed}'s tokens changed (completions that see each other)"
+                        f"{changed_row}'s tokens changed (completions that see each other)"
                     )
     return None

@@ -108,8 +108,9 @@ def test_the_sibling_leak_test_catches_a_leak_below_any_tolerance():
     batch = tokenize_prompt_and_output_ids(*group_batch(), pad_token_id=0)
     mask = batch["response_mask"].bool()
     with torch.no_grad():
-        assert prompt_tree._sibling_leak(score, batch["input_ids"], batch["labels"], mask, 97) is None
-        leak = prompt_tree._sibling_leak(leaky, batch["input_ids"], batch["labels"], mask, 97)
+        firsts = [0, 3]  # group_batch: each prompt's first completion
+        assert prompt_tree._sibling_leak(score, batch["input_ids"], batch["labels"], mask, 97, firsts) is None
+        leak = prompt_tree._sibling_leak(leaky, batch["input_ids"], batch["labels"], mask, 97, firsts)
     assert leak is not None and leak.startswith("moved completion ") and "when completion 0's tokens" in leak
 
 

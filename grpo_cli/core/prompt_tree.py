@@ -199,8 +199,9 @@ def prompt_tree_problem(model: torch.nn.Module, score: Score, tolerance: float =
     1. equal one unpadded forward per row to `tolerance`, or to 4 x what the padded and the two-pass shared
        forwards differ from those by, or one unit in the last place of the largest log-prob, whichever is largest
        (the rounding of a deep model follows the batch's shape; a wrong mask is off by tenths, not ulps);
-    2. stay bitwise the same for every completion when one sibling's tokens change (:func:`_sibling_leak`: a mask
-       that leaks between the completions of one prompt shows however small, since masked keys weigh exactly 0)."""
+    2. stay bitwise the same for every other completion when each prompt's first completion's tokens change
+       (:func:`_sibling_leak`: a mask that leaks between completions shows however small, since masked keys weigh
+       exactly 0; under the causal mask only the positions after that completion could see it)."""
     refusal = prompt_tree_refusal(model)
     if refusal is not None:
         return refusal

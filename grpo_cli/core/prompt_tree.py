@@ -109,14 +109,14 @@ def prompt_tree_rows(
                 predicting[member] = [last_prompt, *range(r * width + start, r * width + start + inputs)][:n]
                 start += inputs
             offset = start
-    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    # The (R, L, L) mask is built where it is used: only the (R, L) ids cross to the device.
+    segment, prompt_of = segment.to(device), prompt_of.to(device)
+    causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
     same_segment = segment[:, :, None] == segment[:, None, :]  # (R, L, L)
     own_prompt = prompt_of[:, :, None] == segment[:, None, :]  # key m is in query l's prompt (ids < len(prompts))
     attends = (same_segment | own_prompt) & causal
     index = torch.tensor([i for row in range(len(completion_lengths)) for i in predicting.get(row, [])])
-    return PromptTreeRows(
-        ids.to(device), positions.to(device), attends[:, None].to(device), index.to(device, torch.long)
-    )
+    return PromptTreeRows(ids.to(device), positions.to(device), attends[:, None], index.to(device, torch.long))
 
 
 def model_mask(attends: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:

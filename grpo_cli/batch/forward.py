@@ -77,9 +77,16 @@ def _say_refusal_once(problem: str, message: str) -> None:
 
 def _scorer(model: torch.nn.Module, temperature: float, logits_chunk_tokens: int) -> Callable[..., torch.Tensor]:
     """The scoring path's response log-probs ((N,): at the mask's positions) of `model`, in the layout the keyword
-    arguments of response_log_probs name: what the probes compare layouts with."""
+    arguments name (response_log_probs'): what the probes compare layouts with."""
 
-    def score(input_ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, **layout: bool) -> torch.Tensor:
+    def score(
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        share_prompts: bool = False,
+        pack_sequences: bool = False,
+        prompt_tree: bool = False,
+    ) -> torch.Tensor:
         return response_log_probs(
             model,
             input_ids,
@@ -87,7 +94,9 @@ def _scorer(model: torch.nn.Module, temperature: float, logits_chunk_tokens: int
             mask,
             temperature=temperature,
             logits_chunk_tokens=logits_chunk_tokens,
-            **layout,
+            share_prompts=share_prompts,
+            pack_sequences=pack_sequences,
+            prompt_tree=prompt_tree,
         )["log_probs"][mask]
 
     return score

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -238,7 +238,7 @@ class _Layout:
         s = self.settings
         share = s.share_prompts
         if s.prompt_tree and shares_in_forward(self.data, rows, share, s.pack_sequences, prompt_tree=True):
-            groups: dict[tuple[int, ...], list[int]] = {}
+            groups: dict[Hashable, list[int]] = {}
             for i in rows:
                 groups.setdefault(self.counts.prompt_keys[i], []).append(i)
             segments = segment_lengths(

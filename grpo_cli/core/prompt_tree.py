@@ -75,8 +75,8 @@ def prompt_tree_rows(
     prompts, row_to_prompt, _ = distinct_prompts(input_ids.cpu(), mask)
     completion_lengths = mask.sum(dim=1).tolist()
     members: list[list[int]] = [[] for _ in prompts]
-    for row, group in enumerate(row_to_prompt):
-        members[group].append(row)
+    for batch_row, group in enumerate(row_to_prompt):
+        members[group].append(batch_row)
     lengths = segment_lengths([len(p) for p in prompts], [[completion_lengths[r] for r in m] for m in members])
     rows = assign_rows(lengths, row_tokens(lengths))
     width = max(sum(lengths[g] for g in row) for row in rows)
@@ -115,7 +115,7 @@ def prompt_tree_rows(
     same_segment = segment[:, :, None] == segment[:, None, :]  # (R, L, L)
     own_prompt = prompt_of[:, :, None] == segment[:, None, :]  # key m is in query l's prompt (ids < len(prompts))
     attends = (same_segment | own_prompt) & causal
-    index = torch.tensor([i for row in range(len(completion_lengths)) for i in predicting.get(row, [])])
+    index = torch.tensor([i for batch_row in range(len(completion_lengths)) for i in predicting.get(batch_row, [])])
     return PromptTreeRows(ids.to(device), positions.to(device), attends[:, None], index.to(device, torch.long))
 
 
